@@ -41,7 +41,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeAlias, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.jsontypes import JsonObject
 
@@ -108,7 +108,8 @@ Verdict: TypeAlias = Forward | Replace | Drop | Reply
 class Middleware(Protocol):
     """A link of the chain. ``needles`` is optional (see the module docstring)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict: ...
 
@@ -116,7 +117,7 @@ class Middleware(Protocol):
 class BaseMiddleware:
     """Convenience base class: a default ``name`` (the class name) and no prefilter."""
 
-    needles: ClassVar[tuple[bytes, ...] | None] = None
+    needles: tuple[bytes, ...] | None = None
 
     @property
     def name(self) -> str:

@@ -1,0 +1,377 @@
+"""The built-in annotation-rules middleware: the YAML ``rules:`` list, compiled and applied.
+
+Contract: owns how compiled rules match a message (direction, method glob, ``sessionUpdate``
+kind) and how the matching rules are applied in file order: entity ``_meta`` through
+``annotate_message`` (the patch core decides what an upsert is and how to annotate it,
+version-aware), message-level ``params._meta`` as a plain object. Never mutates its input and never
+does I/O or logging: what it changed is reported through ``last_changed_by`` (see
+``RulesMiddleware``). Its only state is per connection (the v1 stateful store). Validation of
+rules lives in ``config``; this module trusts its input.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+from acp_proxy import registry
+from acp_proxy.annotate import (
+    AnnotateStatus,
+    Annotation,
+    V1MetaStore,
+    V1Mode,
+    annotate_message,
+)
+from acp_proxy.chain import FORWARD, BaseMiddleware, Direction, MessageContext, Replace, Verdict
+from acp_proxy.jsontypes import JsonObject, JsonValue
+
+# Every ``sessionUpdate`` kind the registry knows, v1 and v2 together (the same list as the
+# official schemas ``acp-schema/v{1,2}/schema.unstable.json``, TypeScript SDK 2.4.0): a rule's
+# ``match.update`` must name one of these, ``upserts``, or an extension kind starting with ``_``
+# (ACP's prefix for custom values).
+KNOWN_UPDATE_KINDS: Final[frozenset[str]] = (
+    frozenset(
+        kind
+        for table in (registry.UPSERT_KINDS, registry.CHUNK_KINDS, registry.SNAPSHOT_KINDS)
+        for kinds in table.values()
+        for kind in kinds
+    )
+    | frozenset(registry.REMOVAL_KINDS)
+    | registry.EVENT_KINDS
+)
+
+# ``match.update: upserts`` matches what ``registry.find_upsert`` finds: the messages whose
+# top-level ``_meta`` is an entity's metadata (v2 patches, v1 per the registry's v1 model),
+# including a ``session/request_permission`` carrying a tool call.
+UPSERT_KINDS_ANY_VERSION: Final[frozenset[str]] = frozenset(
+    kind for kinds in registry.UPSERT_KINDS.values() for kind in kinds
+)
+
+UPSERTS: Final = "upserts"
+
+# Keys a rule may use without a namespace: ACP extensibility, "_meta": root keys "SHOULD be
+# reserved for W3C trace context" (traceparent, tracestate, baggage); everything else custom is
+# namespaced (acp-digest §4.1).
+W3C_TRACE_KEYS: Final[frozenset[str]] = frozenset({"traceparent", "tracestate", "baggage"})
+
+
+class RuleDirection(enum.StrEnum):
+    """Which traffic a rule looks at."""
+
+    AGENT_TO_CLIENT = "agent_to_client"
+    CLIENT_TO_AGENT = "client_to_agent"
+    BOTH = "both"
+
+
+class RuleTarget(enum.StrEnum):
+    """Whose ``_meta`` a rule edits."""
+
+    # The entity's metadata of an upsert, sent as a metadata patch (v2) or per the v1 policy.
+    ENTITY = "entity"
+    # The message-level ``params._meta``: a plain object about this one message (not a patch).
+    MESSAGE = "message"
+
+
+def is_glob(pattern: str) -> bool:
+    """True if ``pattern`` uses fnmatch wildcards (``*``, ``?``, ``[...]``)."""
+    return any(c in pattern for c in "*?[")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validated rule of the ``rules:`` list (see ``config`` for the YAML form)."""
+
+    name: str
+    set_meta: Mapping[str, JsonValue] = field(default_factory=dict)
+    remove_meta: tuple[str, ...] = ()
+    target: RuleTarget = RuleTarget.ENTITY
+    overwrite: bool = False
+    direction: RuleDirection = RuleDirection.BOTH
+    # Exact method name or an fnmatch glob (case-sensitive; ``*`` also matches ``/``). None: any.
+    method: str | None = None
+    # ``sessionUpdate`` kinds to match, as written; None: no kind filter.
+    update_kinds: tuple[str, ...] | None = None
+    # ``update: upserts`` (alone or inside the list): also match any upsert, per version.
+    update_upserts: bool = False
+    # Where the rule was defined (for explain/logs); None when built in code.
+    line: int | None = None
+
+    @property
+    def has_update_filter(self) -> bool:
+        return self.update_kinds is not None or self.update_upserts
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    rule: Rule
+    directions: frozenset[Direction]
+    exact_method: str | None
+    method_regex: re.Pattern[str] | None
+    kinds: frozenset[str]
+    upserts: bool
+    filter_kinds: bool
+    annotation: Annotation
+
+
+def _compile(rule: Rule) -> _Compiled:
+    if rule.direction is RuleDirection.BOTH:
+        directions = frozenset(Direction)
+    else:
+        directions = frozenset({Direction(rule.direction.value)})
+    exact: str | None = None
+    regex: re.Pattern[str] | None = None
+    if rule.method is not None:
+        if is_glob(rule.method):
+            regex = re.compile(fnmatch.translate(rule.method))
+        else:
+            exact = rule.method
+    return _Compiled(
+        rule=rule,
+        directions=directions,
+        exact_method=exact,
+        method_regex=regex,
+        kinds=frozenset(rule.update_kinds or ()),
+        upserts=rule.update_upserts,
+        filter_kinds=rule.has_update_filter,
+        annotation=Annotation(
+            set=dict(rule.set_meta), remove=rule.remove_meta, overwrite=rule.overwrite
+        ),
+    )
+
+
+def _json_str(text: str) -> bytes:
+    return orjson.dumps(text)
+
+
+def _rule_needles(rule: Rule) -> tuple[bytes, ...] | None:
+    """Byte strings of which one occurs in every raw frame ``rule`` can match; None: any frame."""
+    if rule.method is not None:
+        if not is_glob(rule.method):
+            return (_json_str(rule.method),)
+        prefix = re.split(r"[*?\[]", rule.method, maxsplit=1)[0]
+        if prefix:
+            # The method's JSON string starts with the glob's literal prefix.
+            return (_json_str(prefix)[:-1],)
+    if rule.has_update_filter:
+        needles = [_json_str(k) for k in rule.update_kinds or ()]
+        if rule.update_upserts:
+            needles += [_json_str(k) for k in sorted(UPSERT_KINDS_ANY_VERSION)]
+            needles.append(_json_str(registry.REQUEST_PERMISSION))
+        return tuple(dict.fromkeys(needles))
+    return None
+
+
+def rules_needles(rules: Iterable[Rule]) -> tuple[bytes, ...] | None:
+    """The prefilter of a rules middleware: the union of each rule's needles (None if any is None).
+
+    No rules gives ``()``: no frame can interest the middleware.
+    """
+    out: dict[bytes, None] = {}
+    for rule in rules:
+        needles = _rule_needles(rule)
+        if needles is None:
+            return None
+        out.update(dict.fromkeys(needles))
+    return tuple(out)
+
+
+def _same_json(a: JsonValue, b: JsonValue) -> bool:
+    """JSON equality: unlike ``==``, ``true`` is not ``1`` and ``1`` is not ``1.0``."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        assert isinstance(b, list)
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def edit_params_meta(message: JsonObject, annotation: Annotation) -> JsonObject | None:
+    """Set/remove keys of the message-level ``params._meta``; None when nothing changes.
+
+    ``params._meta`` is an ordinary object about this one message, not a patch (acp-digest §3.1),
+    so keys are edited in place in a copy. A message without a ``params`` object is left alone, and
+    so is a ``_meta`` that is neither an object nor ``null`` (never destroy what we do not
+    understand). A key already present is kept unless ``annotation.overwrite``.
+    """
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return None
+    meta = params.get("_meta")
+    if meta is None:
+        current: dict[str, JsonValue] = {}
+    elif isinstance(meta, dict):
+        current = meta
+    else:
+        return None
+    new: dict[str, JsonValue] | None = None
+    for key, value in annotation.set.items():
+        if key in current and (not annotation.overwrite or _same_json(current[key], value)):
+            continue
+        if new is None:
+            new = dict(current)
+        new[key] = value
+    for key in annotation.remove:
+        if key in (current if new is None else new):
+            if new is None:
+                new = dict(current)
+            del new[key]
+    if new is None:
+        return None
+    return {**message, "params": {**params, "_meta": new}}
+
+
+# In stateful v1 mode the middleware must see every v1 upsert sent to the client, matched by a
+# rule or not, to keep its copy of the client's metadata current (``V1MetaStore.observe``).
+_V1_UPSERT_NEEDLES: Final = (
+    *(_json_str(k) for k in sorted(registry.UPSERT_KINDS[1])),
+    _json_str(registry.REQUEST_PERMISSION),
+)
+
+
+class RulesMiddleware(BaseMiddleware):
+    """The ``rules:`` list as a middleware (create one per connection).
+
+    Every rule that matches the message (as it arrived at this middleware) applies, in file
+    order, each to the output of the previous ones. When an entity annotation has to split a
+    message (v2 ``_meta: null`` followed by the annotation, RFD Metadata Patches: the clear must
+    survive), later entity rules apply to the follow-up only, never to the clear again, so N rules
+    never produce more than one follow-up per split. Message-target rules edit every output.
+
+    After each call, ``last_changed_by`` holds the names of the rules that changed the message
+    (``()`` when it was forwarded unchanged) and ``last_skipped_v1`` the names of the matching
+    entity rules that the v1 policy did not apply (``SKIPPED_V1_UNSAFE``: the update carries no
+    `_meta` object, so adding one would erase the agent's metadata); the shell reads both for its
+    debug log line (find the instance with ``isinstance(link.middleware, RulesMiddleware)``).
+
+    ``V1Mode.STATEFUL``: a per-connection ``V1MetaStore`` (at most ``v1_max_entities``) follows
+    every v1 upsert this middleware forwards toward the client, so ``needles`` then also lists
+    the v1 upsert kinds.
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        *,
+        v1_mode: V1Mode = V1Mode.SAFE,
+        v1_max_entities: int = 10_000,
+    ) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules)
+        self._compiled = tuple(_compile(r) for r in self.rules)
+        needles = rules_needles(self.rules)
+        if needles and v1_mode is V1Mode.STATEFUL:
+            needles = tuple(dict.fromkeys((*needles, *_V1_UPSERT_NEEDLES)))
+        self._needles = needles
+        self._v1_mode = v1_mode
+        self._v1_store: V1MetaStore | None = (
+            V1MetaStore(v1_max_entities) if v1_mode is V1Mode.STATEFUL else None
+        )
+        self.last_changed_by: tuple[str, ...] = ()
+        self.last_skipped_v1: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return "rules"
+
+    # The chain's prefilter, computed from the rule set (``rules_needles``). BaseMiddleware
+    # declares ``needles`` as a class attribute; here it depends on the instance's rules.
+    @property
+    def needles(self) -> tuple[bytes, ...] | None:  # type: ignore[override]
+        return self._needles
+
+    @property
+    def v1_store(self) -> V1MetaStore | None:
+        """The connection's v1 metadata store (``V1Mode.STATEFUL`` only)."""
+        return self._v1_store
+
+    def _matches(
+        self, c: _Compiled, message: JsonObject, ctx: MessageContext, version: int
+    ) -> bool:
+        if ctx.direction not in c.directions:
+            return False
+        if c.exact_method is not None or c.method_regex is not None:
+            method = message.get("method")
+            if not isinstance(method, str):
+                return False
+            if c.exact_method is not None:
+                if method != c.exact_method:
+                    return False
+            elif c.method_regex is not None and c.method_regex.match(method) is None:
+                return False
+        if not c.filter_kinds:
+            return True
+        kind = registry.session_update_kind(message)
+        if kind is not None and kind in c.kinds:
+            return True
+        return c.upserts and registry.find_upsert(message, version) is not None
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        self.last_changed_by = ()
+        self.last_skipped_v1 = ()
+        version = ctx.protocol_version
+        if version is None:  # issue 3: before the version is known, forward untouched
+            return FORWARD
+        matching = [c for c in self._compiled if self._matches(c, message, ctx, version)]
+        verdict = self._apply(matching, message, version) if matching else FORWARD
+        store = self._v1_store
+        if store is not None and version == 1 and ctx.direction is Direction.AGENT_TO_CLIENT:
+            # Keep the model of the client's v1 metadata current (idempotent for what
+            # annotate_message already recorded).
+            for out in verdict.messages if isinstance(verdict, Replace) else (message,):
+                store.observe(out)
+        return verdict
+
+    def _apply(self, matching: list[_Compiled], message: JsonObject, version: int) -> Verdict:
+        # Each entry: a message and whether entity rules may still edit it (False for a clear
+        # that an earlier rule already kept in front of its follow-up).
+        current: list[tuple[JsonObject, bool]] = [(message, True)]
+        changed_by: list[str] = []
+        skipped: list[str] = []
+        for c in matching:
+            changed = False
+            following: list[tuple[JsonObject, bool]] = []
+            for msg, editable in current:
+                if c.rule.target is RuleTarget.MESSAGE:
+                    edited = edit_params_meta(msg, c.annotation)
+                    if edited is None:
+                        following.append((msg, editable))
+                    else:
+                        changed = True
+                        following.append((edited, editable))
+                    continue
+                if not editable:
+                    following.append((msg, editable))
+                    continue
+                result = annotate_message(
+                    msg, version, c.annotation, v1_mode=self._v1_mode, v1_store=self._v1_store
+                )
+                if result.status is AnnotateStatus.SKIPPED_V1_UNSAFE:
+                    skipped.append(c.rule.name)
+                if result.status is not AnnotateStatus.APPLIED:
+                    following.append((msg, editable))
+                    continue
+                changed = True
+                out = result.messages
+                if len(out) > 1 and out[0] is msg:
+                    # The input itself kept in front of a follow-up (a clear): later entity
+                    # rules annotate the follow-up only.
+                    following.append((msg, False))
+                    following.extend((m, True) for m in out[1:])
+                else:
+                    following.extend((m, True) for m in out)
+            current = following
+            if changed and c.rule.name not in changed_by:
+                changed_by.append(c.rule.name)
+        self.last_skipped_v1 = tuple(dict.fromkeys(skipped))
+        if not changed_by:
+            return FORWARD
+        self.last_changed_by = tuple(changed_by)
+        return Replace(tuple(m for m, _ in current))

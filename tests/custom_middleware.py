@@ -1,0 +1,67 @@
+"""User middleware loaded by import path in tests/test_config.py (``custom_middleware:Tag``).
+
+Not a test module: these classes stand for what a user writes in their own package.
+"""
+
+from __future__ import annotations
+
+from acp_proxy.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
+from acp_proxy.jsontypes import JsonObject
+
+NOT_CALLABLE = 42
+
+
+class Tag(BaseMiddleware):
+    """Sets one key of the message-level ``params._meta`` of every ``session/update``."""
+
+    needles = (b'"session/update"',)
+
+    def __init__(self, key: str = "example.dev/tag", value: str = "x") -> None:
+        self.key = key
+        self.value = value
+        self.calls = 0  # per-instance (per-connection) state
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        self.calls += 1
+        params = message.get("params")
+        if message.get("method") != "session/update" or not isinstance(params, dict):
+            return FORWARD
+        meta = params.get("_meta")
+        new_meta = dict(meta) if isinstance(meta, dict) else {}
+        new_meta[self.key] = self.value
+        return Replace(({**message, "params": {**params, "_meta": new_meta}},))
+
+
+class Boom(BaseMiddleware):
+    """Raises on every message (to test fail-open / fail-closed)."""
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        raise RuntimeError("boom")
+
+
+class Picky(BaseMiddleware):
+    """Rejects a bad option in its constructor."""
+
+    def __init__(self, level: str = "info") -> None:
+        if level not in ("info", "debug"):
+            raise ValueError(f"level must be info or debug, not {level!r}")
+        self.level = level
+
+
+class Options(BaseMiddleware):
+    """Keeps the options it was given (to check that each instance gets its own copy)."""
+
+    def __init__(self, items: list[int], nested: dict[str, list[int]]) -> None:
+        self.items = items
+        self.nested = nested
+
+
+class NotMiddleware:
+    """Callable to construct, but its instances are not middleware (no ``name``, no call)."""
+
+    def __init__(self) -> None:
+        self.x = 1
+
+
+def broken_import() -> None:
+    """A function, not a class: calling it returns None, which is not a middleware."""
