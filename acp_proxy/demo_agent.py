@@ -1,0 +1,253 @@
+"""A scripted ACP v2 agent for ``acp-proxy demo``: ``python -m acp_proxy.demo_agent``.
+
+Contract: speaks newline-delimited JSON-RPC 2.0 on stdin/stdout and plays one fixed script that
+exercises every case of the v2 Metadata Patches RFD a proxy must get right. It never reads a
+clock, a file or the network, so two runs produce the same bytes (the demo runs it twice: once
+directly, once behind the proxy, and pairs the updates). Stdlib and orjson only.
+
+What a prompt produces, in order (all real ACP v2 shapes, validated by tests/test_demo.py
+against schema.unstable.json):
+
+* ``state_update`` running, the ``user_message`` echo, then the ``session/prompt`` response
+  (v2: the response acknowledges that the user message was inserted; completion is reported by
+  the idle ``state_update``, see ``PromptResponse`` in the schema);
+* a ``plan_update`` (a whole snapshot whose ``_meta`` is *not* a patch: a proxy leaves it alone);
+* ``tool_call_update`` ``call_001`` creating the tool call with the agent's own ``_meta``;
+* ``tool_call_update`` without ``_meta`` (omitted = unchanged: a proxy's annotation must not
+  erase the agent's keys);
+* ``terminal_update`` ``term_001`` (create, with ``_meta``), later one without ``_meta``;
+* ``tool_call_update`` with a key set to ``null`` (RFD: "a key set to null is removed");
+* ``tool_call_update`` with ``_meta: null`` (RFD: clears all stored metadata; a proxy must keep
+  the clear and send its keys in a follow-up update);
+* ``agent_message`` (an upsert) and an ``agent_message_chunk`` with chunk-scoped ``_meta``;
+* ``state_update`` idle with ``stopReason: end_turn``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Final
+
+import orjson
+
+from acp_proxy import __version__
+from acp_proxy.jsontypes import JsonObject, JsonValue
+
+PROTOCOL_VERSION: Final = 2
+SESSION_ID: Final = "sess_demo_001"
+USER_MESSAGE_ID: Final = "msg_user_001"
+AGENT_MESSAGE_ID: Final = "msg_agent_001"
+TOOL_CALL_ID: Final = "call_001"
+TERMINAL_ID: Final = "term_001"
+PLAN_ID: Final = "plan_001"
+
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+RESOURCE_NOT_FOUND: Final = -32002
+
+
+def _text(text: str) -> JsonObject:
+    return {"type": "text", "text": text}
+
+
+def scripted_updates(cwd: str) -> list[JsonObject]:
+    """The ``update`` objects sent after the prompt response, in order (before the idle state)."""
+    return [
+        {
+            "sessionUpdate": "plan_update",
+            "plan": {
+                "type": "items",
+                "planId": PLAN_ID,
+                "entries": [
+                    {"content": "Read config.yaml", "priority": "high", "status": "in_progress"},
+                    {"content": "Run the tests", "priority": "medium", "status": "pending"},
+                ],
+            },
+            "_meta": {"acme.dev/planner": "v1"},
+        },
+        {
+            # The first tool_call_update for a toolCallId creates the tool call (v2 migration).
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": TOOL_CALL_ID,
+            "title": "Read config.yaml",
+            "kind": "read",
+            "status": "pending",
+            "_meta": {
+                "zed.dev/progress": 0,
+                "acme.dev/review": {"state": "pending"},
+                "zed.dev/debugMode": True,
+            },
+        },
+        {
+            # `_meta` omitted: the client keeps the stored metadata as it is.
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": TOOL_CALL_ID,
+            "status": "in_progress",
+        },
+        {
+            "sessionUpdate": "terminal_update",
+            "terminalId": TERMINAL_ID,
+            "command": "pytest -q",
+            "cwd": cwd,
+            "_meta": {"acme.dev/shell": "bash"},
+        },
+        {
+            # RFD example: `null` removes one key, any other value replaces that key whole.
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": TOOL_CALL_ID,
+            "_meta": {"zed.dev/progress": None, "acme.dev/review": {"reviewer": "sam"}},
+        },
+        {
+            "sessionUpdate": "terminal_update",
+            "terminalId": TERMINAL_ID,
+            "output": {"data": "MyBwYXNzZWQK"},  # base64 of "3 passed\n"
+            "exitStatus": {"exitCode": 0, "signal": None},
+        },
+        {
+            # `_meta: null` clears every stored key (RFD: "`_meta: null` clears all stored
+            # metadata"); no single object can say "clear, then set k".
+            "sessionUpdate": "tool_call_update",
+            "toolCallId": TOOL_CALL_ID,
+            "status": "completed",
+            "content": [{"type": "content", "content": _text("3 settings, all valid.")}],
+            "_meta": None,
+        },
+        {
+            "sessionUpdate": "agent_message",
+            "messageId": AGENT_MESSAGE_ID,
+            "content": [_text("config.yaml looks good.")],
+            "_meta": {"acme.dev/model": "demo-1"},
+        },
+        {
+            # Chunk `_meta` is scoped to the chunk: not a patch (RFD: "chunks ... keep their
+            # current meaning").
+            "sessionUpdate": "agent_message_chunk",
+            "messageId": AGENT_MESSAGE_ID,
+            "content": _text(" All 3 tests passed."),
+            "_meta": {"acme.dev/chunk": 1},
+        },
+    ]
+
+
+def _notification(update: JsonObject) -> JsonObject:
+    return {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": SESSION_ID, "update": update},
+    }
+
+
+def _result(request_id: JsonValue, result: JsonObject) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def _error(request_id: JsonValue, code: int, message: str) -> JsonObject:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+
+
+class DemoAgent:
+    """The agent's state machine: one message in, the messages to write out (pure)."""
+
+    def __init__(self) -> None:
+        self.cwd: str | None = None
+
+    def handle(self, message: JsonValue) -> list[JsonObject]:
+        """Answer one decoded JSON-RPC message; notifications and responses get no answer."""
+        if not isinstance(message, dict):
+            return []
+        method = message.get("method")
+        if "id" not in message or not isinstance(method, str):
+            return []  # a notification (session/cancel, ...) or a response: nothing to say
+        request_id = message["id"]
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        if method == "initialize":
+            # v2 shape: role-agnostic `info` and `capabilities` (acp-digest §2.3). This agent
+            # speaks only v2, so it answers 2 whatever the client asked (initialization.mdx).
+            return [
+                _result(
+                    request_id,
+                    {
+                        "protocolVersion": PROTOCOL_VERSION,
+                        "info": {
+                            "name": "acp-proxy-demo-agent",
+                            "title": "acp-proxy demo agent",
+                            "version": __version__,
+                        },
+                        "capabilities": {"session": {}},
+                    },
+                )
+            ]
+        if method == "session/new":
+            cwd = params.get("cwd")
+            self.cwd = cwd if isinstance(cwd, str) else "/"
+            return [_result(request_id, {"sessionId": SESSION_ID})]
+        if method == "session/list":
+            sessions: list[JsonValue] = []
+            if self.cwd is not None:
+                sessions.append({"sessionId": SESSION_ID, "cwd": self.cwd})
+            return [_result(request_id, {"sessions": sessions})]
+        if method == "session/close":
+            return [_result(request_id, {})]
+        if method == "session/prompt":
+            return self._prompt(request_id, params)
+        return [_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")]
+
+    def _prompt(self, request_id: JsonValue, params: JsonObject) -> list[JsonObject]:
+        if params.get("sessionId") != SESSION_ID or self.cwd is None:
+            return [_error(request_id, RESOURCE_NOT_FOUND, "Resource not found: session")]
+        prompt = params.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            return [_error(request_id, INVALID_PARAMS, "prompt must be a non-empty array")]
+        out = [
+            _notification({"sessionUpdate": "state_update", "state": "running"}),
+            # The user message echo carries the id the prompt response names.
+            _notification(
+                {"sessionUpdate": "user_message", "messageId": USER_MESSAGE_ID, "content": prompt}
+            ),
+            _result(request_id, {"messageId": USER_MESSAGE_ID}),
+        ]
+        out.extend(_notification(update) for update in scripted_updates(self.cwd))
+        out.append(
+            _notification(
+                {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"}
+            )
+        )
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve stdin/stdout until EOF. Malformed lines get a JSON-RPC parse error (id null).
+
+    ``--pace-ms N`` waits N ms after each frame it writes. The demo uses it so the proxy is
+    never under backpressure and shows each update on its own; without it, the burst of updates
+    may be coalesced by the proxy (issue 4), which ends in the same client state.
+    """
+    parser = argparse.ArgumentParser(prog="python -m acp_proxy.demo_agent")
+    parser.add_argument("--pace-ms", type=float, default=0.0, metavar="N")
+    args = parser.parse_args(argv)
+    agent = DemoAgent()
+    stdin = sys.stdin.buffer
+    stdout = sys.stdout.buffer
+    # readline() returns as soon as one line is in: it does not wait for a full buffer.
+    for line in iter(stdin.readline, b""):
+        if not line.strip():
+            continue
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            replies = [_error(None, -32700, "Parse error")]
+        else:
+            replies = agent.handle(message)
+        for reply in replies:
+            stdout.write(orjson.dumps(reply) + b"\n")
+            stdout.flush()  # one write per frame: the proxy sees each as it is produced
+            if args.pace_ms > 0 and len(replies) > 1:
+                time.sleep(args.pace_ms / 1000)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
