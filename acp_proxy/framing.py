@@ -1,0 +1,261 @@
+"""Newline-delimited framing: bytes in, frames out, with a hard bound on the size of one frame.
+
+Contract: this module owns how a byte stream becomes frames (ACP digest §1.1: "Messages are
+delimited by newlines (`\\n`), and MUST NOT contain embedded newlines") and nothing else. It never
+parses JSON on the hot path, never does I/O and never logs (style.md habit 1; h11's "bytes in,
+events out"). "Need more input" is an empty list.
+
+Rules:
+
+* A frame is everything between two ``\\n`` bytes, byte for byte: a trailing ``\\r`` (CRLF
+  writers), invalid UTF-8 and whitespace inside the line are kept, because a frame no middleware
+  touches must leave the proxy as the exact bytes that came in (issue 3, "Byte-exact pass-through").
+* Lines that are empty or whitespace only carry no message and are dropped.
+* Bounded (style.md habit 6): a line longer than ``max_frame_bytes`` is never held whole. Once
+  it crosses the limit its bytes are discarded up to the next ``\\n`` and one ``Oversize`` event
+  reports its total size and its first ``HEAD_BYTES`` bytes (enough to read a request ``id``).
+  At most ``max_frame_bytes`` of a pending line, plus the chunk being fed, are in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
+from acp_proxy.jsontypes import JsonValue
+
+# How much of an oversize line is kept for ``read_request_id``.
+HEAD_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One complete frame, without its trailing ``\\n`` (every other byte kept, even ``\\r``)."""
+
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A line longer than the frame limit; its bytes were discarded.
+
+    ``size`` is the line's total length without the ``\\n`` (at EOF: up to the end of the stream),
+    ``head`` its first ``HEAD_BYTES`` bytes at most, ``limit`` the limit it exceeded (0: unknown).
+    """
+
+    size: int
+    head: bytes
+    limit: int = 0
+
+
+class LineSplitter:
+    """Split a byte stream into ``Line`` / ``Oversize`` events; feed chunks, call ``end`` at EOF.
+
+    Any chunking of the same stream yields the same events. Internally the pending (unterminated)
+    line is a list of parts joined once when its ``\\n`` arrives, so a line spread over many reads
+    costs linear, not quadratic, time.
+    """
+
+    __slots__ = ("_discard_size", "_discarding", "_head", "_max", "_parts", "_size")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        """Raises ``ValueError`` if ``max_frame_bytes`` is not positive."""
+        if max_frame_bytes < 1:
+            raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
+        self._max = max_frame_bytes
+        self._parts: list[bytes] = []  # the pending line, in pieces
+        self._size = 0  # total length of ``_parts``
+        self._discarding = False  # inside an oversize line, waiting for its newline
+        self._discard_size = 0  # length of that line so far
+        self._head = b""  # its first HEAD_BYTES bytes
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return self._max
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the pending line held in memory (never more than ``max_frame_bytes``)."""
+        return self._size + len(self._head)
+
+    def feed(self, data: bytes) -> list[Line | Oversize]:
+        """The events completed by ``data`` (possibly none), in stream order."""
+        if not data:
+            return []
+        pieces = data.split(b"\n")
+        last = pieces.pop()  # the unterminated tail (b"" when data ends with a newline)
+        out: list[Line | Oversize] = []
+        if pieces and (self._parts or self._discarding):
+            self._complete(pieces[0], out)
+            del pieces[0]
+        if pieces:
+            if len(data) <= self._max:
+                # No piece can exceed the limit: the hot path, one comprehension per chunk
+                # (``isspace`` stops at the first non-space byte, so it is O(1) for JSON).
+                out.extend([Line(p) for p in pieces if p and not p.isspace()])
+            else:
+                for p in pieces:
+                    self._emit(p, out)
+        if last:
+            self._add_partial(last)
+        return out
+
+    def end(self) -> list[Line | Oversize]:
+        """At EOF: the final unterminated line, if any (an oversize one as ``Oversize``)."""
+        out: list[Line | Oversize] = []
+        if self._discarding:
+            out.append(Oversize(self._discard_size, self._head, self._max))
+        elif self._parts:
+            self._emit(b"".join(self._parts), out)
+        self._reset()
+        return out
+
+    def _reset(self) -> None:
+        self._parts = []
+        self._size = 0
+        self._discarding = False
+        self._discard_size = 0
+        self._head = b""
+
+    def _emit(self, line: bytes, out: list[Line | Oversize]) -> None:
+        if len(line) > self._max:
+            out.append(Oversize(len(line), line[:HEAD_BYTES], self._max))
+        elif line and not line.isspace():
+            out.append(Line(line))
+
+    def _complete(self, piece: bytes, out: list[Line | Oversize]) -> None:
+        """``piece`` ends the pending line (its newline was found)."""
+        if self._discarding:
+            self._grow_head(piece)
+            out.append(Oversize(self._discard_size + len(piece), self._head, self._max))
+            self._reset()
+            return
+        if self._size + len(piece) > self._max:
+            self._start_discarding(piece)
+            out.append(Oversize(self._discard_size, self._head, self._max))
+            self._reset()
+            return
+        self._parts.append(piece)
+        line = b"".join(self._parts)
+        self._parts = []
+        self._size = 0
+        if not line.isspace():
+            out.append(Line(line))
+
+    def _add_partial(self, piece: bytes) -> None:
+        """``piece`` continues the pending line (no newline yet)."""
+        if self._discarding:
+            self._grow_head(piece)
+            self._discard_size += len(piece)
+        elif self._size + len(piece) > self._max:
+            self._start_discarding(piece)
+        else:
+            self._parts.append(piece)
+            self._size += len(piece)
+
+    def _grow_head(self, piece: bytes) -> None:
+        # Only matters when the limit is below HEAD_BYTES: the head is otherwise full already.
+        if len(self._head) < HEAD_BYTES:
+            self._head += piece[: HEAD_BYTES - len(self._head)]
+
+    def _start_discarding(self, piece: bytes) -> None:
+        """Keep only the head of the pending line plus ``piece``, and count the rest."""
+        head = bytearray()
+        for part in (*self._parts, piece):
+            if len(head) >= HEAD_BYTES:
+                break
+            head += part[: HEAD_BYTES - len(head)]
+        self._head = bytes(head)
+        self._discard_size = self._size + len(piece)
+        self._discarding = True
+        self._parts = []
+        self._size = 0
+
+
+# --- Reading the id of a truncated request ---------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+@dataclass(frozen=True, slots=True)
+class HeadInfo:
+    """What could be read from the start of a truncated JSON object (its top-level keys)."""
+
+    keys: frozenset[str]  # top-level keys seen before the cut (a key whose value is cut counts)
+    has_id: bool  # the ``id`` value itself was read completely
+    id: JsonValue  # that value (``None`` also when not read: check ``has_id``)
+
+
+def scan_head(head: bytes) -> HeadInfo:
+    """Read the top-level keys (and the ``id`` value) of the truncated JSON object ``head``.
+
+    Best effort: scanning stops at the cut or at anything that is not a JSON object's member;
+    never raises. Uses the standard library decoder, which (unlike orjson) keeps integers above
+    2**64 exact, so an error response can carry the request's id unchanged.
+    """
+    text = head.decode("utf-8", "replace")
+    keys: set[str] = set()
+    has_id = False
+    found: JsonValue = None
+    i = _WS.match(text).end()  # type: ignore[union-attr]  # the pattern matches the empty string
+    if not text.startswith("{", i):
+        return HeadInfo(frozenset(), False, None)
+    i += 1
+    try:
+        while True:
+            i = _WS.match(text, i).end()  # type: ignore[union-attr]
+            if not text.startswith('"', i):
+                break
+            key, i = _DECODER.raw_decode(text, i)
+            i = _WS.match(text, i).end()  # type: ignore[union-attr]
+            if not text.startswith(":", i):
+                break
+            keys.add(key)
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+            value, i = _DECODER.raw_decode(text, i)  # ValueError when the value is cut
+            i = _WS.match(text, i).end()  # type: ignore[union-attr]
+            if i >= len(text):
+                break  # a number at the cut may be the start of a longer one: not read
+            if key == "id":
+                has_id, found = True, value
+            if not text.startswith(",", i):
+                break
+            i += 1
+    except ValueError:  # JSONDecodeError: the cut (or garbage) was reached
+        pass
+    return HeadInfo(frozenset(keys), has_id, found)
+
+
+def _is_request_id(value: JsonValue) -> bool:
+    # ACP digest §8.1: "RequestId may be a string, an integer or null" (JSON-RPC also allows a
+    # number); anything else cannot be echoed back as an id.
+    return value is None or (type(value) in (str, int, float))
+
+
+def read_request_id(head: bytes) -> tuple[bool, JsonValue]:
+    """``(True, id)`` when ``head`` starts a JSON-RPC request whose ``id`` can be read.
+
+    "Looks like a request" means the top-level ``method`` key occurs before the cut. ``(False,
+    None)`` otherwise (a notification, a response, a cut ``id``, not an object).
+    """
+    info = scan_head(head)
+    if info.has_id and "method" in info.keys and _is_request_id(info.id):
+        return True, info.id
+    return False, None
+
+
+def read_response_id(head: bytes) -> tuple[bool, JsonValue]:
+    """``(True, id)`` when ``head`` starts a JSON-RPC response (``result``/``error``, no ``method``)
+    whose ``id`` can be read; ``(False, None)`` otherwise."""
+    info = scan_head(head)
+    if (
+        info.has_id
+        and "method" not in info.keys
+        and ("result" in info.keys or "error" in info.keys)
+        and _is_request_id(info.id)
+    ):
+        return True, info.id
+    return False, None
