@@ -1,0 +1,146 @@
+"""A reference model of what an ACP client stores from the messages it receives.
+
+Contract: this module owns an executable statement of the receiver's state rules, used to *check*
+the proxy (tests, the demo, coalescing properties: "sending X gives the client the same state as
+sending Y"). It is never on the proxy's forwarding path. Pure: no I/O; never mutates a message.
+
+v2 (schema field descriptions and the RFD): an upsert applies each known field three-state
+(omitted keeps, ``null`` clears, a value replaces; ``[]`` clears a collection) and its top-level
+`_meta` with ``patch.apply_meta_update``. Fields the schema does not define are dropped, as the
+official SDKs drop unknown keys. Chunks append to their entity's ``content`` / ``summary`` (a
+later concrete array replaces what chunks appended) or, for terminal output, to a chunk list that a
+later ``output`` snapshot resets. Snapshot kinds replace the previous snapshot of their entity
+(except sticky fields such as ``usage_update.cost``); ``plan_removed`` deletes a plan. Notices,
+unknown kinds and malformed known kinds are recorded in receive order. A
+`session/request_permission` with a tool-call subject applies its ``toolCall`` like a
+``tool_call_update`` (migration guide: "Apply `tool_call` subjects like ordinary tool-call
+updates").
+
+v1 (our documented choice): the conservative receiver of the RFD's Compatibility section, "a v1
+receiver may replace the whole stored object and may store null values literally". A `_meta`
+object replaces the entity's metadata whole (``null`` values kept as data), ``_meta: null``
+clears it, omission or a non-object leaves it unchanged; v1 ``tool_call`` (re)creates the entity
+from its fields and `_meta` alone. v1 fields apply like v2's (a ``null`` clears): the v1 merge in
+``acp_proxy.updates`` never relies on this reading, so coalescing checks stay valid for receivers
+that read ``null`` as "unchanged".
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.patch import apply_meta_update
+from acp_proxy.registry import (
+    CHUNK_KINDS,
+    EVENT_KINDS,
+    REMOVAL_KINDS,
+    SNAPSHOT_KINDS,
+    UPSERT_KINDS,
+    EntityKey,
+    MetaRule,
+    UpsertKind,
+    entity_key,
+    find_upsert,
+    session_update_kind,
+)
+
+
+@dataclass(slots=True)
+class _Entity:
+    fields: JsonObject = field(default_factory=dict)
+    meta: JsonObject | None = None
+    # Appended values for targets that are not a list field (terminal output chunks).
+    appended: dict[str, list[JsonValue]] = field(default_factory=dict)
+
+
+class ClientModel:
+    """The state an ACP client holds after receiving messages, for protocol ``version`` 1 or 2."""
+
+    __slots__ = ("_entities", "_events", "_snapshots", "version")
+
+    def __init__(self, version: int) -> None:
+        if version not in UPSERT_KINDS:
+            raise ValueError(f"unsupported protocol version {version!r}; expected 1 or 2")
+        self.version = version
+        self._entities: dict[EntityKey, _Entity] = {}
+        self._snapshots: dict[EntityKey, JsonObject] = {}
+        self._events: list[JsonObject] = []
+
+    def apply(self, message: JsonObject) -> None:
+        """Apply one received JSON-RPC message (see the module docstring for the rules)."""
+        site = find_upsert(message, self.version)
+        if site is not None:
+            self._apply_upsert(site.spec, site.entity, site.obj)
+            return
+        kind = session_update_kind(message)
+        if kind is None:
+            return  # not a session/update: requests, responses, other notifications
+        params = message["params"]
+        assert isinstance(params, dict)
+        update = params["update"]
+        assert isinstance(update, dict)
+        key = entity_key(message, self.version)
+        chunk = CHUNK_KINDS[self.version].get(kind)
+        snapshot = SNAPSHOT_KINDS[self.version].get(kind)
+        if key is None or kind in EVENT_KINDS:
+            # Unknown kinds, notices and malformed known kinds: kept raw, in receive order.
+            self._events.append({"sessionId": params.get("sessionId"), "update": update})
+        elif chunk is not None:
+            entity = self._entities.setdefault(key, _Entity())
+            value = update.get(chunk.value_field)
+            if chunk.target == "output":
+                entity.appended.setdefault("output", []).append(value)
+            else:
+                current = entity.fields.get(chunk.target)
+                base = current if isinstance(current, list) else []
+                entity.fields[chunk.target] = [*base, value]
+        elif snapshot is not None:
+            stored: JsonObject = {k: v for k, v in update.items() if k != "sessionUpdate"}
+            previous: JsonObject = self._snapshots.get(key, {})
+            for sticky in snapshot.sticky:
+                if sticky not in update and sticky in previous:
+                    stored[sticky] = previous[sticky]
+            self._snapshots[key] = stored
+        else:
+            assert kind in REMOVAL_KINDS  # entity_key() knows no other kind
+            self._snapshots.pop(key, None)
+
+    def _apply_upsert(self, spec: UpsertKind, key: EntityKey, obj: JsonObject) -> None:
+        if spec.meta_rule is MetaRule.CREATE:
+            self._entities[key] = _Entity()
+        entity = self._entities.setdefault(key, _Entity())
+        for name in spec.fields:
+            value = obj.get(name, OMITTED)
+            if value is OMITTED:
+                continue
+            if value is None or (name in spec.collections and value == []):
+                entity.fields.pop(name, None)
+            else:
+                entity.fields[name] = value
+            if name == "output":
+                entity.appended.pop("output", None)  # "authoritative replacement snapshot"
+        raw_meta = obj.get("_meta", OMITTED)
+        if spec.meta_rule is MetaRule.PATCH:
+            entity.meta = apply_meta_update(entity.meta, raw_meta)
+        elif raw_meta is None:
+            entity.meta = None
+        elif isinstance(raw_meta, dict):
+            entity.meta = dict(raw_meta) or None  # replace whole, literal nulls kept (v1)
+
+    def meta(self, key: EntityKey) -> JsonObject | None:
+        """The stored metadata of entity ``key`` (``None``: no metadata or unknown entity)."""
+        entity = self._entities.get(key)
+        return None if entity is None else copy.deepcopy(entity.meta)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as a plain, comparable value (deep-copied)."""
+        entities = {
+            key: {"fields": e.fields, "meta": e.meta, "appended": e.appended}
+            for key, e in self._entities.items()
+        }
+        return copy.deepcopy(
+            {"entities": entities, "snapshots": self._snapshots, "events": self._events}
+        )
