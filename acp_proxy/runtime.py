@@ -1,0 +1,648 @@
+"""The I/O shell of one proxied session: pump bytes through the pure pipeline, both ways.
+
+Contract: owns moving bytes between two byte streams (client side, agent side) through the pure
+core (``framing.LineSplitter`` -> ``pipeline.Connection`` -> ``coalesce.OutboundQueue``), the
+tasks that do it, backpressure, end-of-session ordering, and logging what the core reports. It
+never parses JSON itself and never decides what a message becomes (style.md habit 1: thin shell).
+
+Shape (style.md habit 6, issue 6): per direction one reader task that reads large chunks and runs
+the whole chunk through the core synchronously, and per side one writer task that takes every
+ready frame and writes them in ONE ``send``. No task, thread hop or write per message. Queues are
+bounded: when the queue toward a side is full, the reader feeding it waits (backpressure), so a
+side that stops reading stops the proxy reading from the other side. Order per direction is the
+order of arrival.
+
+``pump_session`` is transport-agnostic (any anyio byte streams: pipes, stdio, TCP, Unix); the
+agent process lifecycle is plugged in by ``run_proxy`` through two hooks.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from acp_proxy.chain import Direction
+from acp_proxy.coalesce import OutboundQueue, OutFrame
+from acp_proxy.config import Config
+from acp_proxy.framing import LineSplitter
+from acp_proxy.logsetup import debug_enabled, get_logger
+from acp_proxy.pipeline import (
+    Connection,
+    Dropped,
+    FrameInfo,
+    MiddlewareFailed,
+    NonJson,
+    Note,
+    OversizeFrame,
+    Result,
+    Rewritten,
+    VersionNegotiated,
+)
+from acp_proxy.process import (
+    STDOUT_LINGER_S,
+    SpawnError,
+    describe_status,
+    drain_stderr,
+    exit_code_of,
+    spawn_agent,
+    spawn_error_exit,
+)
+
+READ_SIZE = 256 * 1024
+_STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+@dataclass(slots=True)
+class SideStats:
+    """What one writer did (toward the client or toward the agent)."""
+
+    writes: int = 0  # send() calls
+    bytes: int = 0  # bytes handed to send()
+    discarded: int = 0  # frames dropped because the peer was gone
+
+
+@dataclass(slots=True)
+class SessionStats:
+    to_client: SideStats = field(default_factory=SideStats)
+    to_agent: SideStats = field(default_factory=SideStats)
+    client_eof: bool = False
+    agent_eof: bool = False
+
+
+class _Outbox:
+    """The bounded queue toward one side, its writer's state, and the wake-ups between them.
+
+    Writes happen in two places, never at the same time: the writer task, and (the fast path)
+    the reader task right after it queued frames, when the writer is idle and the stream can
+    write without waiting (``try_send``). Either way everything ready is written in ONE call,
+    and whatever the kernel did not take (``tail``) is written first by the writer task, so order
+    is kept.
+    """
+
+    __slots__ = (
+        "_ready",
+        "_space",
+        "broken",
+        "busy",
+        "closed",
+        "queue",
+        "stats",
+        "tail",
+        "try_send",
+        "tx",
+    )
+
+    def __init__(
+        self, queue: OutboundQueue, tx: anyio.abc.ByteSendStream, stats: SideStats
+    ) -> None:
+        self.queue = queue
+        self.tx = tx
+        self.stats = stats
+        # Streams over raw fds (FdStream) offer a non-blocking write; others use send() only.
+        try_send = getattr(tx, "try_send", None)
+        self.try_send: Callable[[bytes], int] | None = try_send if callable(try_send) else None
+        self.tail = b""  # bytes of a batch the kernel did not take yet
+        self.busy = False  # the writer task is inside tx.send()
+        self.broken = False  # the peer stopped reading: frames are discarded
+        self.closed = False
+        self._ready = anyio.Event()
+        self._space = anyio.Event()
+
+    def wake_writer(self) -> None:
+        self._ready.set()
+
+    def wake_reader(self) -> None:
+        self._space.set()
+
+    def push(self, frames: tuple[OutFrame, ...], now: float) -> bool:
+        """Queue ``frames`` in order (the reader waited for room before reading them).
+
+        False when the outbox is already closed (its writer is gone): the frames are dropped.
+        """
+        if self.closed:
+            return False
+        push = self.queue.push
+        for frame in frames:
+            push(frame, now)
+        return True
+
+    def flush_now(self, now: float) -> None:
+        """After a push: write what is ready right here if the writer is idle, else wake it."""
+        try_send = self.try_send
+        if try_send is None or self.busy or self.tail or self.broken:
+            self._ready.set()
+            return
+        frames, deadline = self.queue.take(now)
+        if frames:
+            self._space.set()
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            try:
+                written = try_send(data)
+            except _STREAM_ERRORS:
+                written = 0  # the writer task hits the same error and handles it
+            self.stats.writes += 1
+            self.stats.bytes += written
+            if written < len(data):
+                self.tail = data[written:]
+                self._ready.set()
+        if deadline is not None:
+            self._ready.set()  # the writer sleeps until the queue's deadline
+
+    async def wait_room(self) -> None:
+        """Backpressure: wait until the writer made room (the queue is below its bounds)."""
+        while not self.closed and not self.queue.has_room():
+            self._ready.set()
+            self._space = anyio.Event()
+            await self._space.wait()
+
+    async def wait_ready(self, deadline: float | None) -> None:
+        """Park the writer until something is pushed, the outbox closes, or ``deadline``."""
+        self._ready = anyio.Event()
+        if deadline is None:
+            await self._ready.wait()
+            return
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            await self._ready.wait()
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+
+class PumpSession:
+    """One session between a client stream pair and an agent stream pair.
+
+    ``agent_exit_reason`` is awaited once the agent's output ended; its text goes into the
+    -32603 errors for client requests still in flight (``Connection.abort_pending``).
+    ``on_agent_input_closed`` is called once the agent's input was flushed and closed (client
+    EOF or ``stop_client_input``): the process layer starts its shutdown ladder there.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        client_rx: anyio.abc.ByteReceiveStream,
+        client_tx: anyio.abc.ByteSendStream,
+        agent_rx: anyio.abc.ByteReceiveStream,
+        agent_tx: anyio.abc.ByteSendStream,
+        *,
+        log: Any = None,
+        agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
+        on_agent_input_closed: Callable[[], None] | None = None,
+        connection: Connection | None = None,
+    ) -> None:
+        self.config = config
+        self.log = log if log is not None else get_logger()
+        self._debug = debug_enabled()
+        self.connection = connection or Connection(
+            config.build_chain(),
+            non_json=config.non_json,
+            inspect_all=self._debug,
+        )
+        self._client_rx, self._client_tx = client_rx, client_tx
+        self._agent_rx, self._agent_tx = agent_rx, agent_tx
+        self._agent_exit_reason = agent_exit_reason
+        self._on_agent_input_closed = on_agent_input_closed
+        self.stats = SessionStats()
+        self.to_agent = _Outbox(
+            OutboundQueue(config.coalesce, coalesce=False), agent_tx, self.stats.to_agent
+        )
+        # Coalescing (issue 4) only ever applies toward the client: agent updates are what a
+        # slow editor falls behind on.
+        self.to_client = _Outbox(
+            OutboundQueue(config.coalesce, coalesce=True), client_tx, self.stats.to_client
+        )
+        self._stopping = {Direction.CLIENT_TO_AGENT: False, Direction.AGENT_TO_CLIENT: False}
+        self._recv_scopes: dict[Direction, anyio.CancelScope] = {}
+
+    # -- control --------------------------------------------------------------------------
+
+    def stop_client_input(self) -> None:
+        """Stop reading the client as if it had sent EOF (signals, client gone)."""
+        self._stop(Direction.CLIENT_TO_AGENT)
+
+    def stop_agent_output(self) -> None:
+        """Stop reading the agent as if it had closed its output (it exited; pipe lingers)."""
+        self._stop(Direction.AGENT_TO_CLIENT)
+
+    def _stop(self, direction: Direction) -> None:
+        self._stopping[direction] = True
+        scope = self._recv_scopes.get(direction)
+        if scope is not None:
+            scope.cancel()
+
+    @property
+    def bytes_to_client(self) -> int:
+        return self.stats.to_client.bytes
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    async def run(self) -> SessionStats:
+        """Pump until the agent's output ended and everything owed to the client was written."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, self.to_agent, True)
+            tg.start_soon(self._writer, self.to_client, False)
+            tg.start_soon(self._client_reader)
+            await self._agent_reader()
+        return self.stats
+
+    async def _read_loop(
+        self,
+        direction: Direction,
+        rx: anyio.abc.ByteReceiveStream,
+        forward: _Outbox,
+        back: _Outbox,
+    ) -> None:
+        # The whole chunk goes through the core in one call, and its frames are queued without
+        # awaiting: the queue may overshoot its bound by one chunk's frames, which keeps memory
+        # bounded (read size + one maximal frame) and the hot path free of per-frame awaits.
+        splitter = LineSplitter(self.config.max_frame_bytes)
+        handle_many = self.connection.handle_many
+        dispatch = self._dispatch
+        # One cancel scope for the whole loop (``stop_*`` cancels it): the only awaits are
+        # ``wait_room`` and ``receive``, and a cancelled receive consumes nothing, while each
+        # chunk is dispatched synchronously, so stopping never loses or splits a frame.
+        with anyio.CancelScope() as scope:
+            self._recv_scopes[direction] = scope
+            if self._stopping[direction]:
+                scope.cancel()
+            while True:
+                if not forward.queue.has_room():
+                    await forward.wait_room()
+                if not back.queue.has_room():
+                    await back.wait_room()
+                try:
+                    chunk = await rx.receive(READ_SIZE)
+                except _STREAM_ERRORS:
+                    break
+                events = splitter.feed(chunk)
+                if events:
+                    dispatch(direction, handle_many(direction, events), forward, back)
+        del self._recv_scopes[direction]
+        if not scope.cancel_called:  # real EOF: a last line without its newline still counts
+            tail = splitter.end()
+            if tail:
+                dispatch(direction, handle_many(direction, tail), forward, back)
+
+    def _dispatch(
+        self, direction: Direction, result: Result, forward: _Outbox, back: _Outbox
+    ) -> None:
+        now = time.monotonic()
+        if result.forward and forward.push(result.forward, now):
+            forward.flush_now(now)
+        if result.reply and back.push(result.reply, now):
+            back.flush_now(now)
+        if result.notes:
+            self._log_notes(result.notes)
+
+    async def _client_reader(self) -> None:
+        await self._read_loop(
+            Direction.CLIENT_TO_AGENT, self._client_rx, self.to_agent, self.to_client
+        )
+        self.stats.client_eof = not self._stopping[Direction.CLIENT_TO_AGENT]
+        if self.stats.client_eof:
+            self.log.info("client closed its input")
+        # The agent's own requests to the client can no longer be answered by it.
+        aborted = self.connection.abort_agent_requests("acp-proxy: the client disconnected")
+        if aborted:
+            self.to_agent.push(aborted, time.monotonic())
+        self.to_agent.close()
+
+    async def _agent_reader(self) -> None:
+        await self._read_loop(
+            Direction.AGENT_TO_CLIENT, self._agent_rx, self.to_client, self.to_agent
+        )
+        self.stats.agent_eof = True
+        reason = "agent closed its output"
+        if self._agent_exit_reason is not None:
+            reason = await self._agent_exit_reason()
+        # Nothing read from the client after this point reaches the agent: stop first, so every
+        # request the agent saw is either answered or in abort_pending (issue 3: "every client
+        # request still awaiting a response gets a JSON-RPC error response").
+        self.stop_client_input()
+        aborted = self.connection.abort_pending(reason)
+        if aborted:
+            self.log.warning("answering requests left in flight", count=len(aborted), reason=reason)
+            self.to_client.push(aborted, time.monotonic())
+        self.to_client.close()
+
+    async def _writer(self, outbox: _Outbox, to_agent: bool) -> None:
+        queue = outbox.queue
+        stats = outbox.stats
+        tx = outbox.tx
+        while True:
+            if outbox.tail:
+                data, outbox.tail = outbox.tail, b""
+                count = 0
+            else:
+                frames, deadline = queue.take(time.monotonic())
+                if not frames:
+                    if outbox.closed and deadline is None:
+                        break
+                    await outbox.wait_ready(deadline)
+                    continue
+                outbox.wake_reader()
+                count = len(frames)
+                if outbox.broken:
+                    stats.discarded += count
+                    continue
+                data = frames[0] if count == 1 else b"".join(frames)
+                stats.writes += 1
+            if outbox.broken:
+                continue
+            outbox.busy = True
+            try:
+                await tx.send(data)
+            except _STREAM_ERRORS:
+                outbox.broken = True
+                stats.discarded += count
+                self._peer_gone(to_agent)
+                continue
+            finally:
+                outbox.busy = False
+            stats.bytes += len(data)
+        if to_agent:
+            # Client input is over and flushed: EOF to the agent starts its shutdown.
+            with anyio.CancelScope(shield=True):
+                try:
+                    # A shared duplex stream (socket) half-closes; a plain send stream closes.
+                    if isinstance(tx, anyio.abc.ByteStream):
+                        await tx.send_eof()
+                    else:
+                        await tx.aclose()
+                except (*_STREAM_ERRORS, OSError):
+                    pass
+            if self._on_agent_input_closed is not None:
+                self._on_agent_input_closed()
+
+    def _peer_gone(self, agent: bool) -> None:
+        if agent:
+            self.log.warning("agent stopped reading its input; dropping frames sent to it")
+        else:
+            self.log.warning("client stopped reading; shutting the agent down")
+            self.stop_client_input()
+
+    # -- logging --------------------------------------------------------------------------
+
+    def _log_notes(self, notes: tuple[Note, ...]) -> None:
+        log = self.log
+        for note in notes:
+            if type(note) is FrameInfo:
+                if self._debug:
+                    log.debug(
+                        "frame",
+                        direction=str(note.direction),
+                        method=note.method,
+                        id=_loggable(note.id),
+                        update=note.update_kind,
+                        size=note.size,
+                        changed_by=list(note.changed_by) or None,
+                    )
+            elif type(note) is Rewritten:
+                if self._debug:
+                    log.debug("rewritten", method=note.method, changed_by=list(note.changed_by))
+            elif type(note) is NonJson:
+                # Warn once per kind (the pipeline marks the first), then only count (summary).
+                if note.first_of_kind or self._debug:
+                    (log.warning if note.first_of_kind else log.debug)(
+                        "agent wrote non-JSON output"
+                        + ("; forwarded" if note.forwarded else "; diverted to the log")
+                        + (
+                            " (further lines of this kind are only counted)"
+                            if note.first_of_kind
+                            else ""
+                        ),
+                        kind=note.kind,
+                        size=note.size,
+                        sample=note.sample.decode("utf-8", "backslashreplace"),
+                    )
+            elif type(note) is OversizeFrame:
+                log.warning(
+                    "frame over the size limit discarded",
+                    size=note.size,
+                    limit=note.limit,
+                    id=_loggable(note.request_id),
+                    replied=note.replied,
+                    answered=note.answered,
+                )
+            elif type(note) is MiddlewareFailed:
+                failure = note.failure
+                log.error(
+                    "middleware failed",
+                    middleware=failure.middleware,
+                    error=failure.error,
+                    policy="fail-closed: message dropped"
+                    if failure.fail_closed
+                    else "fail-open: message forwarded unchanged",
+                )
+            elif type(note) is VersionNegotiated:
+                log.info("protocol version negotiated", version=note.version)
+            elif type(note) is Dropped:
+                log.info("message dropped by middleware", method=note.method, by=note.dropped_by)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for the exit summary line."""
+        stats = self.connection.stats
+        return {
+            "frames_client_to_agent": stats.client_to_agent_out,
+            "frames_agent_to_client": stats.agent_to_client_out,
+            "rewritten": stats.rewritten,
+            "coalesced": self.to_client.queue.stats.merged,
+            "diverted": stats.diverted,
+            "dropped": stats.dropped,
+            "oversize": stats.oversize,
+            "errors": stats.errors_replied + stats.middleware_failures,
+            "discarded": self.stats.to_client.discarded + self.stats.to_agent.discarded,
+            "version": self.connection.version,
+        }
+
+
+def _loggable(value: object) -> object:
+    # orjson cannot encode integers above 64 bits; a log line must never fail.
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        return str(value)
+    return value
+
+
+async def pump_session(
+    config: Config,
+    client_rx: anyio.abc.ByteReceiveStream,
+    client_tx: anyio.abc.ByteSendStream,
+    agent_rx: anyio.abc.ByteReceiveStream,
+    agent_tx: anyio.abc.ByteSendStream,
+    *,
+    log: Any = None,
+    agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
+    on_agent_input_closed: Callable[[], None] | None = None,
+) -> PumpSession:
+    """Run one session to its end (see ``PumpSession``) and return it (stats, summary)."""
+    session = PumpSession(
+        config,
+        client_rx,
+        client_tx,
+        agent_rx,
+        agent_tx,
+        log=log,
+        agent_exit_reason=agent_exit_reason,
+        on_agent_input_closed=on_agent_input_closed,
+    )
+    await session.run()
+    return session
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def run_proxy(
+    config: Config,
+    agent_argv: list[str] | tuple[str, ...],
+    *,
+    client_stream: anyio.abc.ByteStream | None = None,
+) -> int:
+    """Spawn the agent, pump the session between it and the client, return the exit code.
+
+    ``client_stream`` defaults to the proxy's own stdin/stdout. Returns the agent's exit code
+    (128 + N when signal N ended it), or 127/126 when it cannot be spawned.
+    """
+    from acp_proxy.transports import stdio_stream
+
+    log = get_logger()
+    log.info(
+        "starting",
+        agent=list(agent_argv),
+        config=config.source,
+        rules=list(config.rule_names),
+        middleware=[spec.name for spec in config.middleware],
+    )
+    try:
+        agent = await spawn_agent(agent_argv, config.agent)
+    except SpawnError as exc:
+        return spawn_error_exit(exc)
+    log = log.bind(agent_pid=agent.pid)
+    client = client_stream if client_stream is not None else stdio_stream()
+    grace = config.agent.grace_period_s
+    returncode: int | None = None
+    input_closed = anyio.Event()
+    shutdown_requested = anyio.Event()
+    started = time.monotonic()
+
+    async def exit_reason() -> str:
+        # The agent closed its output: normally it exited. If it lingers, the ladder ends it.
+        shutdown_requested.set()
+        rc = await agent.wait()
+        return f"agent {describe_status(rc)}"
+
+    session = PumpSession(
+        config,
+        client,
+        client,
+        agent.stdio,
+        agent.stdio,
+        log=log,
+        agent_exit_reason=exit_reason,
+        on_agent_input_closed=input_closed.set,
+    )
+
+    async def ladder() -> None:
+        # Client EOF (the agent's stdin is then closed) or a signal starts the same ladder.
+        async with anyio.create_task_group() as inner:
+
+            async def on_closed() -> None:
+                await input_closed.wait()
+                shutdown_requested.set()
+
+            inner.start_soon(on_closed)
+            await shutdown_requested.wait()
+            inner.cancel_scope.cancel()
+        # Grace covers both "flush and close the agent's stdin" and "let the agent exit".
+        with anyio.move_on_after(grace):
+            await input_closed.wait()
+            await agent.wait()
+            return
+        if agent.returncode is None:
+            log.warning("agent still running after grace period; sending SIGTERM", grace_s=grace)
+            agent.signal_group(signal.SIGTERM)
+            with anyio.move_on_after(grace):
+                await agent.wait()
+                return
+            log.warning("agent ignored SIGTERM; sending SIGKILL")
+            agent.signal_group(signal.SIGKILL)
+
+    async def watch_signals() -> None:
+        with anyio.open_signal_receiver(*_SIGNALS) as signals:
+            async for signum in signals:
+                log.info("signal received; shutting the agent down", signal=signum.name)
+                session.stop_client_input()
+                shutdown_requested.set()
+
+    async def watch_exit(cancel: anyio.CancelScope) -> None:
+        nonlocal returncode
+        returncode = await agent.wait()
+        # No orphans: whatever the agent left in its process group goes with it.
+        agent.reap_group()
+        log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
+        # Its output is normally at EOF now; if a process outside the group still holds the
+        # pipe, or the client stopped reading, do not wait forever: give up once nothing moved
+        # for a while.
+        last = -1
+        while True:
+            await anyio.sleep(STDOUT_LINGER_S)
+            progress = session.bytes_to_client
+            if progress == last:
+                break
+            last = progress
+        log.warning("session did not finish after the agent exited; closing it")
+        session.stop_agent_output()
+        await anyio.sleep(STDOUT_LINGER_S)
+        cancel.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_signals)
+            tg.start_soon(ladder)
+            stderr_done = anyio.Event()
+            if agent.stderr_fd is not None:
+                stderr_fd, agent.stderr_fd = agent.stderr_fd, None  # the drain task owns it
+
+                async def drain() -> None:
+                    try:
+                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"))
+                    finally:
+                        stderr_done.set()
+
+                tg.start_soon(drain)
+            else:
+                stderr_done.set()
+            tg.start_soon(watch_exit, tg.cancel_scope)
+            await session.run()
+            if returncode is None:
+                returncode = await agent.wait()
+            # The group is dead, so its stderr is at EOF: let the last lines reach the log.
+            with anyio.move_on_after(STDOUT_LINGER_S):
+                await stderr_done.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if agent.returncode is None:  # cancelled: never leave the agent behind
+                agent.signal_group(signal.SIGKILL)
+                await agent.wait()
+            agent.reap_group()
+            await agent.aclose()
+            if client_stream is None:
+                await client.aclose()
+    rc = agent.returncode if agent.returncode is not None else returncode
+    assert rc is not None
+    log.info(
+        "exit",
+        status=describe_status(rc),
+        exit_code=exit_code_of(rc),
+        duration_s=round(time.monotonic() - started, 3),
+        **session.summary(),
+    )
+    return exit_code_of(rc)

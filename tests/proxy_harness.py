@@ -1,0 +1,146 @@
+"""Helpers for the shell tests: run the real ``python -m acp_proxy`` with ``tests/fake_agent.py``.
+
+Every call is bounded by ``anyio.fail_after`` so a broken proxy fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import orjson
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FAKE_AGENT = TESTS / "fake_agent.py"
+GOLDEN = TESTS / "golden"
+TIMEOUT = 20.0
+
+
+def proxy_env(**extra: str) -> dict[str, str]:
+    """The environment for a proxy subprocess: ours, with the repository importable."""
+    env = dict(os.environ)
+    env.pop("ACP_PROXY_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def proxy_cmd(*proxy_args: str, agent: list[str] | None = None) -> list[str]:
+    """``python -m acp_proxy PROXY_ARGS -- python fake_agent.py AGENT``."""
+    return [
+        sys.executable,
+        "-m",
+        "acp_proxy",
+        *proxy_args,
+        "--",
+        sys.executable,
+        str(FAKE_AGENT),
+        *(agent or []),
+    ]
+
+
+@dataclass(frozen=True)
+class Ran:
+    rc: int
+    stdout: bytes
+    stderr: bytes
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The proxy's JSON log lines (``--log-format json``), other stderr lines skipped."""
+        out = []
+        for line in self.stderr.splitlines():
+            if line.startswith(b"{"):
+                try:
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(event, dict) and "event" in event:
+                    out.append(event)
+        return out
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.log_events() if e["event"] == name]
+
+
+async def run(
+    cmd: list[str],
+    stdin: bytes = b"",
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = TIMEOUT,
+) -> Ran:
+    """Run ``cmd`` to completion with ``stdin`` as its whole input."""
+    with anyio.fail_after(timeout):
+        done = await anyio.run_process(
+            cmd, input=stdin, check=False, env=env or proxy_env(), cwd=str(REPO)
+        )
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+class Lines:
+    """Read a byte stream line by line (for interactive tests)."""
+
+    def __init__(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def line(self) -> bytes:
+        """The next line with its newline; raises ``anyio.EndOfStream`` at EOF."""
+        while b"\n" not in self.buffer:
+            self.buffer += await self.stream.receive()
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line + b"\n"
+
+    async def rest(self) -> bytes:
+        """Everything up to EOF."""
+        chunks = [self.buffer]
+        self.buffer = b""
+        while True:
+            try:
+                chunks.append(await self.stream.receive())
+            except anyio.EndOfStream:
+                return b"".join(chunks)
+
+
+def request(rid: int | str, method: str, params: object = None) -> bytes:
+    """A compact JSON-RPC request frame with its newline."""
+    message: dict[str, object] = {"jsonrpc": "2.0", "id": rid, "method": method}
+    if params is not None:
+        message["params"] = params
+    return orjson.dumps(message) + b"\n"
+
+
+def echo_response(rid: int | str, params: object) -> bytes:
+    """What fake_agent answers to a non-initialize request (compact, like ``json.dumps``)."""
+    return orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": {"echo": params}}) + b"\n"
+
+
+def init_response(rid: int | str, version: int = 2) -> bytes:
+    return (
+        orjson.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "result": {"protocolVersion": version, "agentCapabilities": {}, "authMethods": []},
+            }
+        )
+        + b"\n"
+    )
+
+
+def error_line(rid: int | str, code: int, message: str) -> bytes:
+    return (
+        orjson.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}})
+        + b"\n"
+    )
+
+
+def write_config(path: Path, text: str) -> str:
+    path.write_text(text, encoding="utf-8")
+    return str(path)

@@ -1,0 +1,190 @@
+"""The command line: options, sub-commands, config errors before spawn, where logs go."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from proxy_harness import REPO, init_response, proxy_cmd, proxy_env, request, run, write_config
+
+from acp_proxy import __version__, cli
+from acp_proxy.config import ConfigError, explain_config, load_config
+
+pytestmark = pytest.mark.anyio
+
+PROXY = [sys.executable, "-m", "acp_proxy"]
+
+
+async def test_version() -> None:
+    ran = await run([*PROXY, "--version"])
+    assert (ran.rc, ran.stdout) == (0, f"acp-proxy {__version__}\n".encode())
+
+
+async def test_help_has_usage_and_examples() -> None:
+    ran = await run([*PROXY, "--help"])
+    assert ran.rc == 0
+    text = ran.stdout.decode()
+    for needle in (
+        "usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]",
+        "acp-proxy check-config FILE",
+        "acp-proxy demo",
+        "--config FILE",
+        "--log-level",
+        "--log-format",
+        "--log-file FILE",
+        "--max-frame-bytes N",
+        "examples:",
+        "ACP_PROXY_CONFIG",
+    ):
+        assert needle in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "missing AGENT_CMD"),
+        (["--log-level", "debug"], "missing AGENT_CMD"),
+        (["--log-level", "loud", "--", "agent"], "invalid choice: 'loud'"),
+        (["--max-frame-bytes", "0", "--", "agent"], "must be positive: '0'"),
+        (["--bogus", "--", "agent"], "unrecognized arguments: --bogus"),
+    ],
+)
+async def test_usage_errors_exit_2(argv: list[str], message: str) -> None:
+    ran = await run([*PROXY, *argv])
+    assert ran.rc == 2
+    assert ran.stdout == b""
+    assert message in ran.stderr.decode()
+
+
+async def test_agent_command_without_double_dash() -> None:
+    ran = await run(
+        [*PROXY, "--log-level", "error", sys.executable, str(REPO / "tests" / "fake_agent.py")],
+        request(1, "initialize", {}),
+    )
+    assert (ran.rc, ran.stdout) == (0, init_response(1))
+
+
+# --- check-config ------------------------------------------------------------------------------
+
+
+async def test_check_config_explains_a_valid_file() -> None:
+    path = str(REPO / "config" / "example.yaml")
+    ran = await run([*PROXY, "check-config", path])
+    assert ran.rc == 0, ran.stderr
+    expected = explain_config(load_config(path, proxy_env()))
+    assert ran.stdout.decode() == (expected if expected.endswith("\n") else expected + "\n")
+
+
+async def test_check_config_reports_the_error(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "bad.yaml", "rules: 5\n")
+    ran = await run([*PROXY, "check-config", path])
+    assert ran.rc == 2
+    assert ran.stdout == b""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, os.environ)
+    assert ran.stderr == f"acp-proxy: {caught.value}\n".encode()
+
+
+# --- config errors surface before the agent is spawned -------------------------------------------
+
+
+async def test_bad_config_fails_before_spawn(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "bad.yaml", "rules:\n  - name: x\n    set_meta: {plain: 1}\n")
+    ready = tmp_path / "agent-started"
+    ran = await run(proxy_cmd("--config", path, agent=["--ready", str(ready)]), b"")
+    assert ran.rc == 2
+    assert ran.stdout == b""
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, os.environ)
+    assert ran.stderr == f"acp-proxy: {caught.value}\n".encode()
+    assert not ready.exists()
+
+
+async def test_missing_config_file_fails_before_spawn(tmp_path: Path) -> None:
+    ready = tmp_path / "agent-started"
+    missing = str(tmp_path / "nope.yaml")
+    ran = await run(proxy_cmd("--config", missing, agent=["--ready", str(ready)]), b"")
+    assert ran.rc == 2
+    assert ran.stderr.startswith(f"acp-proxy: {missing}".encode())
+    assert not ready.exists()
+
+
+async def test_config_from_environment_variable(tmp_path: Path) -> None:
+    bad = write_config(tmp_path / "env.yaml", "rules: 5\n")
+    ran = await run(proxy_cmd(), b"", env=proxy_env(ACP_PROXY_CONFIG=bad))
+    assert ran.rc == 2
+    assert ran.stderr.startswith(f"acp-proxy: {bad}:".encode())
+    # --config wins over the environment.
+    good = write_config(tmp_path / "good.yaml", "non_json: forward\n")
+    ran = await run(
+        proxy_cmd("--config", good, agent=["--banner", "hi"]),
+        request(1, "initialize", {}),
+        env=proxy_env(ACP_PROXY_CONFIG=bad),
+    )
+    assert (ran.rc, ran.stdout) == (0, b"hi\n" + init_response(1))
+
+
+# --- logging destinations ----------------------------------------------------------------------
+
+
+async def test_log_file_receives_the_log_and_stdout_stays_clean(tmp_path: Path) -> None:
+    log_file = tmp_path / "proxy.log"
+    ran = await run(
+        proxy_cmd("--log-format", "json", "--log-file", str(log_file), "--log-level", "debug"),
+        request(1, "initialize", {}),
+    )
+    assert ran.rc == 0
+    assert ran.stdout == init_response(1)
+    assert ran.stderr == b""
+    events = [orjson.loads(line) for line in log_file.read_bytes().splitlines()]
+    assert events[0]["event"] == "starting"
+    assert events[-1]["event"] == "exit"
+    assert all({"event", "level", "timestamp"} <= set(e) for e in events)
+
+
+async def test_console_format_is_plain_text_on_stderr() -> None:
+    ran = await run(proxy_cmd("--log-format", "console"), request(1, "initialize", {}))
+    assert ran.rc == 0
+    assert ran.stdout == init_response(1)
+    text = ran.stderr.decode()
+    assert "starting" in text and "exit" in text
+    assert "\x1b[" not in text  # not a terminal: no colours
+
+
+async def test_log_level_error_is_quiet() -> None:
+    ran = await run(proxy_cmd("--log-level", "error"), request(1, "initialize", {}))
+    assert (ran.rc, ran.stdout, ran.stderr) == (0, init_response(1), b"")
+
+
+async def test_unwritable_log_file_is_a_usage_error(tmp_path: Path) -> None:
+    target = str(tmp_path / "missing-dir" / "x.log")
+    ran = await run(proxy_cmd("--log-file", target), b"")
+    assert ran.rc == 2
+    assert ran.stderr.startswith(f"acp-proxy: --log-file {target}:".encode())
+
+
+# --- in-process dispatch -----------------------------------------------------------------------
+
+
+def test_demo_subcommand_is_dispatched_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+    from acp_proxy import demo
+
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setattr(demo, "main", fake_main)
+    assert cli.main(["demo", "--x"]) == 0
+    assert seen == [["--x"]]
+
+
+def test_sockets_are_reserved_not_implemented(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--listen", "tcp://127.0.0.1:0", "--", "agent"])
+    assert exited.value.code == 2
+    assert "not implemented yet" in capsys.readouterr().err
