@@ -144,3 +144,24 @@ def error_line(rid: int | str, code: int, message: str) -> bytes:
 def write_config(path: Path, text: str) -> str:
     path.write_text(text, encoding="utf-8")
     return str(path)
+
+
+# ru_maxrss pitfall: Linux keeps the pre-exec memory high-water mark of a forked child
+# (fs/exec.c records the old mm's hiwater in signal->maxrss), so a proxy forked straight from a
+# large pytest process reports pytest's RSS. Fork it from this small launcher instead; the
+# launcher writes the child's own wait4 ru_maxrss (KiB) to the file named by argv[1].
+RUSAGE_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
+"""
+
+
+def measured_cmd(rss_file: Path, cmd: list[str]) -> list[str]:
+    """``cmd`` run under the RSS launcher; read the peak (KiB) from ``rss_file`` afterwards."""
+    return [sys.executable, "-c", RUSAGE_LAUNCHER, str(rss_file), *cmd]

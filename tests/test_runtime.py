@@ -22,6 +22,7 @@ from proxy_harness import (
     echo_response,
     error_line,
     init_response,
+    measured_cmd,
     proxy_cmd,
     proxy_env,
     request,
@@ -212,11 +213,12 @@ async def test_agent_response_just_under_and_just_over_the_limit(data_size: int)
 
 def test_huge_oversize_line_keeps_memory_bounded(tmp_path: Path) -> None:
     """A ~100 MB line with a 1 MiB limit is discarded as it streams; the proxy's peak RSS stays
-    far below the line's size (measured with wait4 on the proxy process itself)."""
+    far below the line's size (wait4 of the proxy forked from a small launcher: measured_cmd)."""
     size = 100 * 1024 * 1024
     head = b'{"jsonrpc":"2.0","id":"big","method":"x/huge","params":{"p":"'
+    rss_file = tmp_path / "rss"
     proc = subprocess.Popen(
-        proxy_cmd("--max-frame-bytes", str(1024 * 1024)),
+        measured_cmd(rss_file, proxy_cmd("--max-frame-bytes", str(1024 * 1024))),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -236,7 +238,7 @@ def test_huge_oversize_line_keeps_memory_bounded(tmp_path: Path) -> None:
     timer = threading.Timer(30, proc.kill)
     timer.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _usage = os.wait4(proc.pid, 0)
     finally:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -248,7 +250,7 @@ def test_huge_oversize_line_keeps_memory_bounded(tmp_path: Path) -> None:
         -32600,
         f"acp-proxy: message of {total} bytes exceeds the 1048576-byte limit; not forwarded",
     ) + init_response(1)
-    peak_mib = usage.ru_maxrss / 1024  # Linux: KiB
+    peak_mib = int(rss_file.read_text()) / 1024  # Linux: KiB
     assert peak_mib < 80, f"proxy peak RSS {peak_mib:.1f} MiB for a 100 MiB line"
 
 
