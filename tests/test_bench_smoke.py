@@ -1,0 +1,236 @@
+"""Smoke tests of the benchmark suite (issue 6): its output is complete and well-formed.
+
+Contract: runs ``bench/run.py --quick`` (seconds) and ``bench/generate.py`` as a user would and
+checks the *shape* of what they produce: every scenario row is present, every number is finite,
+the JSON has the documented keys, the generated traffic is valid ACP. Never asserts a timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from acp_schema import validate_v1, validate_v1_message, validate_v2, validate_v2_message
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+PROFILES = ("mixed-v2", "mixed-v1", "chunks-v2")
+THROUGHPUT_VARIANTS = (
+    "pipe-cat",
+    "c-relay",
+    "py-line",
+    "py-inject",
+    "proxy-passthrough",
+    "proxy-passthrough-nc",
+    "proxy-annotate",
+    "proxy-annotate-nc",
+    "proxy-example",
+)
+EXPECTED_IDS = (
+    {f"s{n}/{p}/{v}" for n in (1, 2) for p in PROFILES for v in THROUGHPUT_VARIANTS}
+    | {f"s3/rtt-v2/{v}" for v in ("direct", "proxy-passthrough", "added")}
+    | {f"s4/bigline/{v}" for v in ("py-line", "py-inject", "proxy-passthrough", "proxy-annotate")}
+    | {f"s4/slow-client/{v}" for v in ("py-line", "proxy-coalesce-on", "proxy-coalesce-off")}
+    | {f"s4/long-stream/{v}" for v in ("proxy-1x", "proxy-long")}
+    | {f"s5/mixed-v2/{v}" for v in ("stdio", "tcp", "unix")}
+)
+# Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
+# (parallel development), sockets not implemented yet (issue 5), example config absent.
+MAY_SKIP_VARIANTS = ("c-relay", "proxy", "stdio", "tcp", "unix", "added")
+ROW_KEYS = {"id", "scenario", "profile", "variant", "title", "status", "reason"} | {
+    "metrics",
+    "ratios",
+    "check",
+}
+META_KEYS = {
+    "started",
+    "duration_s",
+    "quick",
+    "reps",
+    "size_bytes",
+    "bigline_bytes",
+    "burst_bytes",
+    "latency_pairs",
+    "long_stream_passes",
+    "seed",
+    "machine",
+    "proxy_available",
+    "proxy_error",
+    "c_relay_error",
+    "rss_source",
+    "loadavg_end",
+}
+METRICS = {
+    1: {"mb_s", "msg_s", "peak_rss_mb"},
+    2: {"cpu_us_per_msg", "startup_cpu_ms"},
+    3: {"p50_us", "p99_us", "max_us"},
+    5: {"mb_s"},
+}
+
+
+def _numbers(value: Any) -> list[float]:
+    """Every number inside ``value`` (nested dicts and lists), booleans excluded."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _numbers(v)]
+    return []
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "results.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "run.py"),
+            "--quick",
+            "--out",
+            str(out),
+            "--data-dir",
+            str(tmp / "data"),
+            "--build-dir",
+            str(tmp / "build"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result, proc.stdout
+
+
+def test_json_has_the_documented_keys(quick_run: tuple[dict[str, Any], str]) -> None:
+    result, _ = quick_run
+    assert set(result) == {"schema", "meta", "rows"}
+    assert result["schema"] == "acp-proxy-bench/1"
+    assert set(result["meta"]) == META_KEYS
+    assert result["meta"]["quick"] is True
+    assert {"cpu", "cpus", "mem_mb", "os", "python", "loadavg_start"} <= set(
+        result["meta"]["machine"]
+    )
+    for row in result["rows"]:
+        assert set(row) == ROW_KEYS, row["id"]
+
+
+def test_every_scenario_row_is_present_once(quick_run: tuple[dict[str, Any], str]) -> None:
+    result, _ = quick_run
+    ids = [row["id"] for row in result["rows"]]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == EXPECTED_IDS
+
+
+def test_rows_are_measured_or_skipped_with_a_reason(
+    quick_run: tuple[dict[str, Any], str],
+) -> None:
+    result, _ = quick_run
+    for row in result["rows"]:
+        assert row["status"] in ("ok", "skipped"), (row["id"], row["reason"])
+        if row["status"] == "skipped":
+            assert isinstance(row["reason"], str) and row["reason"], row["id"]
+            assert row["variant"].startswith(MAY_SKIP_VARIANTS), row["id"]
+            continue
+        assert row["reason"] is None
+        expected = METRICS.get(row["scenario"])
+        if expected is not None:
+            assert expected <= set(row["metrics"]), row["id"]
+        if row["scenario"] == 4:
+            assert "peak_rss_mb" in row["metrics"], row["id"]
+        numbers = _numbers(row["metrics"]) + _numbers(row["ratios"])
+        assert numbers, row["id"]
+        assert all(math.isfinite(x) for x in numbers), row["id"]
+
+
+def test_baselines_reproduce_the_stream(quick_run: tuple[dict[str, Any], str]) -> None:
+    """The byte relays and the line relay must deliver the agent's bytes unchanged."""
+    result, _ = quick_run
+    for row in result["rows"]:
+        if row["scenario"] == 1 and row["variant"] in ("pipe-cat", "py-line"):
+            assert row["check"]["identical"] == [True], row["id"]
+        if row["scenario"] == 1 and row["variant"] == "py-inject":
+            assert row["check"]["lines_out"] == [row["check"]["lines_in"]], row["id"]
+
+
+def test_markdown_tables_are_printed(quick_run: tuple[dict[str, Any], str]) -> None:
+    _, stdout = quick_run
+    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5."):
+        assert heading in stdout
+    assert "| profile | variant | MB/s |" in stdout
+
+
+def _generate(out: Path, profile: str, version: int) -> dict[str, Any]:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "generate.py"),
+            "--profile",
+            profile,
+            "--version",
+            str(version),
+            "--size",
+            "48K",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    meta: dict[str, Any] = json.loads(proc.stdout)
+    return meta
+
+
+@pytest.mark.parametrize(("profile", "version"), [("mixed", 2), ("mixed", 1), ("burst", 2)])
+def test_generator_is_deterministic_and_valid_acp(
+    tmp_path: Path, profile: str, version: int
+) -> None:
+    first = _generate(tmp_path / "a", profile, version)
+    second = _generate(tmp_path / "b", profile, version)
+    assert first["sha256"] == second["sha256"]
+    agent = Path(first["agent_path"]).read_bytes()
+    client = Path(first["client_path"]).read_bytes()
+    assert agent.endswith(b"\n") and client.endswith(b"\n")
+    lines = agent.split(b"\n")[:-1]
+    assert len(lines) == first["lines"]
+    messages = [orjson.loads(line) for line in lines]
+    requests = [orjson.loads(line) for line in client.split(b"\n")[:-1]]
+    schema = {"initialize": "Initialize", "session/new": "NewSession", "session/prompt": "Prompt"}
+    validate_def = validate_v2 if version == 2 else validate_v1
+    methods = {}
+    for req in requests:  # every client line is a request the agent file answers
+        validate_def(schema[req["method"]] + "Request", req["params"])
+        methods[req["id"]] = req["method"]
+    # The initialize response comes first and answers the client's first line.
+    assert requests[0]["method"] == "initialize" and messages[0]["id"] == requests[0]["id"]
+    assert messages[0]["result"]["protocolVersion"] == version
+    validate_message = validate_v2_message if version == 2 else validate_v1_message
+    count = 0
+    answered = set()
+    for frame in messages:
+        for msg in frame if isinstance(frame, list) else [frame]:
+            count += 1
+            if msg.get("method") in ("session/update", "session/request_permission"):
+                validate_message(msg)
+            elif msg.get("method") == "fs/read_text_file":
+                validate_v1("ReadTextFileRequest", msg["params"])
+            else:
+                assert "result" in msg and msg["id"] in methods, msg
+                validate_def(schema[methods[msg["id"]]] + "Response", msg["result"])
+                answered.add(msg["id"])
+    assert count == first["messages"]
+    assert answered == set(methods)
