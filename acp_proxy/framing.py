@@ -50,6 +50,23 @@ class Oversize:
     limit: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Several complete frames as they arrived: ``raw`` is the lines joined by ``\\n``, without
+    the final ``\\n``; ``count`` is the number of newline-terminated lines in it.
+
+    Produced only by ``LineSplitter.feed_blocks``. Lines inside may be empty or whitespace only:
+    the consumer checks (and falls back to ``Block.lines``) before forwarding a block whole.
+    """
+
+    raw: bytes
+    count: int
+
+    def lines(self) -> list[Line]:
+        """The block's frames, as ``feed`` would have produced them (blank lines dropped)."""
+        return [Line(p) for p in self.raw.split(b"\n") if p and not p.isspace()]
+
+
 class LineSplitter:
     """Split a byte stream into ``Line`` / ``Oversize`` events; feed chunks, call ``end`` at EOF.
 
@@ -100,6 +117,37 @@ class LineSplitter:
                     self._emit(p, out)
         if last:
             self._add_partial(last)
+        return out
+
+    def feed_blocks(self, data: bytes) -> list[Line | Oversize | Block]:
+        """Like ``feed``, but the complete lines inside ``data`` come as one ``Block``.
+
+        The line completing a pending partial line comes first as a ``Line`` (or ``Oversize``);
+        then every further complete line of ``data`` as one ``Block`` (when ``data`` is not
+        longer than the limit, so no line in it can be oversize; otherwise as ``feed`` does).
+        Writing ``Block.raw + b"\\n"`` reproduces those input bytes exactly, so a consumer that
+        has nothing to do with any line of it forwards it without splitting (issue 6: "one write
+        per batch of ready frames").
+        """
+        if not data:
+            return []
+        last_nl = data.rfind(b"\n")
+        if last_nl < 0 or len(data) > self._max:
+            return list(self.feed(data))
+        out: list[Line | Oversize | Block] = []
+        start = 0
+        if self._parts or self._discarding:
+            first_nl = data.find(b"\n")
+            done: list[Line | Oversize] = []
+            self._complete(data[:first_nl], done)
+            out.extend(done)
+            start = first_nl + 1
+        if start <= last_nl:
+            raw = data[start:last_nl]
+            if raw and not raw.isspace():
+                out.append(Block(raw, raw.count(b"\n") + 1))
+        if last_nl + 1 < len(data):
+            self._add_partial(data[last_nl + 1 :])
         return out
 
     def end(self) -> list[Line | Oversize]:

@@ -64,7 +64,14 @@ from acp_proxy.chain import (
 )
 from acp_proxy.coalesce import OutFrame
 from acp_proxy.config import NonJsonPolicy
-from acp_proxy.framing import HEAD_BYTES, Line, Oversize, read_request_id, read_response_id
+from acp_proxy.framing import (
+    HEAD_BYTES,
+    Block,
+    Line,
+    Oversize,
+    read_request_id,
+    read_response_id,
+)
 from acp_proxy.jsontypes import JsonObject, JsonValue
 
 INVALID_REQUEST = -32600
@@ -243,6 +250,11 @@ class _Acc:
     def result(self) -> Result:
         return Result(tuple(self.forward), tuple(self.reply), tuple(self.notes))
 
+    def extend(self, result: Result) -> None:
+        self.forward.extend(result.forward)
+        self.reply.extend(result.reply)
+        self.notes.extend(result.notes)
+
 
 class Connection:
     """Protocol state of one client-agent connection; ``handle`` one event at a time.
@@ -314,7 +326,11 @@ class Connection:
         return self._oversize(direction, event)
 
     def handle_many(
-        self, direction: Direction, events: Iterable[Line | Oversize], *, join: bool = False
+        self,
+        direction: Direction,
+        events: Iterable[Line | Oversize | Block],
+        *,
+        join: bool = False,
     ) -> Result:
         """``handle`` each event in order and concatenate the results: one call per read.
 
@@ -333,20 +349,26 @@ class Connection:
         a2c = direction is _A2C
         fast = not self._inspect_all
         for event in events:
+            if type(event) is Block:
+                if run:
+                    self._flush_run(direction, run, forward, join)
+                    run = []
+                acc = _Acc()
+                acc.forward, acc.reply, acc.notes = forward, reply, notes
+                self._block(direction, event, acc, join=join)
+                continue
             if fast and type(event) is Line:
                 raw = event.raw
                 if a2c:
-                    if raw and raw[0] in _OPENERS:
-                        # ``_agent_needs_parse``, inlined (the hot path).
-                        m = raw.find(b'"method"')
-                        if (
-                            m >= 0
-                            and raw.find(b'"id"', 0, m) < 0
-                            and raw.find(b'"id"', max(m, len(raw) - _TAIL)) < 0
-                            and (not self._chain_on or self._interested(raw) is None)
-                        ):
-                            run.append(raw)
-                            continue
+                    # ``_agent_needs_parse``, inlined (the hot path).
+                    if (
+                        raw
+                        and raw[0] in _OPENERS
+                        and raw.find(b'"id"') < 0
+                        and (not self._chain_on or self._interested(raw) is None)
+                    ):
+                        run.append(raw)
+                        continue
                 elif (
                     not self._chain_on or self._interested(raw) is None
                 ) and not _client_needs_parse(raw):
@@ -355,6 +377,7 @@ class Connection:
             if run:
                 self._flush_run(direction, run, forward, join)
                 run = []
+            assert not isinstance(event, Block)
             res = self.handle(direction, event)
             forward.extend(res.forward)
             if res.reply:
@@ -364,6 +387,82 @@ class Connection:
         if run:
             self._flush_run(direction, run, forward, join)
         return Result(tuple(forward), tuple(reply), tuple(notes))
+
+    def _block(self, direction: Direction, block: Block, acc: _Acc, *, join: bool) -> None:
+        """Several complete lines read together (``LineSplitter.feed_blocks``).
+
+        Only the lines that something may need go through the per-line path: those holding a
+        needle of an interested link, an ``"id"`` (requests and responses, for the tracker; the
+        initialize response), or, when links have needles, a ``\\u`` / ``\\/`` escape that could
+        hide one. The runs of lines between them are forwarded as they arrived, without being
+        split or parsed, after one check that each starts like a JSON frame (non-JSON agent
+        output must still be diverted). Same output and stats as feeding the lines one by one.
+        """
+        raw = block.raw
+        # Until the version is known the chain is off, and the initialize response inside this
+        # block may turn it on halfway: take such blocks line by line (once per connection).
+        waiting = self._has_links and not self._chain_on
+        specials = None if self._inspect_all or waiting else self._specials(raw)
+        if specials is None:
+            acc.extend(self.handle_many(direction, block.lines(), join=join))
+            return
+        pos = 0
+        end = len(raw)
+        for hit in specials:
+            if hit < pos:
+                continue  # another hit on a line already handled
+            start = raw.rfind(b"\n", 0, hit) + 1
+            stop = raw.find(b"\n", hit)
+            if stop < 0:
+                stop = end
+            if start > pos:
+                self._plain_run(direction, raw[pos : start - 1], acc, join=join)
+            acc.extend(self.handle_many(direction, [Line(raw[start:stop])], join=join))
+            pos = stop + 1
+        if pos < end:
+            self._plain_run(direction, raw[pos:], acc, join=join)
+
+    def _specials(self, raw: bytes) -> list[int] | None:
+        """Sorted offsets of one hit per line needing the per-line path; None: every line."""
+        needles: list[bytes] = [b'"id"']
+        if self._chain_on:
+            for link_needles in self._link_needles:
+                if link_needles is None:
+                    return None
+                needles.extend(link_needles)
+            needles.extend(_ESCAPES)
+        hits: list[int] = []
+        find = raw.find
+        for needle in needles:
+            i = find(needle)
+            while i >= 0:
+                hits.append(i)
+                eol = find(b"\n", i)
+                if eol < 0:
+                    break
+                i = find(needle, eol + 1)
+        hits.sort()
+        return hits
+
+    def _plain_run(self, direction: Direction, run: bytes, acc: _Acc, *, join: bool) -> None:
+        """Lines no middleware and no tracker needs: forward them whole if each looks like JSON."""
+        newlines = run.count(b"\n")
+        if run and run[0] in _OPENERS and newlines == run.count(b"\n{") + run.count(b"\n["):
+            lines = run.split(b"\n") if not join and newlines else [run]
+            if join:
+                n = newlines + 1
+                if direction is _A2C:
+                    self.stats.agent_to_client_in += n
+                    self.stats.agent_to_client_out += n
+                else:
+                    self.stats.client_to_agent_in += n
+                    self.stats.client_to_agent_out += n
+                acc.forward.append(OutFrame(run, None, self.version))
+            else:
+                self._flush_run(direction, lines, acc.forward, False)
+            return
+        # A blank line, whitespace before a frame, or non-JSON output: the per-line path.
+        acc.extend(self.handle_many(direction, Block(run, newlines + 1).lines(), join=join))
 
     def _flush_run(
         self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
@@ -410,17 +509,11 @@ class Connection:
         if first not in _OPENERS:
             return self._agent_odd(raw)
         interested = self._interested(raw) if self._chain_on else None
-        if interested is None and not self._inspect_all:
+        if interested is None and not self._inspect_all and raw.find(b'"id"') < 0:
             # The hot path (``_agent_needs_parse``, inlined): nothing may act on this frame and
             # the tracker does not need it: forward its bytes unparsed.
-            m = raw.find(b'"method"')
-            if (
-                m >= 0
-                and raw.find(b'"id"', 0, m) < 0
-                and raw.find(b'"id"', max(m, len(raw) - _TAIL)) < 0
-            ):
-                self.stats.agent_to_client_out += 1
-                return Result((OutFrame(raw, None, self.version),))
+            self.stats.agent_to_client_out += 1
+            return Result((OutFrame(raw, None, self.version),))
         try:
             parsed = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -816,32 +909,22 @@ class Connection:
         return Result((), (), (OversizeFrame(event.size, None, limit=event.limit),))
 
 
-# How far from the end of a frame a top-level ``"id"`` placed after ``params`` is looked for.
-_TAIL = 96
+_ESCAPES = (b"\\u", b"\\/")  # JSON escapes that could hide a needle (see chain.py)
 
 
 def _agent_needs_parse(raw: bytes) -> bool:
-    """Whether the tracker must see an agent frame that no middleware wants (a cheap heuristic).
+    """Whether the tracker must see an agent frame that no middleware wants.
 
-    A JSON-RPC response has an ``id`` and no ``method``; a request has both; the bulk of agent
-    traffic is ``session/update`` notifications (``method``, no ``id``), and they are skipped:
-
-    * no ``"method"`` bytes: maybe a response: parse (a ``\\u``-escaped ``method`` key lands here
-      too, so escapes need no separate test);
-    * ``"id"`` before ``"method"`` (the key order every ACP SDK writes) or within the last
-      ``_TAIL`` bytes (an ``id`` written after ``params``): a request, or a response whose
-      content mentions ``"method"``: parse.
-
-    Not caught, so not tracked: a request whose top-level ``id`` sits between ``params`` and
-    further keys, or is ``\\u``-escaped. A full scan for ``"id"`` would cost more than the rest
-    of the hot path (short needles search at ~1.5 GB/s in CPython 3.11, ``"method"`` is found
-    in the first bytes). Missing one only leaves an entry in ``pending_agent_requests`` or (for
-    a response) an extra -32603 answer from ``abort_pending``, which a client ignores.
+    Requests and responses carry a top-level ``"id"``; the bulk of agent traffic is
+    ``session/update`` notifications, which have none. The bytes ``"id"`` (quote, i, d, quote)
+    cannot occur inside a JSON string (its quotes would be escaped), so a frame without them
+    has no ``id`` key at any depth and is forwarded unparsed. A frame with them is parsed (a
+    nested ``id`` costs a parse, never a wrong answer). Not caught: an ``id`` key written with a
+    ``\\u`` escape; missing one only leaves an entry in ``pending_agent_requests`` or (for a
+    response) an extra -32603 answer from ``abort_pending``, which a client ignores. The block
+    fast path (``Connection._block``) uses the same test, so both paths agree frame for frame.
     """
-    m = raw.find(b'"method"')
-    if m < 0:
-        return True
-    return raw.find(b'"id"', 0, m) >= 0 or raw.find(b'"id"', max(m, len(raw) - _TAIL)) >= 0
+    return raw.find(b'"id"') >= 0
 
 
 def _client_needs_parse(raw: bytes) -> bool:

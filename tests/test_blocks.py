@@ -1,0 +1,197 @@
+"""The block fast path (``LineSplitter.feed_blocks`` + ``Connection.handle_many`` on ``Block``s)
+is an optimisation only: for any stream, any chunking and any chain, it must produce exactly what
+feeding the lines one by one produces (wire bytes, replies, notes, counters, tracker state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_proxy.chain import (
+    FORWARD,
+    BaseMiddleware,
+    Chain,
+    Direction,
+    Link,
+    MessageContext,
+    Replace,
+    Verdict,
+)
+from acp_proxy.config import NonJsonPolicy
+from acp_proxy.framing import Block, Line, LineSplitter
+from acp_proxy.jsontypes import JsonObject
+from acp_proxy.pipeline import Connection, Result
+
+A2C = Direction.AGENT_TO_CLIENT
+C2A = Direction.CLIENT_TO_AGENT
+
+
+class TagToolCalls(BaseMiddleware):
+    """Rewrites tool_call_update notifications (needle-filtered, like the rules middleware)."""
+
+    needles = (b'"tool_call_update"',)
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return FORWARD
+        update = params.get("update")
+        if not isinstance(update, dict) or update.get("sessionUpdate") != "tool_call_update":
+            return FORWARD
+        meta: JsonObject = {"x.dev/k": 1}
+        new_update: JsonObject = {**update, "_meta": meta}
+        return Replace(({**message, "params": {**params, "update": new_update}},))
+
+
+def notif(kind: str, extra: str = "") -> bytes:
+    return (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+        b'{"sessionUpdate":"' + kind.encode() + b'","toolCallId":"t"' + extra.encode() + b"}}}"
+    )
+
+
+LINES = [
+    b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2,"info":{"name":"a","version":"1"},"capabilities":{}}}',
+    notif("agent_message_chunk"),
+    notif("tool_call_update"),
+    notif("tool_call_update", ',"t2":"\\u00e9"'),
+    notif("agent_message_chunk", ',"x":"caf\\u00e9 \\/ ok"'),
+    notif("plan_update", ',"n":123456789012345678901234567890'),
+    b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s"}}',
+    b'{"jsonrpc":"2.0","id":3,"result":{}}',
+    b'{"jsonrpc":"2.0","id":"late","result":null}',
+    b"[" + notif("tool_call_update") + b"," + notif("agent_message_chunk") + b"]",
+    b"plain text banner",
+    b"\x1b[0m" + notif("agent_message_chunk"),
+    b"  " + notif("agent_message_chunk"),
+    b"",
+    b"   ",
+    b"{not json",
+    notif("agent_message_chunk") + b"\r",
+]
+
+CLIENT_LINES = [
+    b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2}}',
+    b'{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s"}}',
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}',
+    b'{"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}}',
+    b"garbage",
+    b"",
+]
+
+
+@dataclass
+class Run:
+    wire: bytes
+    replies: bytes
+    notes: list[object]
+    stats: dict[str, int]
+    pending: tuple[int, int]
+
+
+def drive(
+    chunks_by_dir: list[tuple[Direction, bytes]],
+    chain: Chain,
+    *,
+    blocks: bool,
+    join: bool,
+    non_json: NonJsonPolicy,
+) -> Run:
+    conn = Connection(chain, non_json=non_json)
+    splitters = {A2C: LineSplitter(1 << 20), C2A: LineSplitter(1 << 20)}
+    wire: list[bytes] = []
+    replies: list[bytes] = []
+    notes: list[object] = []
+
+    def take(res: Result) -> None:
+        wire.extend(f.raw + b"\n" for f in res.forward)
+        replies.extend(f.raw + b"\n" for f in res.reply)
+        notes.extend(res.notes)
+
+    for direction, chunk in chunks_by_dir:
+        sp = splitters[direction]
+        events = sp.feed_blocks(chunk) if blocks else sp.feed(chunk)
+        take(conn.handle_many(direction, events, join=join))
+    for direction, sp in splitters.items():
+        take(conn.handle_many(direction, sp.end(), join=join))
+    return Run(
+        b"".join(wire),
+        b"".join(replies),
+        notes,
+        conn.stats.as_dict(),
+        (conn.pending_client_requests, conn.pending_agent_requests),
+    )
+
+
+@st.composite
+def traffic(draw: st.DrawFn) -> list[tuple[Direction, bytes]]:
+    lines = draw(st.lists(st.tuples(st.sampled_from([A2C, C2A]), st.integers(0, 100)), max_size=40))
+    streams: dict[Direction, bytes] = {A2C: b"", C2A: b""}
+    for direction, i in lines:
+        pool = LINES if direction is A2C else CLIENT_LINES
+        streams[direction] += pool[i % len(pool)] + b"\n"
+    # The initialize exchange first, so the chain is on for what follows.
+    streams[C2A] = CLIENT_LINES[0] + b"\n" + streams[C2A]
+    streams[A2C] = LINES[0] + b"\n" + streams[A2C]
+    out: list[tuple[Direction, bytes]] = []
+    for direction in (C2A, A2C):
+        data = streams[direction]
+        cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=8)))
+        prev = 0
+        for cut in [*cuts, len(data)]:
+            out.append((direction, data[prev:cut]))
+            prev = cut
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(traffic(), st.booleans(), st.sampled_from(list(NonJsonPolicy)), st.booleans())
+def test_blocks_equal_lines(
+    chunks: list[tuple[Direction, bytes]], with_chain: bool, non_json: NonJsonPolicy, join: bool
+) -> None:
+    def chain() -> Chain:
+        return Chain([Link(TagToolCalls())] if with_chain else [])
+
+    by_line = drive(chunks, chain(), blocks=False, join=False, non_json=non_json)
+    by_block = drive(chunks, chain(), blocks=True, join=join, non_json=non_json)
+    assert by_block == by_line
+
+
+def test_plain_block_is_one_frame_with_exact_bytes() -> None:
+    conn = Connection(Chain([Link(TagToolCalls())]))
+    sp = LineSplitter(1 << 20)
+    conn.handle_many(C2A, sp.feed(CLIENT_LINES[0] + b"\n"))
+    conn.handle_many(A2C, LineSplitter(1 << 20).feed(LINES[0] + b"\n"))
+    body = b"\n".join(
+        [notif("agent_message_chunk")] * 3
+        + [notif("tool_call_update")]
+        + [notif("plan_update")] * 2
+    )
+    events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
+    assert events == [Block(body, 6)]
+    res = conn.handle_many(A2C, events, join=True)
+    tagged = orjson.loads(notif("tool_call_update"))
+    tagged["params"]["update"]["_meta"] = {"x.dev/k": 1}
+    assert [f.raw for f in res.forward] == [
+        b"\n".join([notif("agent_message_chunk")] * 3),
+        orjson.dumps(tagged),
+        b"\n".join([notif("plan_update")] * 2),
+    ]
+    assert conn.stats.agent_to_client_in == 7 and conn.stats.agent_to_client_out == 7
+
+
+def test_feed_blocks_splits_like_feed() -> None:
+    sp = LineSplitter(100)
+    assert sp.feed_blocks(b"ab") == []
+    assert sp.feed_blocks(b"c\n{1}\n{2}\n{3") == [Line(b"abc"), Block(b"{1}\n{2}", 2)]
+    assert sp.feed_blocks(b"}\n") == [Line(b"{3}")]
+    assert sp.feed_blocks(b"\n \n") == []
+    assert sp.end() == []
+    # Longer than the limit: falls back to per-line events (an oversize line may be inside).
+    assert [type(e).__name__ for e in LineSplitter(4).feed_blocks(b"{1}\n{22222}\n")] == [
+        "Line",
+        "Oversize",
+    ]
