@@ -150,7 +150,17 @@ def _json_str(text: str) -> bytes:
 
 
 def _rule_needles(rule: Rule) -> tuple[bytes, ...] | None:
-    """Byte strings of which one occurs in every raw frame ``rule`` can match; None: any frame."""
+    """Byte strings of which one occurs in every raw frame ``rule`` can match; None: any frame.
+
+    The ``update`` kinds come first: every frame the rule matches holds one of them, and they
+    are far more selective than the method (most agent traffic is ``session/update``).
+    """
+    if rule.has_update_filter:
+        needles = [_json_str(k) for k in rule.update_kinds or ()]
+        if rule.update_upserts:
+            needles += [_json_str(k) for k in sorted(UPSERT_KINDS_ANY_VERSION)]
+            needles.append(_json_str(registry.REQUEST_PERMISSION))
+        return tuple(dict.fromkeys(needles))
     if rule.method is not None:
         if not is_glob(rule.method):
             return (_json_str(rule.method),)
@@ -158,12 +168,6 @@ def _rule_needles(rule: Rule) -> tuple[bytes, ...] | None:
         if prefix:
             # The method's JSON string starts with the glob's literal prefix.
             return (_json_str(prefix)[:-1],)
-    if rule.has_update_filter:
-        needles = [_json_str(k) for k in rule.update_kinds or ()]
-        if rule.update_upserts:
-            needles += [_json_str(k) for k in sorted(UPSERT_KINDS_ANY_VERSION)]
-            needles.append(_json_str(registry.REQUEST_PERMISSION))
-        return tuple(dict.fromkeys(needles))
     return None
 
 
