@@ -13,8 +13,12 @@ import dataclasses
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from acp_proxy import __version__
+
+if TYPE_CHECKING:
+    from acp_proxy.config import Config
 
 EXIT_USAGE = 2  # argparse's own code for usage errors; also used for config errors
 CONFIG_ENV = "ACP_PROXY_CONFIG"
@@ -24,17 +28,24 @@ commands:
   acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]   run AGENT_CMD behind the proxy (stdio)
   acp-proxy check-config FILE                 validate FILE and explain what it does
   acp-proxy demo                              bundled rules between a scripted client and agent
+  acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
+  acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
 examples:
   acp-proxy -- my-agent --acp
   acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
   {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
   acp-proxy check-config rules.yaml
+  acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
+  acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
+  acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
 
 Without a config (no --config, no ${CONFIG_ENV}) the proxy is a pure pass-through.
 stdout carries the protocol; logs go to stderr or --log-file.
 exit codes: the agent's exit code (128+N if signal N ended it); 126 agent not executable;
-127 agent not found; 2 usage or configuration error.
+127 agent not found; 2 usage or configuration error. --listen exits 0 after SIGINT/SIGTERM
+and 1 when it cannot listen; --connect exits 1 when the agent's address cannot be reached or
+the connection is lost (requests in flight get -32603 errors first).
 """
 
 
@@ -53,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acp-proxy",
         usage="acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]\n"
+        "       acp-proxy [OPTIONS] --connect URL\n"
         "       acp-proxy check-config FILE\n"
         "       acp-proxy demo",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
@@ -83,13 +95,82 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="longest accepted line; overrides the config (default 64 MiB)",
     )
-    # Reserved for issue 5 (socket transports); accepted names, not implemented yet.
-    for flag in ("--listen", "--connect"):
-        parser.add_argument(flag, metavar="URL", help=argparse.SUPPRESS)
-    parser.add_argument("--allow-remote", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--max-connections", type=_positive_int, help=argparse.SUPPRESS)
-    parser.add_argument("--connect-timeout", type=float, help=argparse.SUPPRESS)
+    # Socket transports (issue 5); each overrides the config file's key of the same name.
+    sockets = parser.add_argument_group(
+        "sockets",
+        "NDJSON over TCP or Unix sockets (ACP itself defines only stdio). URL: "
+        "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH",
+    )
+    sockets.add_argument(
+        "--listen",
+        metavar="URL",
+        help="accept clients on URL instead of stdin/stdout; one agent per connection "
+        "(loopback only unless --allow-remote)",
+    )
+    sockets.add_argument(
+        "--connect",
+        metavar="URL",
+        help="reach the agent at URL instead of spawning AGENT_CMD (then no AGENT_CMD)",
+    )
+    sockets.add_argument(
+        "--allow-remote",
+        action="store_true",
+        default=None,
+        help="let --listen bind a non-loopback address (traffic is unauthenticated and "
+        "unencrypted)",
+    )
+    sockets.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        metavar="N",
+        help="with --listen: sessions at once; more are refused (default 64)",
+    )
+    sockets.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="with --connect: how long to wait for the agent's address (default 10)",
+    )
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _socket_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, config: Config
+) -> Config:
+    """The config with the socket flags applied (the command line wins over the file), the
+    addresses checked (usage error, exit 2, before anything is spawned or bound)."""
+    from acp_proxy.sockets import AddressError, parse_address
+
+    changes: dict[str, object] = {}
+    for flag, key in (
+        ("listen", "listen"),
+        ("connect", "connect"),
+        ("allow_remote", "allow_remote"),
+        ("max_connections", "max_connections"),
+        ("connect_timeout", "connect_timeout_s"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            changes[key] = value
+    config = dataclasses.replace(config, **changes) if changes else config  # type: ignore[arg-type]
+    for key, listen in (("listen", True), ("connect", False)):
+        url = getattr(config, key)
+        if url is not None:
+            try:
+                parse_address(url, listen=listen)
+            except AddressError as exc:
+                parser.error(f"--{key}: {exc}")
+    return config
 
 
 def _check_config(argv: Sequence[str]) -> int:
@@ -137,14 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if agent_argv or extra[0].startswith("-"):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         agent_argv = extra
-    if not agent_argv:
+    config_path = args.config or os.environ.get(CONFIG_ENV) or None
+    # Without --connect, an AGENT_CMD is needed unless the config file names an agent address:
+    # report the missing command before reading any file when no file can supply one.
+    if not agent_argv and not args.connect and not config_path:
         parser.error("missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
-    if args.listen or args.connect:
-        parser.error("--listen/--connect are not implemented yet (issue 5)")
 
     from acp_proxy.config import ConfigError, load_config
 
-    config_path = args.config or os.environ.get(CONFIG_ENV) or None
     try:
         config = load_config(config_path, os.environ)
     except ConfigError as exc:
@@ -155,6 +236,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
+    config = _socket_options(parser, args, config)
+    if config.connect is not None and agent_argv:
+        where = "--connect" if args.connect else f"connect: in {config.source}"
+        parser.error(
+            f"{where} names the agent's address; an AGENT_CMD cannot be used with it "
+            "(drop one of them)"
+        )
+    if config.connect is None and not agent_argv:
+        parser.error("missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
 
     from acp_proxy.logsetup import configure_logging
 
@@ -165,6 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
     import anyio
+
+    if config.listen is not None:
+        from acp_proxy.sockets import run_listen
+
+        return anyio.run(run_listen, config, agent_argv)
+    if config.connect is not None:
+        from acp_proxy.sockets import run_connect
+
+        return anyio.run(run_connect, config)
 
     from acp_proxy.runtime import run_proxy
 

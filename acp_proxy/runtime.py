@@ -46,6 +46,7 @@ from acp_proxy.pipeline import (
 )
 from acp_proxy.process import (
     STDOUT_LINGER_S,
+    AgentProcess,
     SpawnError,
     describe_status,
     drain_stderr,
@@ -646,3 +647,193 @@ async def run_proxy(
         **session.summary(),
     )
     return exit_code_of(rc)
+
+
+# -- sessions for the socket transports (issue 5) -------------------------------------------
+# ``run_proxy`` above is the stdio entry point and owns the process's signals. The socket
+# listener (``acp_proxy.sockets``) runs many sessions in one process and owns the signals
+# itself, so each of its sessions is driven by a ``shutdown`` event instead. The ladder below is
+# the same as ``run_proxy``'s (issue 5: "the same lifecycle rules as stdio").
+
+
+async def run_agent_session(
+    config: Config,
+    agent: AgentProcess,
+    client_rx: anyio.abc.ByteReceiveStream,
+    client_tx: anyio.abc.ByteSendStream,
+    *,
+    log: Any,
+    shutdown: anyio.Event,
+) -> tuple[int, PumpSession]:
+    """Pump one client stream pair to/from a spawned ``agent`` and take it down with the ladder.
+
+    Client EOF, or ``shutdown`` being set, starts the stdio ladder: close the agent's stdin, wait
+    ``grace_period``, SIGTERM the group, wait, SIGKILL. Returns the agent's raw return code and the
+    finished session. Never leaves the agent (or its group) behind, even when cancelled. The
+    caller owns the client streams.
+    """
+    grace = config.agent.grace_period_s
+    returncode: int | None = None
+    input_closed = anyio.Event()
+    shutdown_requested = anyio.Event()
+
+    async def exit_reason() -> str:
+        shutdown_requested.set()
+        rc = await agent.wait()
+        return f"agent {describe_status(rc)}"
+
+    session = PumpSession(
+        config,
+        client_rx,
+        client_tx,
+        agent.stdio,
+        agent.stdio,
+        log=log,
+        agent_exit_reason=exit_reason,
+        on_agent_input_closed=input_closed.set,
+    )
+
+    async def ladder() -> None:
+        async with anyio.create_task_group() as inner:
+
+            async def on_closed() -> None:
+                await input_closed.wait()
+                shutdown_requested.set()
+
+            async def on_shutdown() -> None:
+                await shutdown.wait()
+                session.stop_client_input()
+                shutdown_requested.set()
+
+            inner.start_soon(on_closed)
+            inner.start_soon(on_shutdown)
+            await shutdown_requested.wait()
+            inner.cancel_scope.cancel()
+        if shutdown.is_set():
+            session.stop_client_input()
+        with anyio.move_on_after(grace):
+            await input_closed.wait()
+            await agent.wait()
+            return
+        if agent.returncode is None:
+            log.warning("agent still running after grace period; sending SIGTERM", grace_s=grace)
+            agent.signal_group(signal.SIGTERM)
+            with anyio.move_on_after(grace):
+                await agent.wait()
+                return
+            log.warning("agent ignored SIGTERM; sending SIGKILL")
+            agent.signal_group(signal.SIGKILL)
+
+    async def watch_exit(cancel: anyio.CancelScope) -> None:
+        nonlocal returncode
+        returncode = await agent.wait()
+        agent.reap_group()
+        log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
+        # As in run_proxy: a client that stopped reading must not hold the session forever.
+        last = -1
+        while True:
+            await anyio.sleep(STDOUT_LINGER_S)
+            progress = session.bytes_to_client
+            if progress == last:
+                break
+            last = progress
+        log.warning("session did not finish after the agent exited; closing it")
+        session.stop_agent_output()
+        await anyio.sleep(STDOUT_LINGER_S)
+        cancel.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ladder)
+            stderr_done = anyio.Event()
+            if agent.stderr_fd is not None:
+                stderr_fd, agent.stderr_fd = agent.stderr_fd, None
+
+                async def drain() -> None:
+                    try:
+                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"))
+                    finally:
+                        stderr_done.set()
+
+                tg.start_soon(drain)
+            else:
+                stderr_done.set()
+            tg.start_soon(watch_exit, tg.cancel_scope)
+            await session.run()
+            if returncode is None:
+                returncode = await agent.wait()
+            with anyio.move_on_after(STDOUT_LINGER_S):
+                await stderr_done.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if agent.returncode is None:
+                agent.signal_group(signal.SIGKILL)
+                await agent.wait()
+            agent.reap_group()
+            await agent.aclose()
+    rc = agent.returncode if agent.returncode is not None else returncode
+    assert rc is not None
+    return rc, session
+
+
+async def run_remote_agent_session(
+    config: Config,
+    agent_stream: anyio.abc.ByteStream,
+    client_rx: anyio.abc.ByteReceiveStream,
+    client_tx: anyio.abc.ByteSendStream,
+    *,
+    log: Any,
+    shutdown: anyio.Event,
+    agent_label: str,
+) -> tuple[bool, PumpSession]:
+    """Pump one client stream pair to/from an agent reached over a socket (``--connect``).
+
+    Client EOF or ``shutdown`` half-closes the agent connection (the agent reads EOF, as with
+    stdin); if the agent has not closed its side ``grace_period`` later, the session is ended.
+    Returns ``(lost, session)``: ``lost`` is True when the agent side ended while the client was
+    still sending, in which case every client request in flight got a -32603 error response
+    naming the address (issue 5: "Lost connection -> in-flight requests get error responses").
+    The caller owns (and closes) all streams.
+    """
+    grace = config.agent.grace_period_s
+    input_closed = anyio.Event()
+    lost = False
+
+    async def exit_reason() -> str:
+        nonlocal lost
+        if input_closed.is_set():
+            return f"agent connection to {agent_label} closed"
+        lost = True
+        return f"agent connection to {agent_label} was lost"
+
+    session = PumpSession(
+        config,
+        client_rx,
+        client_tx,
+        agent_stream,
+        agent_stream,
+        log=log,
+        agent_exit_reason=exit_reason,
+        on_agent_input_closed=input_closed.set,
+    )
+
+    async def on_shutdown() -> None:
+        await shutdown.wait()
+        session.stop_client_input()
+
+    async def after_input_closed() -> None:
+        await input_closed.wait()
+        await anyio.sleep(grace)
+        log.warning(
+            "agent did not close its connection within the grace period; closing it",
+            grace_s=grace,
+        )
+        session.stop_agent_output()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(on_shutdown)
+        tg.start_soon(after_input_closed)
+        await session.run()
+        tg.cancel_scope.cancel()
+    return lost, session

@@ -183,8 +183,8 @@ def test_demo_subcommand_is_dispatched_lazily(monkeypatch: pytest.MonkeyPatch) -
     assert seen == [["--x"]]
 
 
-def test_sockets_are_reserved_not_implemented(capsys: pytest.CaptureFixture[str]) -> None:
+def test_connect_with_agent_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        cli.main(["--listen", "tcp://127.0.0.1:0", "--", "agent"])
+        cli.main(["--connect", "tcp://127.0.0.1:1", "--", "agent"])
     assert exited.value.code == 2
-    assert "not implemented yet" in capsys.readouterr().err
+    assert "an AGENT_CMD cannot be used with it" in capsys.readouterr().err

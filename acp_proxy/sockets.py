@@ -1,0 +1,748 @@
+"""Socket transports (issue 5): ``--listen`` (clients over TCP/Unix) and ``--connect`` (the agent).
+
+Contract: owns socket addresses (parsing and the loopback rule), listening sockets (Unix socket
+files: mode, stale/live detection, removal), accepting connections, connecting to an agent,
+the connection limit, and the server's signal handling. Each accepted connection is one session
+of ``runtime`` (its own agent process or agent connection, its own ``pipeline.Connection``, its
+own queues); this module never looks inside a frame.
+
+Framing over a socket is the same newline-delimited JSON-RPC as stdio: ACP defines only the stdio
+transport, so NDJSON over TCP/Unix is this proxy's convention, not part of the protocol.
+
+Sockets are driven through ``transports.FdStream`` (non-blocking fd, chunked reads, the runtime's
+``try_send`` fast path), the same stream type as stdio, so a socket costs what a pipe costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import orjson
+
+from acp_proxy.config import Config
+from acp_proxy.logsetup import get_logger
+from acp_proxy.process import (
+    STDOUT_LINGER_S,
+    SpawnError,
+    describe_status,
+    exit_code_of,
+    spawn_agent,
+)
+from acp_proxy.transports import FdStream
+
+EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
+EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
+# JSON-RPC 2.0 reserves -32000..-32099 for implementation-defined server errors.
+SERVER_ERROR = -32000
+LISTEN_BACKLOG = 128
+# Refusals (over --max-connections) in progress at once; beyond that a connection is just closed.
+MAX_REFUSING = 16
+REFUSAL_S = 1.0
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HELP = "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH"
+
+
+# -- addresses (pure) ---------------------------------------------------------------------------
+
+
+class AddressError(ValueError):
+    """A ``--listen`` / ``--connect`` URL that is not valid; the message says what would be."""
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A parsed socket URL: ``tcp`` with ``host``/``port``, or ``unix`` with ``path``."""
+
+    scheme: Literal["tcp", "unix"]
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+def parse_address(url: str, *, listen: bool) -> Address:
+    """Parse ``tcp://host:port``, ``tcp://[v6]:port`` or ``unix:///abs/path``.
+
+    Port 0 (an ephemeral port, logged once bound) is allowed only for ``listen``.
+    Raises ``AddressError``.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("tcp", "unix"):
+        raise AddressError(f"{url!r}: expected {_HELP}")
+    if scheme == "unix":
+        if not rest.startswith("/"):
+            raise AddressError(
+                f"{url!r}: a Unix socket path must be absolute (three slashes: "
+                f"unix:///run/acp.sock)"
+            )
+        if "\0" in rest:
+            raise AddressError(f"{url!r}: a Unix socket path cannot contain NUL")
+        return Address("unix", path=rest)
+    if "/" in rest or "?" in rest or "#" in rest:
+        raise AddressError(f"{url!r}: a tcp address has no path: expected tcp://HOST:PORT")
+    host, colon, port_text = rest.rpartition(":")
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            raise AddressError(f"{url!r}: expected tcp://[IPV6]:PORT")
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise AddressError(f"{url!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise AddressError(f"{url!r}: put an IPv6 address in brackets: tcp://[{host}]:PORT")
+    if not colon:
+        raise AddressError(f"{url!r}: missing :PORT (expected tcp://HOST:PORT)")
+    if not host:
+        raise AddressError(f"{url!r}: missing HOST (expected tcp://HOST:PORT)")
+    if not port_text.isdigit() or not (0 if listen else 1) <= int(port_text) <= 65535:
+        low = 0 if listen else 1
+        raise AddressError(f"{url!r}: the port must be a number from {low} to 65535")
+    return Address("tcp", host=host, port=int(port_text))
+
+
+def is_loopback_ip(text: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and their IPv4-mapped forms; False for anything else."""
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+
+class SocketStream(FdStream):
+    """A connected stream socket as an ``FdStream``; ``send_eof`` half-closes (SHUT_WR)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Frames are small and interactive: do not let Nagle hold a response back.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        fd = sock.fileno()
+        super().__init__(fd, fd, close_fds=False)
+        self._eof_sent = False
+
+    async def send_eof(self) -> None:
+        if not self._eof_sent:
+            self._eof_sent = True
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)
+        await anyio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self.sock.close()
+
+
+# -- listening ----------------------------------------------------------------------------------
+
+
+class ListenError(Exception):
+    """The proxy cannot listen where asked; ``exit_code`` is 2 (usage) or 1 (environment)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(slots=True)
+class Listener:
+    """Bound, listening sockets for one address, and the Unix socket file they own."""
+
+    address: Address  # the bound address (an ephemeral port resolved)
+    sockets: list[socket.socket]
+    unix_identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we created
+    closed: bool = False
+
+    def close(self) -> None:
+        """Stop listening and remove our Unix socket file (only if it is still ours)."""
+        if self.closed:
+            return
+        self.closed = True
+        for sock in self.sockets:
+            sock.close()
+        if self.unix_identity is not None:
+            path = self.address.path
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                # Another proxy may have replaced a file we thought stale: never remove theirs.
+                if (st.st_dev, st.st_ino) == self.unix_identity:
+                    os.unlink(path)
+
+
+async def open_listener(address: Address, *, allow_remote: bool, log: Any) -> Listener:
+    """Bind and listen on ``address``. Raises ``ListenError`` with a one-line reason."""
+    if address.scheme == "unix":
+        return await _listen_unix(address, log)
+    return await _listen_tcp(address, allow_remote=allow_remote, log=log)
+
+
+async def _listen_tcp(address: Address, *, allow_remote: bool, log: Any) -> Listener:
+    try:
+        infos = await anyio.getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    ips = list(dict.fromkeys((family, str(sockaddr[0])) for family, *_, sockaddr in infos))
+    remote = [ip for _, ip in ips if not is_loopback_ip(ip)]
+    if remote and not allow_remote:
+        raise ListenError(
+            f"refusing to listen on {address}: {', '.join(remote)} is not a loopback address "
+            "(anyone who can reach it could drive the agent); pass --allow-remote "
+            "(allow_remote: true in the config) to accept remote clients",
+            EXIT_USAGE,
+        )
+    if remote:
+        log.warning(
+            "listening on a non-loopback address: traffic is unauthenticated and unencrypted; "
+            "anyone who can reach it can drive the agent",
+            address=str(address),
+            addresses=remote,
+        )
+    sockets: list[socket.socket] = []
+    port = address.port
+    try:
+        for family, ip in ips:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            # SO_REUSEADDR only skips TIME_WAIT; a live listener on the port still fails.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((ip, port))
+            port = sock.getsockname()[1]  # port 0: the others share the first one's port
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(
+                f"cannot listen on {address}: port {port} is already in use "
+                "(another process is listening on it)"
+            ) from exc
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    return Listener(Address("tcp", host=address.host, port=port), sockets)
+
+
+def _unix_is_live(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # e.g. EAGAIN (backlog full) or a timeout: someone is there
+    finally:
+        probe.close()
+    return True
+
+
+async def _listen_unix(address: Address, log: Any) -> Listener:
+    path = address.path
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenError(
+                f"cannot listen on {address}: {path} exists and is not a socket; "
+                "refusing to replace it"
+            )
+        if _unix_is_live(path):
+            raise ListenError(f"cannot listen on {address}: another process is listening on {path}")
+        log.info("replacing a stale socket file (nothing listening on it)", path=path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Create the file as 0600 from the start (no window with wider permissions): the umask
+    # applies to bind(). Nothing else in this process creates files while the loop starts up.
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(
+                f"cannot listen on {address}: {path} was created by another process"
+            ) from exc
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    finally:
+        os.umask(old_umask)
+    try:
+        os.chmod(path, 0o600)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+        st = os.lstat(path)
+    except OSError as exc:
+        sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    return Listener(address, [sock], unix_identity=(st.st_dev, st.st_ino))
+
+
+# -- connecting ---------------------------------------------------------------------------------
+
+
+class ConnectError(Exception):
+    """The agent's address could not be reached (refused, unresolvable, timed out)."""
+
+
+async def connect(address: Address, timeout: float) -> SocketStream:
+    """Connect to the agent at ``address`` within ``timeout`` seconds. Raises ``ConnectError``."""
+    try:
+        with anyio.fail_after(timeout):
+            return await _connect(address)
+    except TimeoutError:
+        raise ConnectError(
+            f"cannot connect to the agent at {address}: no answer within {timeout:g} s "
+            "(--connect-timeout)"
+        ) from None
+    except OSError as exc:
+        raise ConnectError(
+            f"cannot connect to the agent at {address}: {exc.strerror or exc}"
+        ) from exc
+
+
+async def _connect(address: Address) -> SocketStream:
+    if address.scheme == "unix":
+        targets: list[tuple[int, Any]] = [(socket.AF_UNIX, address.path)]
+    else:
+        infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+        targets = [(family, sockaddr) for family, *_, sockaddr in infos]
+    error: OSError = OSError(errno.EHOSTUNREACH, "no address to connect to")
+    for family, sockaddr in targets:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            code = sock.connect_ex(sockaddr)
+            if code in (errno.EINPROGRESS, errno.EAGAIN):
+                await anyio.wait_writable(sock)
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise OSError(code, os.strerror(code))
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return SocketStream(sock)
+    raise error
+
+
+# -- serving (--listen) -------------------------------------------------------------------------
+
+
+def _error_line(message: str) -> bytes:
+    """A JSON-RPC error response with ``id: null`` (JSON-RPC 2.0 section 5: the id of the
+    request could not be determined): the only way to tell a client why before any request."""
+    return (
+        orjson.dumps(
+            {"jsonrpc": "2.0", "id": None, "error": {"code": SERVER_ERROR, "message": message}}
+        )
+        + b"\n"
+    )
+
+
+def shutdown_bound_s(config: Config) -> float:
+    """The longest a graceful shutdown may take before the remaining agents are killed: the
+    ladder (grace, SIGTERM, grace) plus the runtime's stdout linger, plus slack."""
+    return 2 * config.agent.grace_period_s + 3 * STDOUT_LINGER_S + 1.0
+
+
+@dataclass(slots=True)
+class _Conn:
+    id: int
+    shutdown: anyio.Event = field(default_factory=anyio.Event)
+
+
+class _Server:
+    def __init__(
+        self,
+        config: Config,
+        agent_argv: Sequence[str],
+        agent_address: Address | None,
+        listener: Listener,
+        log: Any,
+    ) -> None:
+        self.config = config
+        self.agent_argv = list(agent_argv)
+        self.agent_address = agent_address
+        self.listener = listener
+        self.log = log
+        self.active: dict[int, _Conn] = {}
+        self.next_id = 1
+        self.refusing = 0
+        self.stopping = anyio.Event()
+        self.idle = anyio.Event()
+        self.accepted = 0
+        self.refused = 0
+
+    async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(self._watch_signals, signals, outer.cancel_scope)
+            async with anyio.create_task_group() as conns:
+                async with anyio.create_task_group() as accepting:
+                    for sock in self.listener.sockets:
+                        accepting.start_soon(self._accept_loop, sock, conns)
+                    await self.stopping.wait()
+                    accepting.cancel_scope.cancel()
+                self.listener.close()  # stop accepting; the Unix socket file goes now
+                bound = shutdown_bound_s(self.config)
+                self.log.info(
+                    "stopped accepting; closing sessions",
+                    open=len(self.active),
+                    bound_s=bound,
+                )
+                for conn in self.active.values():
+                    conn.shutdown.set()
+                if self.active:
+                    with anyio.move_on_after(bound) as waited:
+                        await self.idle.wait()
+                    if waited.cancelled_caught:
+                        # Each session's own clean-up SIGKILLs its agent group when cancelled.
+                        self.log.warning(
+                            "sessions still open after the shutdown bound; killing their agents",
+                            open=len(self.active),
+                            bound_s=bound,
+                        )
+                conns.cancel_scope.cancel()
+            outer.cancel_scope.cancel()
+
+    async def _watch_signals(
+        self, signals: AsyncIterator[signal.Signals], cancel_all: anyio.CancelScope
+    ) -> None:
+        async for signum in signals:
+            if not self.stopping.is_set():
+                self.log.info("signal received; shutting down", signal=signum.name)
+                self.stopping.set()
+            else:
+                # A second signal: do not wait for the ladder.
+                self.log.warning("second signal; killing all agents now", signal=signum.name)
+                cancel_all.cancel()
+
+    async def _accept_loop(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
+        while True:
+            try:
+                client, peer = sock.accept()
+            except BlockingIOError:
+                await anyio.wait_readable(sock)
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: back off instead of spinning; sessions will free some.
+                    self.log.error("cannot accept a connection", error=exc.strerror)
+                    await anyio.sleep(0.1)
+                    continue
+                if exc.errno in (errno.ECONNABORTED, errno.EINTR):
+                    continue
+                raise
+            peer_text = _peer_text(peer, sock.family)
+            if len(self.active) >= self.config.max_connections:
+                self.refused += 1
+                self.log.warning(
+                    "connection refused: too many connections",
+                    peer=peer_text,
+                    max_connections=self.config.max_connections,
+                )
+                if self.refusing < MAX_REFUSING:
+                    self.refusing += 1
+                    conns.start_soon(self._refuse, client)
+                else:
+                    client.close()
+                continue
+            conn = _Conn(self.next_id)
+            self.next_id += 1
+            self.accepted += 1
+            self.active[conn.id] = conn
+            self.idle = anyio.Event()
+            conns.start_soon(self._session, conn, client, peer_text)
+
+    async def _refuse(self, client: socket.socket) -> None:
+        """Say why in one JSON-RPC error line, then close (reading what the client sent, so the
+        close is a FIN and the line is not lost to a reset)."""
+        stream = SocketStream(client)
+        try:
+            with anyio.move_on_after(REFUSAL_S):
+                await stream.send(
+                    _error_line(
+                        f"acp-proxy: too many connections (max_connections "
+                        f"{self.config.max_connections}); try again later"
+                    )
+                )
+                await stream.send_eof()
+                while True:
+                    await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            self.refusing -= 1
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _session(self, conn: _Conn, client: socket.socket, peer: str) -> None:
+        from acp_proxy.runtime import run_agent_session, run_remote_agent_session
+
+        log = self.log.bind(conn=conn.id)
+        stream = SocketStream(client)
+        started = time.monotonic()
+        log.info("connection opened", peer=peer, open=len(self.active))
+        status = "closed"
+        summary: dict[str, Any] = {}
+        try:
+            if self.agent_address is None:
+                try:
+                    agent = await spawn_agent(self.agent_argv, self.config.agent)
+                except SpawnError as exc:
+                    status = f"agent not started: {exc}"
+                    log.error("cannot start the agent", error=str(exc))
+                    await _send_and_close(stream, f"acp-proxy: cannot start the agent: {exc}")
+                    return
+                log = log.bind(agent_pid=agent.pid)
+                log.info("agent started", agent=self.agent_argv)
+                rc, session = await run_agent_session(
+                    self.config, agent, stream, stream, log=log, shutdown=conn.shutdown
+                )
+                status = f"agent {describe_status(rc)}"
+                summary = {"exit_code": exit_code_of(rc), **session.summary()}
+            else:
+                label = str(self.agent_address)
+                try:
+                    agent_stream = await connect(self.agent_address, self.config.connect_timeout_s)
+                except ConnectError as exc:
+                    status = str(exc)
+                    log.error("cannot connect to the agent", error=str(exc))
+                    await _send_and_close(stream, f"acp-proxy: {exc}")
+                    return
+                try:
+                    lost, session = await run_remote_agent_session(
+                        self.config,
+                        agent_stream,
+                        stream,
+                        stream,
+                        log=log,
+                        shutdown=conn.shutdown,
+                        agent_label=label,
+                    )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await agent_stream.aclose()
+                status = f"agent connection to {label} " + ("lost" if lost else "closed")
+                summary = session.summary()
+        except Exception as exc:  # isolation: one session's bug never takes down the others
+            status = f"internal error: {type(exc).__name__}: {exc}"
+            log.exception("session failed")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+            del self.active[conn.id]
+            if not self.active:
+                self.idle.set()
+            log.info(
+                "connection closed",
+                status=status,
+                duration_s=round(time.monotonic() - started, 3),
+                **summary,
+            )
+
+
+async def _send_and_close(stream: SocketStream, message: str) -> None:
+    with (
+        anyio.move_on_after(REFUSAL_S),
+        contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
+    ):
+        await stream.send(_error_line(message))
+
+
+def _peer_text(peer: Any, family: int) -> str:
+    if family == socket.AF_UNIX:
+        return "unix"
+    host, port = peer[0], peer[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def run_listen(config: Config, agent_argv: Sequence[str]) -> int:
+    """``--listen``: serve clients on ``config.listen``, one agent (process or ``--connect``
+    connection) per client, until SIGINT/SIGTERM/SIGHUP; returns the exit code (0 after a
+    graceful shutdown, 1 or 2 when it cannot listen)."""
+    assert config.listen is not None
+    log = get_logger()
+    try:
+        address = parse_address(config.listen, listen=True)
+        agent_address = parse_address(config.connect, listen=False) if config.connect else None
+    except AddressError as exc:
+        print(f"acp-proxy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    # Signals are caught from before the "listening" line on: whoever waits for that line (a
+    # supervisor, a test) may stop the proxy right after it and still get a graceful exit.
+    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        return await _serve(config, agent_argv, address, agent_address, signals=signals, log=log)
+
+
+async def _serve(
+    config: Config,
+    agent_argv: Sequence[str],
+    address: Address,
+    agent_address: Address | None,
+    *,
+    signals: AsyncIterator[signal.Signals],
+    log: Any,
+) -> int:
+    try:
+        listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+    except ListenError as exc:
+        log.error("cannot listen", error=str(exc))
+        print(f"acp-proxy: {exc}", file=sys.stderr)
+        return exc.exit_code
+    server = _Server(
+        config, agent_argv, agent_address, listener, log.bind(listen=str(listener.address))
+    )
+    log.info(
+        "listening",
+        address=str(listener.address),
+        agent=list(agent_argv) or None,
+        connect=str(agent_address) if agent_address else None,
+        max_connections=config.max_connections,
+        config=config.source,
+        rules=list(config.rule_names),
+    )
+    started = time.monotonic()
+    try:
+        await server.run(signals)
+    finally:
+        listener.close()
+    log.info(
+        "exit",
+        exit_code=0,
+        accepted=server.accepted,
+        refused=server.refused,
+        duration_s=round(time.monotonic() - started, 3),
+    )
+    return 0
+
+
+# -- connecting with the client on stdio (--connect) --------------------------------------------
+
+
+async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | None = None) -> int:
+    """``--connect`` with the client on stdio: one session to the agent at ``config.connect``.
+
+    Returns 0 when the session ended normally (client EOF or a signal, then the agent closed),
+    1 when the connection could not be made or was lost (in-flight requests were answered with
+    -32603 first), 2 for a bad address.
+    """
+    from acp_proxy.runtime import run_remote_agent_session
+    from acp_proxy.transports import stdio_stream
+
+    assert config.connect is not None
+    log = get_logger()
+    try:
+        address = parse_address(config.connect, listen=False)
+    except AddressError as exc:
+        print(f"acp-proxy: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    log.info(
+        "connecting to the agent",
+        address=str(address),
+        timeout_s=config.connect_timeout_s,
+        config=config.source,
+        rules=list(config.rule_names),
+    )
+    try:
+        agent_stream = await connect(address, config.connect_timeout_s)
+    except ConnectError as exc:
+        log.error("cannot connect to the agent", error=str(exc))
+        print(f"acp-proxy: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    client = client_stream if client_stream is not None else stdio_stream()
+    shutdown = anyio.Event()
+    started = time.monotonic()
+
+    async def watch_signals() -> None:
+        with anyio.open_signal_receiver(*_SIGNALS) as signals:
+            async for signum in signals:
+                log.info("signal received; closing the session", signal=signum.name)
+                shutdown.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_signals)
+            lost, session = await run_remote_agent_session(
+                config,
+                agent_stream,
+                client,
+                client,
+                log=log,
+                shutdown=shutdown,
+                agent_label=str(address),
+            )
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await agent_stream.aclose()
+            if client_stream is None:
+                await client.aclose()
+    code = EXIT_FAILURE if lost else 0
+    if lost:
+        message = f"the connection to the agent at {address} was lost"
+        log.error(message)
+        print(f"acp-proxy: {message}", file=sys.stderr)
+    log.info(
+        "exit",
+        status=f"agent connection {'lost' if lost else 'closed'}",
+        exit_code=code,
+        duration_s=round(time.monotonic() - started, 3),
+        **session.summary(),
+    )
+    return code
+
+
+__all__ = [
+    "Address",
+    "AddressError",
+    "ConnectError",
+    "ListenError",
+    "Listener",
+    "SocketStream",
+    "connect",
+    "is_loopback_ip",
+    "open_listener",
+    "parse_address",
+    "run_connect",
+    "run_listen",
+    "shutdown_bound_s",
+]
