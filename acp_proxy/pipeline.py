@@ -447,7 +447,12 @@ class Connection:
     def _plain_run(self, direction: Direction, run: bytes, acc: _Acc, *, join: bool) -> None:
         """Lines no middleware and no tracker needs: forward them whole if each looks like JSON."""
         newlines = run.count(b"\n")
-        if run and run[0] in _OPENERS and newlines == run.count(b"\n{") + run.count(b"\n["):
+        objects = run.count(b"\n{")  # batches (``[``) are rare: count them only when needed
+        if (
+            run
+            and run[0] in _OPENERS
+            and (newlines == objects or newlines == objects + run.count(b"\n["))
+        ):
             lines = run.split(b"\n") if not join and newlines else [run]
             if join:
                 n = newlines + 1

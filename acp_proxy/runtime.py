@@ -115,6 +115,10 @@ class _Outbox:
         self._ready = anyio.Event()
         self._space = anyio.Event()
 
+    def idle(self) -> bool:
+        """Nothing waits to be written to this peer and no write is in flight."""
+        return not self.busy and not self.tail and not self.broken and len(self.queue) == 0
+
     def wake_writer(self) -> None:
         self._ready.set()
 
@@ -282,9 +286,20 @@ class PumpSession:
                     chunk = await rx.receive(READ_SIZE)
                 except _STREAM_ERRORS:
                     break
-                events = splitter.feed(chunk)
-                if events:
-                    dispatch(direction, handle_many(direction, events), forward, back)
+                # No backlog toward the peer (nothing queued, no write in flight): the complete
+                # lines of the chunk may travel as one block (``Connection._block``), forwarded
+                # whole unless a line needs parsing. With a backlog, frames stay one per line so
+                # the outbound queue can coalesce them (issue 4).
+                if forward.idle():
+                    events = splitter.feed_blocks(chunk)
+                    if events:
+                        dispatch(
+                            direction, handle_many(direction, events, join=True), forward, back
+                        )
+                else:
+                    lines = splitter.feed(chunk)
+                    if lines:
+                        dispatch(direction, handle_many(direction, lines), forward, back)
         del self._recv_scopes[direction]
         if not scope.cancel_called:  # real EOF: a last line without its newline still counts
             tail = splitter.end()
