@@ -358,6 +358,11 @@ class OutboundQueue:
         self._count = 0
         self.stats = QueueStats()
 
+    @property
+    def rate_limited(self) -> bool:
+        """True when ``min_interval_ms`` applies: every frame must pass through ``push``."""
+        return self._interval != 0.0
+
     def __len__(self) -> int:
         """Frames waiting (a merged group counts as the frames it will write)."""
         return self._count

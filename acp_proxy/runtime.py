@@ -132,10 +132,40 @@ class _Outbox:
         """
         if self.closed:
             return False
+        if (
+            self.try_send is not None
+            and not self.busy
+            and not self.tail
+            and not self.broken
+            and len(self.queue) == 0
+            and not self.queue.rate_limited
+        ):
+            # No backlog: the peer keeps up, so write at once and never merge (issue 4:
+            # "while the consumer keeps up, every message is written as it comes"). What the
+            # kernel does not take becomes the tail, and the next frames queue behind it.
+            self._write_direct(frames)
+            return False
         push = self.queue.push
         for frame in frames:
             push(frame, now)
         return True
+
+    def _write_direct(self, frames: tuple[OutFrame, ...]) -> None:
+        assert self.try_send is not None
+        data = (
+            frames[0].raw + b"\n"
+            if len(frames) == 1
+            else b"\n".join([f.raw for f in frames]) + b"\n"
+        )
+        try:
+            written = self.try_send(data)
+        except _STREAM_ERRORS:
+            written = 0  # the writer task hits the same error and handles it
+        self.stats.writes += 1
+        self.stats.bytes += written
+        if written < len(data):
+            self.tail = data[written:]
+            self._ready.set()
 
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""
