@@ -5,7 +5,7 @@ the path inside the document (``rules[1].set_meta``) and what would be valid (st
 The hot path only sees the compiled result. Pure apart from reading the one file it is given and
 importing the user middleware it names (both at load time, never per message).
 
-The format (see docs/readme-rules.md for the user-facing reference)::
+The format (see README.md, "Configuration file", for the user-facing reference)::
 
     rules:                      # the built-in annotation rules, in file order (acp_proxy.rules)
       - name: STR               # optional, unique; shown in logs (default "rules[I]")
