@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -197,7 +198,23 @@ def _check_config(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``acp-proxy`` and ``python -m acp_proxy``; returns the exit code."""
+    """Entry point of ``acp-proxy`` and ``python -m acp_proxy``; returns the exit code.
+
+    A Ctrl-C that lands before the proxy installs its signal handlers (or in ``check-config``)
+    exits 130 like a shell, without a traceback; so does a closed stdout in ``check-config |
+    head`` (exit 141, 128 + SIGPIPE).
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # Python's own advice: point stdout at devnull so the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["check-config"]:
         return _check_config(args_in[1:])

@@ -188,3 +188,32 @@ def test_connect_with_agent_command_is_a_usage_error(capsys: pytest.CaptureFixtu
         cli.main(["--connect", "tcp://127.0.0.1:1", "--", "agent"])
     assert exited.value.code == 2
     assert "an AGENT_CMD cannot be used with it" in capsys.readouterr().err
+
+
+def test_ctrl_c_before_the_handlers_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(argv: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main(["--", "agent"]) == 130
+
+
+def test_check_config_into_a_closed_pipe_exits_141_without_traceback() -> None:
+    import subprocess
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: the first write fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "acp_proxy", "check-config", str(REPO / "config/example.yaml")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=proxy_env(),
+            cwd=str(REPO),
+            timeout=30,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == b""
