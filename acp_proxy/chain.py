@@ -33,6 +33,9 @@ Rules of the interface:
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
   proxy skip parsing frames no middleware can need. Frames containing JSON escapes (``\\/`` or
   ``\\u``) are always parsed, since a needle could be hidden behind an escape.
+* ``last_changed_by`` (optional): a tuple of names the middleware sets during ``__call__`` to say
+  which of its parts changed the message (the rules middleware names its rules); the chain then
+  reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -265,8 +268,12 @@ class Chain:
                 elif isinstance(verdict, Replace):
                     following.extend(verdict.messages)
                     changed = True
-                    if mw.name not in changed_by:
-                        changed_by.append(mw.name)
+                    # A middleware may name the parts of it that acted (the rules middleware
+                    # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
+                    parts = getattr(mw, "last_changed_by", None) or ()
+                    for name in [f"{mw.name}:{p}" for p in parts] or [mw.name]:
+                        if name not in changed_by:
+                            changed_by.append(name)
                 elif isinstance(verdict, Drop):
                     return Outcome(
                         tuple(following),

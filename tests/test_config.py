@@ -749,7 +749,7 @@ def test_rules_first_then_custom() -> None:
     )
     outcome = parse(text).build_chain().run(notification(), V2)
     assert outcome.messages == (notification({"example.dev/a": "rule", "example.dev/b": "x"}),)
-    assert outcome.changed_by == ("rules", "Tag")
+    assert outcome.changed_by == ("rules:r", "Tag")
 
 
 def test_named_middleware_and_needles() -> None:

@@ -417,6 +417,59 @@ async def test_debug_log_has_one_line_per_frame() -> None:
     ]
 
 
+async def test_debug_log_names_the_rules_that_changed_a_frame(tmp_path: Path) -> None:
+    update = {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": "s",
+            "update": {"sessionUpdate": "tool_call_update", "toolCallId": "t1"},
+        },
+    }
+    script = tmp_path / "replay.txt"
+    script.write_bytes(
+        b"C "
+        + request(1, "initialize", {})
+        + b"A "
+        + init_response(1)
+        + b"A "
+        + orjson.dumps(update)
+        + b"\n"
+    )
+    config = write_config(
+        tmp_path / "rules.yaml",
+        "rules:\n  - name: tag\n    match: {update: [tool_call_update]}\n"
+        "    set_meta: {example.dev/k: v}\n",
+    )
+    ran = await run(
+        proxy_cmd(
+            "--config",
+            config,
+            "--log-level",
+            "debug",
+            "--log-format",
+            "json",
+            agent=["--replay", str(script)],
+        ),
+        request(1, "initialize", {}),
+    )
+    assert ran.rc == 0
+    annotated = {
+        **update,
+        "params": {
+            "sessionId": "s",
+            "update": {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": "t1",
+                "_meta": {"example.dev/k": "v"},
+            },
+        },
+    }
+    assert ran.stdout == init_response(1) + orjson.dumps(annotated) + b"\n"
+    changed = [e["changed_by"] for e in ran.events("frame") if e["update"] == "tool_call_update"]
+    assert changed == [["rules:tag"]]
+
+
 async def test_info_log_has_start_version_and_exit_summary() -> None:
     ran = await run(proxy_cmd("--log-format", "json"), request(1, "initialize", {}))
     names = [e["event"] for e in ran.log_events()]
