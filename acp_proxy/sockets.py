@@ -134,6 +134,9 @@ def is_loopback_ip(text: str) -> bool:
 # -- streams ------------------------------------------------------------------------------------
 
 
+SOCKET_BUFFER = 1024 * 1024
+
+
 class SocketStream(FdStream):
     """A connected stream socket as an ``FdStream``; ``send_eof`` half-closes (SHUT_WR)."""
 
@@ -143,6 +146,13 @@ class SocketStream(FdStream):
             # Frames are small and interactive: do not let Nagle hold a response back.
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Like the 1 MiB pipe buffers of stdio (transports.enlarge_pipe): a bigger kernel buffer
+        # means fewer partial writes, so the proxy rarely has a backlog toward a fast peer and
+        # stays on its direct-write path (issue 6). Unix sockets default to ~200 KiB, less than
+        # one read. The kernel caps it (net.core.wmem_max); failure is harmless.
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
         self.sock = sock
         fd = sock.fileno()
         super().__init__(fd, fd, close_fds=False)
