@@ -157,6 +157,18 @@ class FdStream(anyio.abc.ByteStream):
         except OSError as exc:
             raise anyio.BrokenResourceError from exc
 
+    def try_sendv(self, parts: list[bytes]) -> int:
+        """``try_send`` of the concatenation of ``parts`` without building it (``writev``)."""
+        fd = self._write_fd
+        if fd is None or self._write_closed:
+            raise anyio.ClosedResourceError
+        try:
+            return os.writev(fd, parts)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
     async def send(self, item: bytes) -> None:
         """Write all of ``item``, parking on the selector while the peer's buffer is full.
 
