@@ -31,8 +31,8 @@ Rules of the interface:
   forwarding, e.g. a JSON-RPC error response).
 * ``needles`` (optional): byte strings of which at least one must occur in the raw frame for the
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
-  proxy skip parsing frames no middleware can need. Frames containing JSON escapes (``\\/`` or
-  ``\\u``) are always parsed, since a needle could be hidden behind an escape.
+  proxy skip parsing frames no middleware can need. Frames containing a JSON escape that could
+  hide a needle (``\\u``, and ``\\/`` when a needle contains ``/``) are always parsed.
 * ``last_changed_by`` (optional): a tuple of names the middleware sets during ``__call__`` to say
   which of its parts changed the message (the rules middleware names its rules); the chain then
   reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
@@ -183,17 +183,26 @@ def _needles_of(middleware: Middleware) -> tuple[bytes, ...] | None:
     return tuple(needles)
 
 
-_ESCAPES = (b"\\/", b"\\u")
+def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, ...]:
+    """The JSON escapes that could hide one of ``needles`` in a raw frame.
+
+    Any character may be written ``\\uXXXX``; ``/`` may also be written ``\\/``, which only
+    matters when a needle contains a ``/`` (a method name; ``sessionUpdate`` kinds have none).
+    Scanning for an escape that cannot hide anything would cost a pass over every frame.
+    """
+    slash = any(b"/" in needle for group in needles if group for needle in group)
+    return (b"\\u", b"\\/") if slash else (b"\\u",)
 
 
 class Chain:
     """An ordered list of links, built once per connection and run per message."""
 
-    __slots__ = ("_links", "_needles")
+    __slots__ = ("_escapes", "_links", "_needles")
 
     def __init__(self, links: Sequence[Link]) -> None:
         self._links = tuple(links)
         self._needles = tuple(_needles_of(link.middleware) for link in self._links)
+        self._escapes = needle_escapes(self._needles)
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -204,7 +213,7 @@ class Chain:
 
     def interested(self, raw: bytes) -> tuple[bool, ...]:
         """For each link, whether it may act on the frame ``raw`` (its needle prefilter)."""
-        escaped = any(e in raw for e in _ESCAPES)
+        escaped = any(e in raw for e in self._escapes)
         return tuple(
             n is None or escaped or any(needle in raw for needle in n) for n in self._needles
         )

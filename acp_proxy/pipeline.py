@@ -61,6 +61,7 @@ from acp_proxy.chain import (
     MiddlewareFailure,
     Outcome,
     error_response,
+    needle_escapes,
 )
 from acp_proxy.coalesce import OutFrame
 from acp_proxy.config import NonJsonPolicy
@@ -269,6 +270,7 @@ class Connection:
         "_chain_on",
         "_ctx_a2c",
         "_ctx_c2a",
+        "_escapes",
         "_has_links",
         "_init_ids",
         "_inspect_all",
@@ -297,6 +299,7 @@ class Connection:
         self._has_links = len(chain) > 0
         self._chain_on = False  # links exist and the version is known: run the chain
         self._link_needles = tuple(_needles_of(link.middleware) for link in chain.links)
+        self._escapes = needle_escapes(self._link_needles)  # same rule as Chain.interested
         # id -> method, in arrival order (abort_pending answers in that order).
         self._pending_client: dict[JsonValue, str] = {}
         self._pending_agent: dict[JsonValue, str] = {}
@@ -430,7 +433,7 @@ class Connection:
                 if link_needles is None:
                     return None
                 needles.extend(link_needles)
-            needles.extend(_ESCAPES)
+            needles.extend(self._escapes)
         hits: list[int] = []
         find = raw.find
         for needle in needles:
@@ -611,7 +614,7 @@ class Connection:
                     break
             if not hit:
                 if escaped is None:
-                    escaped = _has_escape(raw)
+                    escaped = _has_any(raw, self._escapes)
                 hit = escaped
             flags.append(hit)
         return tuple(flags) if True in flags else None
@@ -914,9 +917,6 @@ class Connection:
         return Result((), (), (OversizeFrame(event.size, None, limit=event.limit),))
 
 
-_ESCAPES = (b"\\u", b"\\/")  # JSON escapes that could hide a needle (see chain.py)
-
-
 def _agent_needs_parse(raw: bytes) -> bool:
     """Whether the tracker must see an agent frame that no middleware wants.
 
@@ -938,6 +938,12 @@ def _client_needs_parse(raw: bytes) -> bool:
     Client traffic is small, so this one is exact: a full scan, and escaped frames are parsed.
     """
     return raw.find(b'"id"') >= 0 or _has_escape(raw)
+
+
+def _has_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
+    """One of ``escapes`` occurs in ``raw`` (``escapes`` all start with a backslash)."""
+    p = raw.find(b"\\")  # memchr: most frames have no backslash at all
+    return p >= 0 and any(raw.find(e, p) >= 0 for e in escapes)
 
 
 def _has_escape(raw: bytes) -> bool:
