@@ -600,118 +600,27 @@ async def run_proxy(
         return spawn_error_exit(exc)
     log = log.bind(agent_pid=agent.pid)
     client = client_stream if client_stream is not None else stdio_stream()
-    grace = config.agent.grace_period_s
-    returncode: int | None = None
-    input_closed = anyio.Event()
-    shutdown_requested = anyio.Event()
     started = time.monotonic()
-
-    async def exit_reason() -> str:
-        # The agent closed its output: normally it exited. If it lingers, the ladder ends it.
-        shutdown_requested.set()
-        rc = await agent.wait()
-        return f"agent {describe_status(rc)}"
-
-    session = PumpSession(
-        config,
-        client,
-        client,
-        agent.stdio,
-        agent.stdio,
-        log=log,
-        agent_exit_reason=exit_reason,
-        on_agent_input_closed=input_closed.set,
-    )
-
-    async def ladder() -> None:
-        # Client EOF (the agent's stdin is then closed) or a signal starts the same ladder.
-        async with anyio.create_task_group() as inner:
-
-            async def on_closed() -> None:
-                await input_closed.wait()
-                shutdown_requested.set()
-
-            inner.start_soon(on_closed)
-            await shutdown_requested.wait()
-            inner.cancel_scope.cancel()
-        # Grace covers both "flush and close the agent's stdin" and "let the agent exit".
-        with anyio.move_on_after(grace):
-            await input_closed.wait()
-            await agent.wait()
-            return
-        if agent.returncode is None:
-            log.warning("agent still running after grace period; sending SIGTERM", grace_s=grace)
-            agent.signal_group(signal.SIGTERM)
-            with anyio.move_on_after(grace):
-                await agent.wait()
-                return
-            log.warning("agent ignored SIGTERM; sending SIGKILL")
-            agent.signal_group(signal.SIGKILL)
+    shutdown = anyio.Event()
 
     async def watch_signals() -> None:
+        # SIGINT, SIGTERM and SIGHUP take the same ladder as client EOF (issue 3).
         with anyio.open_signal_receiver(*_SIGNALS) as signals:
             async for signum in signals:
                 log.info("signal received; shutting the agent down", signal=signum.name)
-                session.stop_client_input()
-                shutdown_requested.set()
-
-    async def watch_exit(cancel: anyio.CancelScope) -> None:
-        nonlocal returncode
-        returncode = await agent.wait()
-        # No orphans: whatever the agent left in its process group goes with it.
-        agent.reap_group()
-        log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
-        # Its output is normally at EOF now; if a process outside the group still holds the
-        # pipe, or the client stopped reading, do not wait forever: give up once nothing moved
-        # for a while.
-        last = -1
-        while True:
-            await anyio.sleep(STDOUT_LINGER_S)
-            progress = session.bytes_to_client
-            if progress == last:
-                break
-            last = progress
-        log.warning("session did not finish after the agent exited; closing it")
-        session.stop_agent_output()
-        await anyio.sleep(STDOUT_LINGER_S)
-        cancel.cancel()
+                shutdown.set()
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_signals)
-            tg.start_soon(ladder)
-            stderr_done = anyio.Event()
-            if agent.stderr_fd is not None:
-                stderr_fd, agent.stderr_fd = agent.stderr_fd, None  # the drain task owns it
-
-                async def drain() -> None:
-                    try:
-                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"))
-                    finally:
-                        stderr_done.set()
-
-                tg.start_soon(drain)
-            else:
-                stderr_done.set()
-            tg.start_soon(watch_exit, tg.cancel_scope)
-            await session.run()
-            if returncode is None:
-                returncode = await agent.wait()
-            # The group is dead, so its stderr is at EOF: let the last lines reach the log.
-            with anyio.move_on_after(STDOUT_LINGER_S):
-                await stderr_done.wait()
+            rc, session = await run_agent_session(
+                config, agent, client, client, log=log, shutdown=shutdown
+            )
             tg.cancel_scope.cancel()
     finally:
-        with anyio.CancelScope(shield=True):
-            if agent.returncode is None:  # cancelled: never leave the agent behind
-                agent.signal_group(signal.SIGKILL)
-                await agent.wait()
-            agent.reap_group()
-            await agent.aclose()
-            if client_stream is None:
+        if client_stream is None:
+            with anyio.CancelScope(shield=True):
                 await client.aclose()
-    rc = agent.returncode if agent.returncode is not None else returncode
-    assert rc is not None
     log.info(
         "exit",
         status=describe_status(rc),
@@ -722,11 +631,11 @@ async def run_proxy(
     return exit_code_of(rc)
 
 
-# -- sessions for the socket transports (issue 5) -------------------------------------------
-# ``run_proxy`` above is the stdio entry point and owns the process's signals. The socket
+# -- one spawned agent's session, for stdio and the socket transports ----------------------------
+# ``run_proxy`` above is the stdio entry point and owns the process's signals; the socket
 # listener (``acp_proxy.sockets``) runs many sessions in one process and owns the signals
-# itself, so each of its sessions is driven by a ``shutdown`` event instead. The ladder below is
-# the same as ``run_proxy``'s (issue 5: "the same lifecycle rules as stdio").
+# itself. Both drive a session through ``run_agent_session`` with a ``shutdown`` event, so the
+# ladder is the same everywhere (issue 5: "the same lifecycle rules as stdio").
 
 
 async def run_agent_session(
@@ -802,7 +711,9 @@ async def run_agent_session(
         returncode = await agent.wait()
         agent.reap_group()
         log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
-        # As in run_proxy: a client that stopped reading must not hold the session forever.
+        # Its output is normally at EOF now; if a process outside the group still holds the
+        # pipe, or the client stopped reading, do not wait forever: give up once nothing moved
+        # for a while.
         last = -1
         while True:
             await anyio.sleep(STDOUT_LINGER_S)
@@ -835,12 +746,13 @@ async def run_agent_session(
             await session.run()
             if returncode is None:
                 returncode = await agent.wait()
+            # The group is dead, so its stderr is at EOF: let the last lines reach the log.
             with anyio.move_on_after(STDOUT_LINGER_S):
                 await stderr_done.wait()
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
-            if agent.returncode is None:
+            if agent.returncode is None:  # cancelled: never leave the agent behind
                 agent.signal_group(signal.SIGKILL)
                 await agent.wait()
             agent.reap_group()
