@@ -66,6 +66,15 @@ class Annotation:
     # When the update itself already sets a key of ``set``: keep the update's value (False) or
     # replace it with the rule's value (True). Removals always apply.
     overwrite: bool = False
+    # ``(keys to set, keys to remove)`` normalized once (``_split``): annotations are built once
+    # per rule and applied per message. An Annotation is a value: do not mutate ``set`` later.
+    split: tuple[JsonObject, tuple[str, ...]] = field(
+        init=False, repr=False, compare=False, default=({}, ())
+    )
+
+    def __post_init__(self) -> None:
+        sets, removes = _split(self.set, self.remove)
+        object.__setattr__(self, "split", (sets, tuple(removes)))
 
 
 class AnnotateStatus(enum.StrEnum):
@@ -189,6 +198,17 @@ def annotate(
     follow-up is needed, ``carry`` is ``None`` and the update is no known v2 upsert kind.
     """
     sets, removes = _split(set or {}, remove)
+    return _annotate_split(update, sets, removes, overwrite, carry)
+
+
+def _annotate_split(
+    update: JsonObject,
+    sets: JsonObject,
+    removes: Sequence[str],
+    overwrite: bool,
+    carry: Sequence[str] | None,
+) -> tuple[JsonObject, ...]:
+    """``annotate`` with the annotation already normalized by ``_split``."""
     patch = as_patch(update.get(META, OMITTED))
     if patch is None:
         if not sets:
@@ -199,7 +219,7 @@ def annotate(
                 raise ValueError(f"no follow-up fields known for update kind {kind!r}")
             carry = followup_fields(kind)
         follow: JsonObject = {f: update[f] for f in carry if f in update}
-        follow[META] = sets
+        follow[META] = dict(sets)  # a fresh object per message: sets is shared by the rule
         return (update, follow)
     if not sets and not removes:
         return (update,)
@@ -235,13 +255,8 @@ def _annotate_v2(message: JsonObject, site: UpsertSite, annotation: Annotation) 
         carry: tuple[str, ...] = site.spec.required  # ("toolCallId",)
     else:
         carry = followup_fields(site.kind)
-    outs = annotate(
-        site.obj,
-        set=annotation.set,
-        remove=annotation.remove,
-        overwrite=annotation.overwrite,
-        carry=carry,
-    )
+    sets, removes = annotation.split
+    outs = _annotate_split(site.obj, sets, removes, annotation.overwrite, carry)
     if len(outs) == 1 and outs[0] is site.obj:
         return AnnotateResult((message,), AnnotateStatus.UNCHANGED)
     first = message if outs[0] is site.obj else _replace_at(message, site.path, outs[0])
@@ -264,7 +279,7 @@ def _v1_target(
     base: JsonObject | None,
     own: JsonObject | None,
     sets: JsonObject,
-    removes: list[str],
+    removes: Sequence[str],
     *,
     ow: bool,
 ) -> JsonObject:
@@ -301,7 +316,7 @@ def _annotate_v1(
 def _annotate_v1_pure(
     message: JsonObject, site: UpsertSite, annotation: Annotation, store: V1MetaStore | None
 ) -> AnnotateResult:
-    sets, removes = _split(annotation.set, annotation.remove)
+    sets, removes = annotation.split
     raw = site.obj.get(META, OMITTED)
     own = raw if isinstance(raw, dict) else None
     # What the v1 client holds after the original update (registry v1 model), when known.

@@ -137,7 +137,8 @@ class MiddlewareFailed:
 
 @dataclass(frozen=True, slots=True)
 class Rewritten:
-    """Middleware changed a message (``method`` is ``None`` for a response)."""
+    """Middleware changed a message (``method`` is ``None`` for a response); with
+    ``inspect_all`` only (it feeds debug logging; ``stats.rewritten`` always counts)."""
 
     method: str | None
     changed_by: tuple[str, ...]
@@ -684,8 +685,9 @@ class Connection:
                     acc_notes = list(notes)
                     self._track(direction, out, acc_notes)
                     notes = tuple(acc_notes)
-                rewritten = Rewritten(_method_of(message), outcome.changed_by)
-                return Result((OutFrame(data, out, version),), (), (*notes, rewritten))
+                # (No ``Rewritten`` note: only debug logging shows it, and debug means
+                # ``inspect_all``, which takes the general path below.)
+                return Result((OutFrame(data, out, version),), (), notes)
         acc = _Acc()
         acc.notes.extend(notes)
         self._report(message, outcome, acc.notes)
@@ -805,7 +807,8 @@ class Connection:
             notes.append(Dropped(_method_of(message), outcome.dropped_by))
             self.stats.dropped += 1
         if outcome.changed and outcome.changed_by and outcome.messages:
-            notes.append(Rewritten(_method_of(message), outcome.changed_by))
+            if self._inspect_all:  # a debug-log note: built only when debug logging is on
+                notes.append(Rewritten(_method_of(message), outcome.changed_by))
             self.stats.rewritten += 1
 
     def _info(
