@@ -364,11 +364,10 @@ class Connection:
             if fast and type(event) is Line:
                 raw = event.raw
                 if a2c:
-                    # ``_agent_needs_parse``, inlined (the hot path).
                     if (
                         raw
                         and raw[0] in _OPENERS
-                        and raw.find(b'"id"') < 0
+                        and not _agent_needs_parse(raw)
                         and (not self._chain_on or self._interested(raw) is None)
                     ):
                         run.append(raw)
@@ -518,9 +517,9 @@ class Connection:
         if first not in _OPENERS:
             return self._agent_odd(raw)
         interested = self._interested(raw) if self._chain_on else None
-        if interested is None and not self._inspect_all and raw.find(b'"id"') < 0:
-            # The hot path (``_agent_needs_parse``, inlined): nothing may act on this frame and
-            # the tracker does not need it: forward its bytes unparsed.
+        if interested is None and not self._inspect_all and not _agent_needs_parse(raw):
+            # Nothing may act on this frame and the tracker does not need it: forward its bytes
+            # unparsed.
             self.stats.agent_to_client_out += 1
             return Result((OutFrame(raw, None, self.version),))
         try:
