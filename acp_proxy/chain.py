@@ -242,11 +242,14 @@ class Chain:
         changed_by: list[str] = []
         failures: list[MiddlewareFailure] = []
         changed = False
+        dropped_by: str | None = None
         for link, wanted in zip(self._links, interested, strict=True):
             if not wanted:
                 continue
             mw = link.middleware
             following: list[JsonObject] = []
+            # Each message is handled on its own: dropping or answering one of several (after a
+            # Replace) never stops its siblings, and they still pass every later link.
             for msg in current:
                 try:
                     verdict = mw(msg, ctx)
@@ -258,51 +261,32 @@ class Chain:
                         following.append(msg)
                         continue
                     changed = True
-                    if "id" in msg and "method" in msg:
-                        replies.append(
-                            error_response(
-                                msg["id"], INTERNAL_ERROR, f"acp-proxy: middleware {mw.name} failed"
-                            )
-                        )
-                    return Outcome(
-                        tuple(following),
-                        tuple(replies),
-                        True,
-                        tuple(changed_by),
-                        mw.name,
-                        tuple(failures),
-                    )
+                    dropped_by = dropped_by or mw.name
+                    error = f"acp-proxy: middleware {mw.name} failed"
+                    if "id" in msg and "method" in msg:  # a request: answer its sender
+                        replies.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                    elif "id" in msg and ("result" in msg or "error" in msg):
+                        # A response: its request must not hang; the receiver gets an error for
+                        # the same id instead of the response the middleware choked on.
+                        following.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                    continue
                 if isinstance(verdict, Forward):
                     following.append(msg)
-                elif isinstance(verdict, Replace):
+                    continue
+                changed = True
+                if isinstance(verdict, Replace):
                     following.extend(verdict.messages)
-                    changed = True
                     # A middleware may name the parts of it that acted (the rules middleware
                     # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
                     parts = getattr(mw, "last_changed_by", None) or ()
                     for name in [f"{mw.name}:{p}" for p in parts] or [mw.name]:
                         if name not in changed_by:
                             changed_by.append(name)
-                elif isinstance(verdict, Drop):
-                    return Outcome(
-                        tuple(following),
-                        tuple(replies),
-                        True,
-                        tuple(changed_by),
-                        mw.name,
-                        tuple(failures),
-                    )
                 else:
-                    replies.append(verdict.message)
-                    return Outcome(
-                        tuple(following),
-                        tuple(replies),
-                        True,
-                        tuple(changed_by),
-                        mw.name,
-                        tuple(failures),
-                    )
+                    dropped_by = dropped_by or mw.name
+                    if isinstance(verdict, Reply):
+                        replies.append(verdict.message)
             current = following
         return Outcome(
-            tuple(current), tuple(replies), changed, tuple(changed_by), None, tuple(failures)
+            tuple(current), tuple(replies), changed, tuple(changed_by), dropped_by, tuple(failures)
         )
