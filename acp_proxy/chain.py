@@ -135,8 +135,9 @@ class Link:
     """A middleware in its place in the chain, with its failure policy."""
 
     middleware: Middleware
-    # fail-closed: if the middleware raises, the message is dropped (and a request is answered
-    # with a JSON-RPC error). Default fail-open: the message continues unchanged.
+    # fail-closed: if the middleware raises, the message is dropped (a request is answered with a
+    # JSON-RPC error; a response becomes an error for its id). Default fail-open: the message
+    # continues unchanged.
     fail_closed: bool = False
 
 
