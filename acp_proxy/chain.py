@@ -233,8 +233,9 @@ class Chain:
 
         A ``Replace`` feeds each of its messages to the remaining links (flat-map), so later
         links see what earlier ones produced. ``Drop`` and ``Reply`` stop the chain for that
-        message. A link that raises is skipped (fail-open) or drops the message and, for a
-        request, replies with a JSON-RPC internal error (fail-closed).
+        message only (its siblings go on). A link that raises is skipped (fail-open) or drops the
+        message (fail-closed): a request is answered with a JSON-RPC internal error, and a
+        response is replaced by one for its id, so its request does not hang.
         """
         if interested is None:
             interested = tuple(True for _ in self._links)
