@@ -43,6 +43,7 @@ String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import enum
 import importlib
@@ -51,7 +52,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 import yaml
@@ -943,8 +944,8 @@ class _Parser:
     def agent(self, node: Node) -> AgentConfig:
         entries = self.mapping(node, "agent", AGENT_KEYS)
         env: dict[str, str] = {}
-        stderr = StderrMode.PASSTHROUGH
-        grace = 5.0
+        stderr = AgentConfig().stderr
+        grace = AgentConfig().grace_period_s
         if "env" in entries:
             enode = entries["env"][1]
             if not (isinstance(enode, ScalarNode) and enode.tag == _NULL):
@@ -973,25 +974,18 @@ class _Parser:
 
     def coalesce(self, node: Node) -> CoalesceConfig:
         entries = self.mapping(node, "coalesce", COALESCE_KEYS)
-        d = CoalesceConfig()
-        return CoalesceConfig(
-            enabled=self.boolean(entries["enabled"][1], "coalesce.enabled")
-            if "enabled" in entries
-            else d.enabled,
-            max_queue_messages=self.integer(
-                entries["max_queue_messages"][1], "coalesce.max_queue_messages", minimum=1
+        given: dict[str, Any] = {}  # only the keys present; the rest keep CoalesceConfig defaults
+        if "enabled" in entries:
+            given["enabled"] = self.boolean(entries["enabled"][1], "coalesce.enabled")
+        for key in ("max_queue_messages", "min_interval_ms"):
+            if key in entries:
+                minimum = 1 if key == "max_queue_messages" else 0
+                given[key] = self.integer(entries[key][1], f"coalesce.{key}", minimum=minimum)
+        if "max_queue_bytes" in entries:
+            given["max_queue_bytes"] = self.size(
+                entries["max_queue_bytes"][1], "coalesce.max_queue_bytes"
             )
-            if "max_queue_messages" in entries
-            else d.max_queue_messages,
-            max_queue_bytes=self.size(entries["max_queue_bytes"][1], "coalesce.max_queue_bytes")
-            if "max_queue_bytes" in entries
-            else d.max_queue_bytes,
-            min_interval_ms=self.integer(
-                entries["min_interval_ms"][1], "coalesce.min_interval_ms", minimum=0
-            )
-            if "min_interval_ms" in entries
-            else d.min_interval_ms,
-        )
+        return dataclasses.replace(CoalesceConfig(), **given)
 
 
 def parse_config(text: str, source: str, environ: Mapping[str, str]) -> Config:
