@@ -573,6 +573,18 @@ async def pump_session(
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+async def shutdown_on_signals(shutdown: anyio.Event, log: Any, event: str) -> None:
+    """Set ``shutdown`` on every SIGINT, SIGTERM or SIGHUP (logged as ``event``), until cancelled.
+
+    One session's signal watcher, for stdio and ``--connect``: each signal takes the same
+    ladder as client EOF (issue 3).
+    """
+    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        async for signum in signals:
+            log.info(event, signal=signum.name)
+            shutdown.set()
+
+
 async def run_proxy(
     config: Config,
     agent_argv: list[str] | tuple[str, ...],
@@ -603,16 +615,11 @@ async def run_proxy(
     started = time.monotonic()
     shutdown = anyio.Event()
 
-    async def watch_signals() -> None:
-        # SIGINT, SIGTERM and SIGHUP take the same ladder as client EOF (issue 3).
-        with anyio.open_signal_receiver(*_SIGNALS) as signals:
-            async for signum in signals:
-                log.info("signal received; shutting the agent down", signal=signum.name)
-                shutdown.set()
-
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch_signals)
+            tg.start_soon(
+                shutdown_on_signals, shutdown, log, "signal received; shutting the agent down"
+            )
             rc, session = await run_agent_session(
                 config, agent, client, client, log=log, shutdown=shutdown
             )

@@ -675,7 +675,7 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     1 when the connection could not be made or was lost (in-flight requests were answered with
     -32603 first), 2 for a bad address.
     """
-    from acp_proxy.runtime import run_remote_agent_session
+    from acp_proxy.runtime import run_remote_agent_session, shutdown_on_signals
     from acp_proxy.transports import stdio_stream
 
     assert config.connect is not None
@@ -702,15 +702,10 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     shutdown = anyio.Event()
     started = time.monotonic()
 
-    async def watch_signals() -> None:
-        with anyio.open_signal_receiver(*_SIGNALS) as signals:
-            async for signum in signals:
-                log.info("signal received; closing the session", signal=signum.name)
-                shutdown.set()
-
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(watch_signals)
+            on_signal = "signal received; closing the session"
+            tg.start_soon(shutdown_on_signals, shutdown, log, on_signal)
             lost, session = await run_remote_agent_session(
                 config,
                 agent_stream,
