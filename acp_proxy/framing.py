@@ -235,6 +235,9 @@ class HeadInfo:
     keys: frozenset[str]  # top-level keys seen before the cut (a key whose value is cut counts)
     has_id: bool  # the ``id`` value itself was read completely
     id: JsonValue  # that value (``None`` also when not read: check ``has_id``)
+    # The id exactly as written (``b"null"`` when not read), so an error reply echoes it.
+    id_bytes: bytes = b"null"
+    method: str | None = None  # the ``method`` value when it is a string read before the cut
 
 
 def scan_head(head: bytes) -> HeadInfo:
@@ -248,6 +251,8 @@ def scan_head(head: bytes) -> HeadInfo:
     keys: set[str] = set()
     has_id = False
     found: JsonValue = None
+    id_text = "null"
+    method: str | None = None
     i = _WS.match(text).end()  # type: ignore[union-attr]  # the pattern matches the empty string
     if not text.startswith("{", i):
         return HeadInfo(frozenset(), False, None)
@@ -263,18 +268,22 @@ def scan_head(head: bytes) -> HeadInfo:
                 break
             keys.add(key)
             i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+            vstart = i
             value, i = _DECODER.raw_decode(text, i)  # ValueError when the value is cut
+            vend = i
             i = _WS.match(text, i).end()  # type: ignore[union-attr]
             if i >= len(text):
                 break  # a number at the cut may be the start of a longer one: not read
             if key == "id":
-                has_id, found = True, value
+                has_id, found, id_text = True, value, text[vstart:vend]
+            elif key == "method" and isinstance(value, str):
+                method = value
             if not text.startswith(",", i):
                 break
             i += 1
     except ValueError:  # JSONDecodeError: the cut (or garbage) was reached
         pass
-    return HeadInfo(frozenset(keys), has_id, found)
+    return HeadInfo(frozenset(keys), has_id, found, id_text.encode(), method)
 
 
 def _is_request_id(value: JsonValue) -> bool:

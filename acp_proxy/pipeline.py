@@ -45,7 +45,6 @@ Rules (issue 3, "Streaming behaviour"):
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -53,6 +52,7 @@ from typing import TypeAlias
 
 import orjson
 
+from acp_proxy import rawjson
 from acp_proxy.chain import (
     INTERNAL_ERROR,
     Chain,
@@ -72,23 +72,36 @@ from acp_proxy.framing import (
     Oversize,
     read_request_id,
     read_response_id,
+    scan_head,
 )
 from acp_proxy.jsontypes import JsonObject, JsonValue
 
 INVALID_REQUEST = -32600
+
+# Issue 10, "bounded memory": defaults of the per-connection bounds (README "Bounds").
+# A frame is parsed only when its estimated parsed size is at most this (see ``parse_cost``).
+DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
+# Requests awaiting an answer, per direction, and the bytes of their ids.
+DEFAULT_MAX_PENDING = 10_000
+MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
+# What one parsed container or element costs at least (an empty dict is 64 bytes in CPython).
+_CONTAINER_COST = 64
 
 # How much of a diverted non-JSON line a note carries for the log.
 SAMPLE_BYTES = 200
 
 # Kinds of non-JSON agent output (``NonJson.kind``).
 KIND_ANSI = "ansi-escape"  # contains a terminal escape sequence (ESC, 0x1b)
-KIND_TEXT = "text"  # plain text: a banner, a log line
-KIND_INVALID_JSON = "invalid-json"  # starts like a JSON object/array but does not parse
-KIND_JSON_SCALAR = "json-scalar"  # valid JSON, but a string/number/literal, not a message
+KIND_TEXT = "text"  # anything else that cannot be a frame: a banner, a log line, a scalar
 
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
 _OPENERS = (ord("{"), ord("["))  # the first byte of every JSON-RPC frame (object or batch)
+# The first two bytes of a line that can be a frame with nothing before its opener (issue 9,
+# "diversion that matches reality"; ``rawjson.could_be_frame`` is the general check).
+_FRAME_STARTS = frozenset(
+    [b"{" + bytes([c]) for c in b' \t\r"}'] + [b"[" + bytes([c]) for c in b" \t\r]{["]
+)
 
 # A leading run of terminal escape sequences (CSI, OSC, two-byte ESC) and whitespace.
 _ANSI_PREFIX = re.compile(
@@ -110,7 +123,7 @@ class VersionNegotiated:
 class NonJson:
     """An agent stdout line that is not a JSON-RPC message (or an escape prefix before one)."""
 
-    kind: str  # KIND_ANSI, KIND_TEXT, KIND_INVALID_JSON or KIND_JSON_SCALAR
+    kind: str  # KIND_ANSI or KIND_TEXT
     size: int  # bytes of the diverted (or forwarded) part
     sample: bytes  # its first SAMPLE_BYTES bytes
     first_of_kind: bool  # the first line of this kind on this connection: warn; later ones: count
@@ -164,8 +177,46 @@ class FrameInfo:
     changed_by: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class NotParsed:
+    """A frame something needed to parse was forwarded untouched instead (never dropped): it is
+    over the parse budget, or neither parser can read it (``reason`` says which)."""
+
+    direction: Direction
+    size: int
+    reason: str
+    first_of_kind: bool  # the first such frame on this connection: warn; later ones: count
+
+
+@dataclass(frozen=True, slots=True)
+class UnusualVersion:
+    """The ``initialize`` response's ``protocolVersion`` is not a positive integer."""
+
+    value: str  # its JSON text
+    action: str  # what the proxy does about it
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFull:
+    """A request was answered with an error instead of being forwarded: the table of requests
+    awaiting an answer in its direction is full (``limit`` requests or their id bytes)."""
+
+    direction: Direction
+    method: str
+    limit: int
+
+
 Note: TypeAlias = (
-    VersionNegotiated | NonJson | OversizeFrame | MiddlewareFailed | Rewritten | Dropped | FrameInfo
+    VersionNegotiated
+    | NonJson
+    | OversizeFrame
+    | MiddlewareFailed
+    | Rewritten
+    | Dropped
+    | FrameInfo
+    | NotParsed
+    | UnusualVersion
+    | PendingFull
 )
 
 
@@ -196,6 +247,8 @@ class PipelineStats:
     middleware_failures: int = 0
     replies: int = 0  # frames the proxy sent back to a sender
     errors_replied: int = 0  # JSON-RPC error responses the proxy generated (replies and aborts)
+    not_parsed: int = 0  # frames forwarded untouched because they could not be parsed
+    pending_refused: int = 0  # requests answered with an error: too many in flight
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -207,17 +260,37 @@ def _is_id(value: object) -> bool:
 
 
 def _encode(value: JsonObject | list[JsonValue]) -> bytes | None:
-    """Encode a changed message once; ``None`` when it is not JSON-serializable."""
+    """Encode a message the proxy built; ``None`` when it is not JSON-serializable."""
     try:
-        return orjson.dumps(value)
-    except TypeError:
-        pass
-    try:  # integers beyond 64 bits (e.g. an id echoed from scan_head): the stdlib keeps them
-        return json.dumps(
-            value, ensure_ascii=False, separators=(",", ":"), allow_nan=False
-        ).encode()
-    except (TypeError, ValueError):
+        return rawjson.encode_value(value)
+    except rawjson.Unencodable:
         return None
+
+
+def error_frame_bytes(id_bytes: bytes, code: int, message: str) -> bytes:
+    """A JSON-RPC error response whose ``id`` is ``id_bytes`` exactly as the request spelled it
+    (issue 9: "error replies the proxy writes echo the request id's original bytes")."""
+    return b"".join(
+        (
+            b'{"jsonrpc":"2.0","id":',
+            id_bytes,
+            b',"error":{"code":',
+            str(code).encode(),
+            b',"message":',
+            orjson.dumps(message),
+            b"}}",
+        )
+    )
+
+
+def parse_cost(raw: bytes, budget: int) -> int:
+    """An upper estimate of the memory a parse of ``raw`` takes (issue 10: a 60 MiB frame of
+    ``{}`` parses into 20 million dicts, about 2 GB). Cheap: three ``bytes.count`` passes, and
+    only for frames big enough to matter."""
+    n = len(raw)
+    if n * 33 <= budget:  # even ``{}{}...`` (64 bytes per 2 input bytes) fits
+        return n
+    return n + _CONTAINER_COST * (raw.count(b"{") + raw.count(b"[") + raw.count(b","))
 
 
 def _method_of(message: JsonObject) -> str | None:
@@ -237,6 +310,11 @@ def _update_kind(message: JsonObject) -> str | None:
 def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
     needles = getattr(middleware, "needles", None)
     return None if needles is None else tuple(needles)
+
+
+@dataclass(frozen=True, slots=True)
+class _NotParsed:
+    reason: str
 
 
 class _Acc:
@@ -277,8 +355,12 @@ class Connection:
         "_inspect_all",
         "_kinds_seen",
         "_link_needles",
+        "_max_parse",
+        "_max_pending",
         "_non_json",
+        "_not_parsed_seen",
         "_pending_agent",
+        "_pending_bytes",
         "_pending_client",
         "chain",
         "stats",
@@ -291,8 +373,13 @@ class Connection:
         *,
         non_json: NonJsonPolicy = NonJsonPolicy.LOG,
         inspect_all: bool = False,
+        max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self.chain = chain
+        self._max_parse = max_parse_bytes
+        self._max_pending = max_pending
+        self._not_parsed_seen = False
         self.version: int | None = None
         self.stats = PipelineStats()
         self._non_json = non_json
@@ -301,9 +388,12 @@ class Connection:
         self._chain_on = False  # links exist and the version is known: run the chain
         self._link_needles = tuple(_needles_of(link.middleware) for link in chain.links)
         self._escapes = needle_escapes(self._link_needles)  # same rule as Chain.interested
-        # id -> method, in arrival order (abort_pending answers in that order).
-        self._pending_client: dict[JsonValue, str] = {}
-        self._pending_agent: dict[JsonValue, str] = {}
+        # id -> (method, the id's bytes as the sender wrote them), in arrival order
+        # (abort_pending answers in that order). Bounded: ``max_pending`` entries per direction
+        # and MAX_PENDING_ID_BYTES of ids for both (issue 10, "bounded memory").
+        self._pending_client: dict[JsonValue, tuple[str, bytes]] = {}
+        self._pending_agent: dict[JsonValue, tuple[str, bytes]] = {}
+        self._pending_bytes = 0
         self._init_ids: set[JsonValue] = set()  # ids of the client's ``initialize`` requests
         self._kinds_seen: set[str] = set()
         self._set_contexts()
@@ -365,8 +455,7 @@ class Connection:
                 raw = event.raw
                 if a2c:
                     if (
-                        raw
-                        and raw[0] in _OPENERS
+                        raw[:2] in _FRAME_STARTS
                         and not _agent_needs_parse(raw)
                         and (not self._chain_on or self._interested(raw) is None)
                     ):
@@ -450,12 +539,9 @@ class Connection:
     def _plain_run(self, direction: Direction, run: bytes, acc: _Acc, *, join: bool) -> None:
         """Lines no middleware and no tracker needs: forward them whole if each looks like JSON."""
         newlines = run.count(b"\n")
-        objects = run.count(b"\n{")  # batches (``[``) are rare: count them only when needed
-        if (
-            run
-            and run[0] in _OPENERS
-            and (newlines == objects or newlines == objects + run.count(b"\n["))
-        ):
+        # Every line starts ``{"`` (the shape of nearly every frame); anything else (a batch,
+        # whitespace, a log line) takes the per-line path, which diverts what cannot be a frame.
+        if run[:2] == b'{"' and newlines == run.count(b'\n{"'):
             lines = run.split(b"\n") if not join and newlines else [run]
             if join:
                 n = newlines + 1
@@ -513,8 +599,7 @@ class Connection:
         self.stats.agent_to_client_in += 1
         if not raw:
             return EMPTY
-        first = raw[0]
-        if first not in _OPENERS:
+        if raw[:2] not in _FRAME_STARTS and not rawjson.could_be_frame(raw):
             return self._agent_odd(raw)
         interested = self._interested(raw) if self._chain_on else None
         if interested is None and not self._inspect_all and not _agent_needs_parse(raw):
@@ -522,31 +607,23 @@ class Connection:
             # unparsed.
             self.stats.agent_to_client_out += 1
             return Result((OutFrame(raw, None, self.version),))
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return self._agent_non_json(raw, KIND_INVALID_JSON, ())
+        parsed = self._parse(raw)
+        if type(parsed) is _NotParsed:
+            return self._unparsed(_A2C, raw, parsed.reason)
         return self._parsed(_A2C, raw, parsed, interested, ())
 
     def _agent_odd(self, raw: bytes) -> Result:
-        """A line from the agent that does not start with ``{`` or ``[``."""
-        stripped = raw.lstrip()
-        if stripped[:1] in (b"{", b"["):  # JSON after leading whitespace: an ordinary frame
-            interested = self._interested(raw)
-            try:
-                parsed = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                return self._agent_non_json(raw, KIND_INVALID_JSON, ())
-            return self._parsed(_A2C, raw, parsed, interested, ())
+        """An agent line that cannot be a frame (``rawjson.could_be_frame``): diverted, no parse.
+
+        One exception: terminal escape sequences followed by a frame (a coloured logger that
+        wrapped a message); the escapes are diverted and the message goes on.
+        """
         if b"\x1b" in raw:
             if self._non_json is NonJsonPolicy.LOG:
                 match = _ANSI_PREFIX.match(raw)
                 rest = raw[match.end() :] if match else b""
-                if rest[:1] in (b"{", b"["):
-                    try:
-                        parsed = orjson.loads(rest)
-                    except orjson.JSONDecodeError:
-                        parsed = None
+                if rawjson.could_be_frame(rest):
+                    parsed = self._parse(rest)
                     if isinstance(parsed, (dict, list)):
                         # An escape sequence before the JSON: divert it, keep the message.
                         prefix = raw[: len(raw) - len(rest)]
@@ -554,11 +631,7 @@ class Connection:
                         self.stats.diverted += 1
                         return self._parsed(_A2C, rest, parsed, self._interested(rest), (note,))
             return self._agent_non_json(raw, KIND_ANSI, ())
-        try:
-            orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return self._agent_non_json(raw, KIND_TEXT, ())
-        return self._agent_non_json(raw, KIND_JSON_SCALAR, ())
+        return self._agent_non_json(raw, KIND_TEXT, ())
 
     def _agent_non_json(self, raw: bytes, kind: str, notes: tuple[Note, ...]) -> Result:
         forwarded = self._non_json is NonJsonPolicy.FORWARD
@@ -583,10 +656,10 @@ class Connection:
         if interested is None and not self._inspect_all and not _client_needs_parse(raw):
             self.stats.client_to_agent_out += 1
             return Result((OutFrame(raw, None, self.version),))
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed = None  # malformed: forwarded as is, the agent answers it (-32700)
+        parsed = self._parse(raw)
+        if type(parsed) is _NotParsed:
+            # Malformed or unreadable: forwarded as is, the agent answers it (-32700).
+            return self._unparsed(_C2A, raw, parsed.reason)
         return self._parsed(_C2A, raw, parsed, interested, ())
 
     # --- shared -------------------------------------------------------------------------------
@@ -625,6 +698,36 @@ class Connection:
         else:
             self.stats.client_to_agent_out += n
 
+    def _parse(self, raw: bytes) -> JsonValue | _NotParsed:
+        """The frame's value, exactly (``rawjson.loads``), or why it was not parsed."""
+        if parse_cost(raw, self._max_parse) > self._max_parse:
+            return _NotParsed(f"over the parse budget of {self._max_parse} bytes")
+        try:
+            return rawjson.loads(raw)
+        except rawjson.Unparseable as exc:
+            return _NotParsed(f"not parseable JSON: {exc}")
+
+    def _unparsed(self, direction: Direction, raw: bytes, reason: str) -> Result:
+        """Forward a frame that could not be parsed as it came (issue 9: never drop it), keeping
+        the request tables right from what its head says."""
+        self.stats.not_parsed += 1
+        note = NotParsed(direction, len(raw), reason, not self._not_parsed_seen)
+        self._not_parsed_seen = True
+        head = raw[:HEAD_BYTES]
+        if raw.find(b'"id"') >= 0:
+            info = scan_head(head)
+            if info.has_id and _is_id(info.id) and "method" in info.keys:
+                method = info.method if info.method is not None else "?"
+                refused = self._admit(direction, info.id, method, info.id_bytes)
+                if refused is not None:
+                    return Result((), (refused,), (note, self._full_note(direction, method)))
+            else:
+                is_response, rid = read_response_id(head)
+                if is_response:
+                    self._answered(direction, rid)
+        self._count_out(direction, 1)
+        return Result((OutFrame(raw, None, self.version),), (), (note,))
+
     def _parsed(
         self,
         direction: Direction,
@@ -633,14 +736,12 @@ class Connection:
         interested: tuple[bool, ...] | None,
         notes: tuple[Note, ...],
     ) -> Result:
-        """A frame that was parsed (``parsed``; ``None`` when it did not parse, client side)."""
+        """A frame that was parsed."""
         if isinstance(parsed, dict):
             return self._single(direction, raw, parsed, interested, notes)
         if isinstance(parsed, list) and parsed:
             return self._batch(direction, raw, parsed, interested, notes)
-        if direction is _A2C and not isinstance(parsed, list):
-            return self._agent_non_json(raw, KIND_JSON_SCALAR, notes)
-        # Client garbage, or an empty array from either side: forwarded, the peer answers it.
+        # A scalar, or an empty array: forwarded, the peer answers it (JSON-RPC -32600).
         self._count_out(direction, 1)
         return Result((OutFrame(raw, None, self.version),), (), notes)
 
@@ -653,10 +754,14 @@ class Connection:
         notes: tuple[Note, ...],
     ) -> Result:
         version = self.version
+        if "id" in message and "method" in message:
+            refused = self._refuse_if_full(direction, raw, message)
+            if refused is not None:
+                return Result((), (refused,), (*notes, self._full_note(direction, message)))
         if interested is None:  # parsed only for tracking / inspection
             if "id" in message or self._inspect_all:
                 acc_notes = list(notes)
-                self._track(direction, message, acc_notes)
+                self._track(direction, message, acc_notes, raw)
                 if self._inspect_all:
                     acc_notes.append(self._info(direction, message, len(raw), ()))
                 notes = tuple(acc_notes)
@@ -674,15 +779,15 @@ class Connection:
             # The annotation hot path: one message in, one changed message out.
             out = outcome.messages[0]
             try:
-                data = orjson.dumps(out)
-            except TypeError:
+                data = _rewrite(raw, message, out)
+            except (rawjson.Unencodable, rawjson.Unparseable):
                 data = None
             if data is not None:
                 self.stats.rewritten += 1
                 self._count_out(direction, 1)
                 if "id" in out:
                     acc_notes = list(notes)
-                    self._track(direction, out, acc_notes)
+                    self._track(direction, out, acc_notes, raw if out is message else None)
                     notes = tuple(acc_notes)
                 # (No ``Rewritten`` note: only debug logging shows it, and debug means
                 # ``inspect_all``, which takes the general path below.)
@@ -690,18 +795,20 @@ class Connection:
         acc = _Acc()
         acc.notes.extend(notes)
         self._report(message, outcome, acc.notes)
-        encoded = self._encode_outcome(outcome, acc.notes) if outcome.changed else None
+        encoded = (
+            self._encode_outcome(raw, message, outcome, acc.notes) if outcome.changed else None
+        )
         if encoded is None:  # unchanged (or unencodable: fail open)
             acc.forward.append(OutFrame(raw, message, version))
-            self._track(direction, message, acc.notes)
+            self._track(direction, message, acc.notes, raw)
         else:
             for out, data in zip(outcome.messages, encoded, strict=True):
                 acc.forward.append(OutFrame(data, out, version))
-                self._track(direction, out, acc.notes)
+                self._track(direction, out, acc.notes, None)
         if self._inspect_all:
             acc.notes.append(self._info(direction, message, len(raw), outcome.changed_by))
         for reply in outcome.replies:
-            acc.reply.append(self._reply_frame(reply))
+            acc.reply.append(self._reply_frame(reply, raw, message))
         self._count_out(direction, len(acc.forward))
         return acc.result()
 
@@ -716,87 +823,122 @@ class Connection:
         acc = _Acc()
         acc.notes.extend(notes)
         version = self.version
-        if interested is None:
+        full = self._would_overflow(direction, entries)
+        if interested is None and not full:
             for entry in entries:
                 if isinstance(entry, dict):
-                    self._track(direction, entry, acc.notes)
+                    self._track(direction, entry, acc.notes, None)
                     if self._inspect_all:
                         acc.notes.append(self._info(direction, entry, len(raw), ()))
             acc.forward.append(OutFrame(raw, None, version))
             self._count_out(direction, 1)
             return acc.result()
+        if interested is None:
+            interested = tuple(False for _ in self.chain.links)
         ctx = self._bctx_a2c if direction is _A2C else self._bctx_c2a
-        kept: list[JsonValue] = []
+        try:
+            spans = rawjson.array_elements(raw, rawjson.value_span(raw)[0])[0]
+        except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as this array
+            return self._unparsed(direction, raw, "batch could not be scanned")
+        # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
+        kept: list[bytes | None] = []
         follow: list[OutFrame] = []
-        replies: list[JsonObject] = []
+        replies: list[bytes] = []
         changed = False
-        for entry in entries:
+        for entry, (es, ee) in zip(entries, spans, strict=True):
             if not isinstance(entry, dict):  # invalid entry: the receiver answers it (-32600)
-                kept.append(entry)
+                kept.append(raw[es:ee])
                 continue
+            entry_raw = raw[es:ee]
+            if full and "id" in entry and "method" in entry:
+                refused = self._refuse_if_full(direction, entry_raw, entry)
+                if refused is not None:
+                    acc.notes.append(self._full_note(direction, entry))
+                    replies.append(refused.raw)
+                    self.stats.errors_replied += 1
+                    kept.append(None)
+                    changed = True
+                    continue
             outcome = self.chain.run(entry, ctx, interested)
             self._report(entry, outcome, acc.notes)
-            replies.extend(outcome.replies)
+            for r in outcome.replies:
+                replies.append(self._reply_bytes(r, entry_raw, entry))
+                self.stats.errors_replied += "error" in r
             if self._inspect_all:
                 acc.notes.append(self._info(direction, entry, len(raw), outcome.changed_by))
-            encoded = self._encode_outcome(outcome, acc.notes) if outcome.changed else None
+            encoded = (
+                self._encode_outcome(entry_raw, entry, outcome, acc.notes)
+                if outcome.changed
+                else None
+            )
             if encoded is None:  # unchanged (or unencodable: fail open)
-                kept.append(entry)
-                self._track(direction, entry, acc.notes)
+                kept.append(entry_raw)
+                self._track(direction, entry, acc.notes, entry_raw)
                 continue
             changed = True
+            if not outcome.messages:
+                kept.append(None)
             for i, (out, data) in enumerate(zip(outcome.messages, encoded, strict=True)):
-                self._track(direction, out, acc.notes)
+                self._track(direction, out, acc.notes, None)
                 if i == 0:
-                    kept.append(out)  # takes the entry's place inside the array
+                    kept.append(data)  # takes the entry's place inside the array
                 else:
                     follow.append(OutFrame(data, out, version))  # never batched
         if not changed:
             acc.forward.append(OutFrame(raw, None, version))
-        elif kept:
-            # Every entry is encodable (checked per outcome), so this cannot fail.
-            acc.forward.append(OutFrame(_encode(kept) or raw, None, version))
+        elif any(k is not None for k in kept):
+            acc.forward.append(OutFrame(_join_array(raw, spans, kept), None, version))
         acc.forward.extend(follow)
         if replies:
             # JSON-RPC: the answers to a batch are one array (ACP digest §1.2).
-            self._add_replies(acc, replies, as_batch=True)
+            self.stats.replies += 1
+            acc.reply.append(OutFrame(b"[" + b",".join(replies) + b"]", None, version))
         self._count_out(direction, len(acc.forward))
         return acc.result()
 
-    def _encode_outcome(self, outcome: Outcome, notes: list[Note]) -> list[bytes] | None:
-        """The encoding of each message of a changed outcome; ``None`` (and a failure note)
-        when one is not JSON-serializable, in which case the original goes on (fail-open)."""
+    def _encode_outcome(
+        self, raw: bytes, message: JsonObject, outcome: Outcome, notes: list[Note]
+    ) -> list[bytes] | None:
+        """The bytes of each message of a changed outcome, each spliced into the original's bytes
+        (only what changed is encoded); ``None`` (and a failure note) when one is not JSON, in
+        which case the original goes on (fail-open)."""
         encoded = []
-        for message in outcome.messages:
-            data = _encode(message)
-            if data is None:
+        for out in outcome.messages:
+            try:
+                encoded.append(_rewrite(raw, message, out))
+            except (rawjson.Unencodable, rawjson.Unparseable):
                 culprit = outcome.changed_by[-1] if outcome.changed_by else "middleware"
                 notes.append(MiddlewareFailed(_unencodable(culprit)))
                 self.stats.middleware_failures += 1
                 return None
-            encoded.append(data)
         return encoded
 
-    def _reply_frame(self, message: JsonObject) -> OutFrame:
-        encoded = _encode(message)
-        if encoded is None:  # pragma: no cover - chain replies are JSON (error_response)
-            encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "acp-proxy: bad reply"))
+    def _reply_frame(
+        self, message: JsonObject, raw: bytes | None = None, request: JsonObject | None = None
+    ) -> OutFrame:
+        """A frame back to the sender of ``request`` (whose bytes are ``raw``): what it shares
+        with the request (its id) keeps the request's bytes."""
+        encoded = self._reply_bytes(message, raw, request)
         self.stats.replies += 1
         if "error" in message:
             self.stats.errors_replied += 1
         return OutFrame(encoded, message, self.version)
 
-    def _add_replies(self, acc: _Acc, replies: list[JsonObject], *, as_batch: bool) -> None:
-        if not as_batch:
-            acc.reply.extend(self._reply_frame(r) for r in replies)
-            return
-        encoded = _encode(list(replies))
-        if encoded is None:  # pragma: no cover - chain replies are JSON
-            acc.reply.extend(self._reply_frame(r) for r in replies)
-            return
-        self.stats.replies += 1
-        self.stats.errors_replied += sum(1 for r in replies if "error" in r)
-        acc.reply.append(OutFrame(encoded, None, self.version))
+    @staticmethod
+    def _reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | None) -> bytes:
+        encoded: bytes | None
+        try:
+            if raw is not None and request is not None:
+                encoded = rawjson.splice(raw, request, message)
+            else:
+                encoded = rawjson.encode_value(message)
+        except (rawjson.Unencodable, rawjson.Unparseable):
+            encoded = None
+        if encoded is None:  # a middleware's reply that is not JSON: an error for the request
+            rid = request.get("id") if request is not None else None
+            encoded = _encode(error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply"))
+            encoded = encoded or orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
+        return encoded
 
     def _report(self, message: JsonObject, outcome: Outcome, notes: list[Note]) -> None:
         for failure in outcome.failures:
@@ -825,8 +967,14 @@ class Connection:
 
     # --- tracking -----------------------------------------------------------------------------
 
-    def _track(self, direction: Direction, message: JsonObject, notes: list[Note]) -> None:
-        """Update the request tables for a message that is being forwarded."""
+    def _track(
+        self, direction: Direction, message: JsonObject, notes: list[Note], raw: bytes | None
+    ) -> None:
+        """Update the request tables for a message that is being forwarded.
+
+        ``raw``: the message's own bytes when ``message`` is their parse (unchanged), so an
+        error answered for it later echoes its id's bytes exactly.
+        """
         if "id" not in message:
             return  # a notification
         rid = message["id"]
@@ -836,29 +984,118 @@ class Connection:
             method = message["method"]
             if not isinstance(method, str):
                 return
-            if direction is _C2A:
-                self._pending_client[rid] = method
-                if method == "initialize":
-                    self._init_ids.add(rid)
-            else:
-                self._pending_agent[rid] = method
+            id_bytes = None
+            if raw is not None:
+                try:
+                    id_bytes = rawjson.member_bytes(raw, "id")
+                except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
+                    id_bytes = None
+            if id_bytes is None:
+                id_bytes = _encode(rid) or b"null"  # type: ignore[arg-type]
+            self._admit(direction, rid, method, id_bytes)
+            if direction is _C2A and method == "initialize":
+                self._init_ids.add(rid)
             return
         if "result" not in message and "error" not in message:
             return  # not a response either
-        if direction is _A2C:
-            self._pending_client.pop(rid, None)
-            if rid in self._init_ids:
-                self._init_ids.discard(rid)
-                self._negotiate(message, notes)
-        else:
-            self._pending_agent.pop(rid, None)
+        self._answered(direction, rid)
+        if direction is _A2C and rid in self._init_ids:
+            self._init_ids.discard(rid)
+            self._negotiate(message, notes)
+
+    def _admit(
+        self, direction: Direction, rid: JsonValue, method: str, id_bytes: bytes
+    ) -> OutFrame | None:
+        """Track a request being forwarded; when its table is full, an error reply instead."""
+        table = self._pending_client if direction is _C2A else self._pending_agent
+        if rid not in table and (
+            len(table) >= self._max_pending
+            or self._pending_bytes + len(id_bytes) > MAX_PENDING_ID_BYTES
+        ):
+            return self._full_reply(id_bytes)
+        previous = table.pop(rid, None)  # a reused id: the newest request is the one answered
+        if previous is not None:
+            self._pending_bytes -= len(previous[1])
+        table[rid] = (method, id_bytes)
+        self._pending_bytes += len(id_bytes)
+        return None
+
+    def _answered(self, direction: Direction, rid: JsonValue) -> None:
+        """A response travelling ``direction`` answers the request with id ``rid``."""
+        table = self._pending_client if direction is _A2C else self._pending_agent
+        entry = table.pop(rid, None)
+        if entry is not None:
+            self._pending_bytes -= len(entry[1])
+
+    def _full_reply(self, id_bytes: bytes) -> OutFrame:
+        self.stats.pending_refused += 1
+        self.stats.replies += 1
+        self.stats.errors_replied += 1
+        data = error_frame_bytes(
+            id_bytes,
+            INTERNAL_ERROR,
+            f"acp-proxy: too many requests awaiting an answer (limit {self._max_pending}); "
+            "not forwarded",
+        )
+        return OutFrame(data, None, self.version)
+
+    def _full_note(self, direction: Direction, message: JsonObject | str) -> PendingFull:
+        method = message if isinstance(message, str) else _method_of(message) or "?"
+        return PendingFull(direction, method, self._max_pending)
+
+    def _table_full(self, direction: Direction) -> bool:
+        table = self._pending_client if direction is _C2A else self._pending_agent
+        return len(table) >= self._max_pending or self._pending_bytes >= MAX_PENDING_ID_BYTES
+
+    def _refuse_if_full(
+        self, direction: Direction, raw: bytes, message: JsonObject
+    ) -> OutFrame | None:
+        """An error reply for the request ``message`` if its table has no room, else ``None``."""
+        if not self._table_full(direction):
+            return None
+        rid = message["id"]
+        table = self._pending_client if direction is _C2A else self._pending_agent
+        if not _is_id(rid) or rid in table:
+            return None
+        try:
+            id_bytes = rawjson.member_bytes(raw, "id") or b"null"
+        except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
+            id_bytes = _encode(rid) or b"null"  # type: ignore[arg-type]
+        return self._full_reply(id_bytes)
+
+    def _would_overflow(self, direction: Direction, entries: list[JsonValue]) -> bool:
+        """Whether the requests of a batch may not all fit in their table."""
+        table = self._pending_client if direction is _C2A else self._pending_agent
+        room = self._max_pending - len(table)
+        if self._pending_bytes >= MAX_PENDING_ID_BYTES:
+            room = 0
+        requests = 0
+        for entry in entries:
+            if isinstance(entry, dict) and "id" in entry and "method" in entry:
+                requests += 1
+        return requests > room
 
     def _negotiate(self, response: JsonObject, notes: list[Note]) -> None:
         # ACP digest §2.3: the negotiated version is ``result.protocolVersion`` of the
         # ``initialize`` response, a JSON integer (an error response negotiates nothing).
         result = response.get("result")
-        version = result.get("protocolVersion") if isinstance(result, dict) else None
-        if type(version) is not int:
+        if not isinstance(result, dict) or "protocolVersion" not in result:
+            return
+        version = result["protocolVersion"]
+        if type(version) is float and version.is_integer() and version >= 1:
+            # Issue 9, "version robustness": ``2.0`` means 2 to every JSON reader that has one
+            # number type (JavaScript's included); treat it as 2 rather than disable every rule.
+            notes.append(UnusualVersion(_json_text(version), f"treated as {int(version)}"))
+            version = int(version)
+        if type(version) is not int or version < 1:
+            # A string, a fraction, zero, a boolean: no version the proxy knows. The rules stay
+            # off for the session (frames pass untouched), and the log says so.
+            notes.append(
+                UnusualVersion(
+                    _json_text(version),
+                    "not a positive integer: no rule runs on this session, frames pass untouched",
+                )
+            )
             return
         if version != self.version:
             self.version = version
@@ -872,11 +1109,15 @@ class Connection:
         self._bctx_a2c = MessageContext(_A2C, self.version, True)
         self._bctx_c2a = MessageContext(_C2A, self.version, True)
 
-    def _errors_for(self, pending: dict[JsonValue, str], message: str) -> tuple[OutFrame, ...]:
+    def _errors_for(
+        self, pending: dict[JsonValue, tuple[str, bytes]], message: str
+    ) -> tuple[OutFrame, ...]:
         out = []
-        for rid in pending:
+        for rid, (_method, id_bytes) in pending.items():
             response = error_response(rid, INTERNAL_ERROR, message)
-            out.append(OutFrame(_encode(response) or b"", response, self.version))
+            data = error_frame_bytes(id_bytes, INTERNAL_ERROR, message)
+            out.append(OutFrame(data, response, self.version))
+        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
         return tuple(out)
 
     # --- oversize -----------------------------------------------------------------------------
@@ -893,30 +1134,72 @@ class Connection:
         is_request, rid = read_request_id(head)
         if is_request:
             # The sender would otherwise wait forever for an answer that cannot come.
-            response = error_response(
-                rid,
-                INVALID_REQUEST,
-                f"acp-proxy: message of {event.size} bytes exceeds {limit}; not forwarded",
-            )
+            text = f"acp-proxy: message of {event.size} bytes exceeds {limit}; not forwarded"
+            response = error_response(rid, INVALID_REQUEST, text)
+            id_bytes = scan_head(head).id_bytes
+            data = error_frame_bytes(id_bytes, INVALID_REQUEST, text)
+            stats.replies += 1
+            stats.errors_replied += 1
             note = OversizeFrame(event.size, rid, replied=True, limit=event.limit)
-            return Result((), (self._reply_frame(response),), (note,))
+            return Result((), (OutFrame(data, response, self.version),), (note,))
         is_response, rid = read_response_id(head)
         # The sender of a response is the receiver of its request: the request's sender is on the
         # other side, and it only gets an error if we know it is waiting for this id.
         pending = self._pending_client if direction is _A2C else self._pending_agent
         if is_response and rid in pending:
-            del pending[rid]
-            response = error_response(
-                rid,
-                INTERNAL_ERROR,
-                f"acp-proxy: the response was {event.size} bytes, over {limit}; dropped",
-            )
+            _method, id_bytes = pending[rid]
+            self._answered(direction, rid)
+            text = f"acp-proxy: the response was {event.size} bytes, over {limit}; dropped"
+            response = error_response(rid, INTERNAL_ERROR, text)
             stats.errors_replied += 1
             self._count_out(direction, 1)
             note = OversizeFrame(event.size, rid, answered=True, limit=event.limit)
-            frame = OutFrame(_encode(response) or b"", response, self.version)
+            frame = OutFrame(
+                error_frame_bytes(id_bytes, INTERNAL_ERROR, text), response, self.version
+            )
             return Result((frame,), (), (note,))
         return Result((), (), (OversizeFrame(event.size, None, limit=event.limit),))
+
+
+def _rewrite(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
+    """The bytes of ``out``, a middleware's version of ``original`` (the parse of ``raw``).
+
+    Issue 9, "lossless rewriting": only the members that changed are encoded; everything else
+    keeps ``raw``'s bytes (``rawjson.splice``). Fast path: a frame that is already exactly what
+    orjson writes for its value (compact, no escapes, every number in orjson's own spelling) gives
+    the same bytes as the splice when ``out`` is encoded whole, at a fraction of the cost.
+    Raises ``rawjson.Unencodable`` for a changed value that is not JSON.
+    """
+    if out is original:
+        # The middleware changed the message in place (the interface forbids it) and returned
+        # it: compare against a fresh parse, so the change is not mistaken for "unchanged".
+        fresh = rawjson.loads(raw)
+        assert isinstance(fresh, dict)
+        original = fresh
+    try:
+        canonical = orjson.dumps(original) == raw
+    except TypeError:  # an integer beyond 64 bits or a lone surrogate: not canonical
+        canonical = False
+    if canonical:
+        return rawjson.encode_value(out)
+    return rawjson.splice(raw, original, out)
+
+
+def _join_array(raw: bytes, spans: list[tuple[int, int]], kept: list[bytes | None]) -> bytes:
+    """The batch ``raw`` with entry ``i`` replaced by ``kept[i]`` (removed when ``None``);
+    the separators and whitespace between surviving neighbours are the original bytes."""
+    start, end = rawjson.value_span(raw)
+    out = [raw[start : spans[0][0]]]
+    prev = -1
+    for i, piece in enumerate(kept):
+        if piece is None:
+            continue
+        if prev >= 0:
+            out.append(raw[spans[prev][1] : spans[i][0]] if prev == i - 1 else b",")
+        out.append(piece)
+        prev = i
+    out.append(raw[spans[-1][1] : end])
+    return b"".join(out)
 
 
 def _agent_needs_parse(raw: bytes) -> bool:
@@ -952,6 +1235,10 @@ def _has_escape(raw: bytes) -> bool:
     """A ``\\u`` or ``\\/`` escape (the ones ``Chain.interested`` treats as hiding a needle)."""
     p = raw.find(b"\\")  # memchr: most frames have no backslash at all
     return p >= 0 and (raw.find(b"\\u", p) >= 0 or raw.find(b"\\/", p) >= 0)
+
+
+def _json_text(value: object) -> str:
+    return (_encode(value) or b"?").decode("utf-8", "replace")  # type: ignore[arg-type]
 
 
 def _unencodable(name: str) -> MiddlewareFailure:

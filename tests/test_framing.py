@@ -207,8 +207,16 @@ def test_read_response_id(head: bytes, expected: tuple[bool, JsonValue]) -> None
 
 def test_scan_head_reports_keys_seen() -> None:
     info = scan_head(b'{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"')
-    assert info == HeadInfo(frozenset({"jsonrpc", "id", "method", "params"}), True, 1)
+    assert info == HeadInfo(frozenset({"jsonrpc", "id", "method", "params"}), True, 1, b"1", "m")
     assert scan_head(b"[1,2]") == HeadInfo(frozenset(), False, None)
+
+
+def test_scan_head_keeps_the_id_bytes_exactly() -> None:
+    # Issue 9: error replies echo the request id's original bytes (2**64 + 1 is no float).
+    for spelled in (b"18446744073709551617", b"-0", b"1E2", b'"\\u00e9"', b"null"):
+        info = scan_head(b'{"id":' + spelled + b',"method":"session/prompt","params":{')
+        assert info.has_id and info.id_bytes == spelled
+        assert info.method == "session/prompt"
 
 
 @settings(max_examples=200, deadline=None)

@@ -35,10 +35,12 @@ from acp_proxy.pipeline import (
     FrameInfo,
     MiddlewareFailed,
     NonJson,
+    NotParsed,
     OversizeFrame,
     PipelineStats,
     Result,
     Rewritten,
+    UnusualVersion,
     VersionNegotiated,
 )
 
@@ -225,8 +227,6 @@ def test_version_from_the_initialize_response(response: bytes, version: int) -> 
         b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":2}}',  # another id
         b'{"jsonrpc":"2.0","id":"0","result":{"protocolVersion":2}}',  # "0" is not 0
         b'{"jsonrpc":"2.0","id":0,"error":{"code":-32603,"message":"no"}}',  # an error
-        b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2"}}',  # not an integer
-        b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":true}}',
         b'{"jsonrpc":"2.0","method":"x","params":{"protocolVersion":2}}',
     ],
 )
@@ -428,10 +428,15 @@ def test_unencodable_replacement_fails_open() -> None:
 NON_JSON_CASES = [
     ("banner", b"Starting agent v1.2.3...", "text"),
     ("escape", b"\x1b[31mred\x1b[0m", "ansi-escape"),
-    ("broken object", b'{"jsonrpc":"2.0","id":1,"result":', "invalid-json"),
-    ("scalar", b'"just a string"', "json-scalar"),
-    ("number", b"42", "json-scalar"),
+    ("scalar", b'"just a string"', "text"),
+    ("number", b"42", "text"),
     ("binary", b"\xff\xfe\x00", "text"),
+    # Issue 9: log lines that start like JSON but cannot be a frame (after ``{`` must come
+    # whitespace, ``"`` or ``}``; after ``[`` whitespace, ``]``, ``{`` or ``[``).
+    ("bracketed level", b"[INFO] Starting server", "text"),
+    ("timestamp", b"[2026-12-03 10:00:00] debug", "text"),
+    ("braces", b"{not json} x", "text"),
+    ("lone brace", b"{", "text"),
 ]
 
 
@@ -491,7 +496,37 @@ def test_malformed_client_frames_are_forwarded(raw: bytes) -> None:
     conn = connect(Link(Look()))
     res = conn.handle(C2A, Line(raw))
     assert wire(res.forward) == [raw]
-    assert res.notes == ()
+    assert res.reply == ()
+    # Issue 9: what could not be parsed is forwarded untouched, and said (warned once); a JSON
+    # scalar parses (the agent answers it), so it needs no word.
+    unparsed = raw != b"42"
+    expected = [(NotParsed, len(raw), True)] if unparsed else []
+    assert [(type(n), n.size, n.first_of_kind) for n in res.notes] == expected
+    assert conn.stats.not_parsed == unparsed
+
+
+@pytest.mark.parametrize(
+    ("version", "expected", "action"),
+    [
+        (b'"2"', None, "not a positive integer"),
+        (b"true", None, "not a positive integer"),
+        (b"0", None, "not a positive integer"),
+        (b"2.5", None, "not a positive integer"),
+        (b"2.0", 2, "treated as 2"),
+        (b"2E0", 2, "treated as 2"),
+    ],
+)
+def test_unusual_protocol_version_is_said(version: bytes, expected: int | None, action: str) -> None:
+    # Issue 9, "silent degradation": a float 2.0 used to disable every rule without a word.
+    conn = Connection(Chain([]))
+    conn.handle(C2A, Line(INIT_REQ))
+    response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":' + version + b"}}"
+    res = conn.handle(A2C, Line(response))
+    assert wire(res.forward) == [response]
+    unusual = [n for n in res.notes if isinstance(n, UnusualVersion)]
+    shown = version.decode() if version != b"2E0" else "2.0"
+    assert [(n.value, n.action.startswith(action)) for n in unusual] == [(shown, True)]
+    assert conn.version == expected
 
 
 # --- oversize frames ------------------------------------------------------------------------------
