@@ -39,9 +39,12 @@ from acp_proxy.pipeline import (
     MiddlewareFailed,
     NonJson,
     Note,
+    NotParsed,
     OversizeFrame,
+    PendingFull,
     Result,
     Rewritten,
+    UnusualVersion,
     VersionNegotiated,
 )
 from acp_proxy.process import (
@@ -519,6 +522,28 @@ class PumpSession:
                 log.info("protocol version negotiated", version=note.version)
             elif type(note) is Dropped:
                 log.info("message dropped by middleware", method=note.method, by=note.dropped_by)
+            elif type(note) is NotParsed:
+                # Warn for the first, then count (the summary's ``not_parsed``).
+                (log.warning if note.first_of_kind else log.debug)(
+                    "frame could not be parsed; forwarded untouched, no rule applied"
+                    + (" (further ones are only counted)" if note.first_of_kind else ""),
+                    direction=str(note.direction),
+                    size=note.size,
+                    reason=note.reason,
+                )
+            elif type(note) is UnusualVersion:
+                log.warning(
+                    "initialize response has an unusual protocolVersion",
+                    protocol_version=note.value,
+                    action=note.action,
+                )
+            elif type(note) is PendingFull:
+                log.warning(
+                    "too many requests awaiting an answer; request answered with an error",
+                    direction=str(note.direction),
+                    method=note.method,
+                    limit=note.limit,
+                )
 
     def summary(self) -> dict[str, Any]:
         """Counts for the exit summary line."""
@@ -531,6 +556,8 @@ class PumpSession:
             "diverted": stats.diverted,
             "dropped": stats.dropped,
             "oversize": stats.oversize,
+            "not_parsed": stats.not_parsed,
+            "pending_refused": stats.pending_refused,
             "errors": stats.errors_replied + stats.middleware_failures,
             "discarded": self.stats.to_client.discarded + self.stats.to_agent.discarded,
             "version": self.connection.version,
