@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from acp_proxy import rawjson
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.registry import (
@@ -262,6 +263,7 @@ class _Entry:
     """One waiting frame, or a group of merged frames (mutable: owned by the queue only)."""
 
     __slots__ = (
+        "base",
         "cls",
         "encoded",
         "exact",
@@ -280,6 +282,9 @@ class _Entry:
     def __init__(self, raw: bytes, message: JsonObject | None, version: int | None) -> None:
         self.raw = raw  # the exact bytes while nothing was merged into the entry
         self.message = message
+        # The last frame merged in, as (bytes, parse): merged frames are its bytes with only the
+        # merged members replaced (issue 9, "lossless rewriting"; ``rawjson.splice``).
+        self.base: tuple[bytes, JsonObject] | None = None
         self.version = version
         self.cls = _Class.UNCLASSIFIED
         self.key: EntityKey | None = None
@@ -314,7 +319,7 @@ class _Entry:
         message = self.message
         assert message is not None
         if self.updates:
-            return [_dumps(_with_update(message, u)) for u in self.updates]
+            return [self._splice(_with_update(message, u)) for u in self.updates]
         params = message["params"]
         assert isinstance(params, dict)
         update = params["update"]
@@ -326,7 +331,19 @@ class _Entry:
         else:
             data = base64.b64encode(b"".join(self.pieces)).decode("ascii")
             merged = {**update, "data": data}
-        return [_dumps(_with_update(message, merged))]
+        return [self._splice(_with_update(message, merged))]
+
+    def _splice(self, message: JsonObject) -> bytes:
+        """``message`` (a merge) as the bytes of the last frame merged in, with only the members
+        that differ from it encoded. Every merged frame passed ``rawjson.reencodes_exactly``, so
+        the members encoded from earlier frames keep their values exactly too."""
+        raw, base = self.base if self.base is not None else (self.raw, self.message)
+        assert base is not None
+        envelope = {**base, "params": message["params"]}  # the envelopes are equal
+        try:
+            return rawjson.splice(raw, base, envelope) + b"\n"
+        except (rawjson.Unencodable, rawjson.Unparseable):  # pragma: no cover - defensive
+            return _dumps(message)
 
 
 class OutboundQueue:
@@ -430,6 +447,11 @@ class OutboundQueue:
     def _classify_entry(self, entry: _Entry) -> None:
         info: _Info | None = None
         message: object = entry.message
+        if not rawjson.reencodes_exactly(entry.raw):
+            # A number orjson would respell, or a surrogate escape: never merged, so it is
+            # written as it came (issue 9: "numbers change").
+            entry.classify(None)
+            return
         if message is None and _NEEDLE in entry.raw:
             try:
                 message = orjson.loads(entry.raw)
@@ -458,6 +480,7 @@ class OutboundQueue:
                 return False
         else:
             return self._merge_core(target, new, new_update)
+        target.base = (new.raw, nm)
         self._grew(target, new.nbytes)
         return True
 
@@ -478,6 +501,7 @@ class OutboundQueue:
                 [],
                 None,
             )
+            target.base = None
             self._bytes += new.nbytes - target.nbytes
             target.nbytes = target.exact = new.nbytes
             return True
@@ -490,6 +514,8 @@ class OutboundQueue:
             merged[-2:] = list(combined)
         self._count += len(merged) - target.frame_count()
         target.updates = merged
+        assert new.message is not None
+        target.base = (new.raw, new.message)
         self._grew(target, new.nbytes)
         return True
 

@@ -281,7 +281,9 @@ def scan_head(head: bytes) -> HeadInfo:
             if not text.startswith(",", i):
                 break
             i += 1
-    except ValueError:  # JSONDecodeError: the cut (or garbage) was reached
+    # JSONDecodeError: the cut (or garbage) was reached; RecursionError: a hostile head nested
+    # deeper than the decoder goes (it used to take the whole proxy down).
+    except (ValueError, RecursionError):
         pass
     return HeadInfo(frozenset(keys), has_id, found, id_text.encode(), method)
 

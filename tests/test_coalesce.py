@@ -70,7 +70,8 @@ CASES: list[tuple[str, list[bytes], list[bytes], int | None]] = [
     (
         "progress ticks of one tool call become the last tick",
         [tcu(status="in_progress", rawOutput={"p": 1}), tcu(rawOutput={"p": 2})],
-        lines(tcu(status="in_progress", rawOutput={"p": 2})),
+        # The last frame's bytes, the members only earlier frames had appended (issue 9).
+        lines(tcu(rawOutput={"p": 2}, status="in_progress")),
         2,
     ),
     (
@@ -82,14 +83,14 @@ CASES: list[tuple[str, list[bytes], list[bytes], int | None]] = [
     (
         "_meta {} changes nothing; an omitted _meta keeps the earlier patch",
         [tcu(_meta={"a": 1}), tcu(_meta={}), tcu(status="completed")],
-        lines(tcu(_meta={"a": 1}, status="completed")),
+        lines(tcu(status="completed", _meta={"a": 1})),
         2,
     ),
     (
         "a clear followed by an object stays a clear then the object (split)",
         [tcu(status="in_progress", _meta={"a": 1}), tcu(_meta=None), tcu(_meta={"b": 2})],
         lines(
-            tcu(status="in_progress", _meta=None),
+            tcu(_meta=None, status="in_progress"),
             tcu(_meta={"b": 2}),
         ),
         2,
@@ -390,7 +391,8 @@ CASES: list[tuple[str, list[bytes], list[bytes], int | None]] = [
     (
         "v1: tool_call_update ticks merge",
         [tcu(status="in_progress"), tcu(rawOutput={"p": 1}), tcu(rawOutput={"p": 2})],
-        lines(tcu(status="in_progress", rawOutput={"p": 2})),
+        # The last frame's bytes, the members only earlier frames had appended (issue 9).
+        lines(tcu(rawOutput={"p": 2}, status="in_progress")),
         1,
     ),
     (
@@ -975,3 +977,29 @@ def test_lines_joined_by_the_shell_are_split_when_they_wait() -> None:
     out, _ = queue.take(0.0)
     assert out == lines(tcu(status="c"), RESP, tcu(status="d"))
     assert (queue.stats.pushed, queue.stats.written, queue.stats.merged) == (7, 5, 2)
+
+
+# --- issue 9: merging never changes a number -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"18446744073709551617", b"-9223372036854775809", b"1.5E+2", b"0.30000000000000004"],
+)
+def test_frames_orjson_would_respell_are_never_merged(value: bytes) -> None:
+    # With no config at all, a slow client's merged tool_call_updates used to be re-encoded
+    # whole, so 2**64 + 1 arrived as 1.8446744073709552e+19.
+    first = tcu(status="in_progress").replace(b'"status"', b'"n":' + value + b',"status"')
+    second = tcu(status="completed")
+    assert run([first, second]) == lines(first, second)
+
+
+def test_a_merge_is_the_last_frame_with_only_merged_members_added() -> None:
+    # Whitespace and escapes of the last frame survive; only the member taken from the earlier
+    # frame is encoded.
+    first = tcu(status="in_progress")
+    second = (
+        b'{"jsonrpc":"2.0", "method":"session/update","params":{"sessionId":"s1","update":'
+        b'{"sessionUpdate":"tool_call_update","toolCallId":"t1","title":"\\u00e9"}}}'
+    )
+    assert run([first, second]) == lines(second[:-3] + b',"status":"in_progress"}}}')

@@ -224,3 +224,11 @@ def test_scan_head_keeps_the_id_bytes_exactly() -> None:
 def test_read_request_id_never_raises(head: bytes) -> None:
     found, rid = read_request_id(head)
     assert found or rid is None
+
+
+def test_scan_head_survives_a_deeply_nested_head() -> None:
+    # A hostile head nested deeper than the standard decoder goes used to raise RecursionError
+    # out of the pipeline and take the whole proxy down (issue 9, found by the fault tests).
+    head = b'{"jsonrpc":"2.0","result":' + b"[" * 2000
+    assert scan_head(head).keys == frozenset({"jsonrpc", "result"})
+    assert read_response_id(head) == (False, None)

@@ -1,0 +1,305 @@
+"""Lossless JSON (``acp_proxy.rawjson``): exact parsing and splicing, as properties (issue 9).
+
+The generator writes JSON the way hostile or merely unusual peers do: random whitespace, big and
+negative integers, odd number spellings (``1E+2``, ``-0.0``, ``1e400``), every escape including
+lone surrogates, unicode, and nesting. The judge is an exact parser (``json`` with
+``parse_float=Decimal``): after a rewrite the output must hold exactly the original document with
+the changes applied, and an unchanged document must come out byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_proxy import rawjson
+
+# --- a generator of unusual but valid JSON text -----------------------------------------------
+
+WS = st.sampled_from(["", "", "", " ", "\t", "\n ", "  \r\n"])
+NUMBERS = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.sampled_from(
+        [
+            "18446744073709551617",
+            "-9223372036854775809",
+            "1E+2",
+            "1e-7",
+            "-0.0",
+            "-0",
+            "1.000",
+            "1e400",
+            "0.1000000000000000055511151231257827",
+        ]
+    ),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+)
+
+
+def _char(c: str, escape: bool) -> str:
+    if c == '"':
+        return '\\"'
+    if c == "\\":
+        return "\\\\"
+    if ord(c) < 0x20 or escape:
+        if ord(c) > 0xFFFF:
+            hi, lo = divmod(ord(c) - 0x10000, 0x400)
+            return f"\\u{0xD800 + hi:04x}\\u{0xDC00 + lo:04X}"
+        return f"\\u{ord(c):04x}"
+    return c
+
+
+@st.composite
+def json_strings(draw: st.DrawFn) -> str:
+    chars = draw(st.lists(st.characters(exclude_categories=["Cs"]), max_size=8))
+    body = "".join(_char(c, draw(st.booleans())) for c in chars)
+    if draw(st.integers(0, 9)) == 0:
+        body += draw(st.sampled_from(["\\ud800", "\\uDFFF", "\\/", "\\b\\f\\n\\r\\t"]))
+    return '"' + body + '"'
+
+
+def json_text(depth: int = 3) -> st.SearchStrategy[str]:
+    scalars = st.one_of(NUMBERS, json_strings(), st.sampled_from(["true", "false", "null"]))
+    if depth == 0:
+        return scalars
+
+    @st.composite
+    def containers(draw: st.DrawFn) -> str:
+        if draw(st.booleans()):
+            items = draw(st.lists(json_text(depth - 1), max_size=4))
+            inner = ",".join(draw(WS) + i + draw(WS) for i in items)
+            return "[" + (inner or draw(WS)) + "]"
+        keys = draw(st.lists(json_strings(), max_size=5, unique_by=json.loads))
+        members = [
+            draw(WS) + k + draw(WS) + ":" + draw(WS) + draw(json_text(depth - 1)) + draw(WS)
+            for k in keys
+        ]
+        return "{" + (",".join(members) or draw(WS)) + "}"
+
+    return st.one_of(scalars, containers())
+
+
+def exact(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"), parse_float=Decimal)
+
+
+def _objects(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths of every object in ``value``."""
+    found = []
+    if isinstance(value, dict):
+        found.append(path)
+        for k, v in value.items():
+            found.extend(_objects(v, (*path, k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found.extend(_objects(v, (*path, i)))
+    return found
+
+
+def _edit(value: Any, path: tuple[Any, ...], key: str, new: Any) -> Any:
+    """A copy of ``value`` with ``key`` of the object at ``path`` set (``...``: removed); values,
+    not mutation, like a well-behaved middleware (untouched subtrees are shared)."""
+    if not path:
+        out = dict(value)
+        if new is ...:
+            out.pop(key, None)
+        else:
+            out[key] = new
+        return out
+    head, rest = path[0], path[1:]
+    if isinstance(value, list):
+        copy = list(value)
+        copy[head] = _edit(value[head], rest, key, new)
+        return copy
+    return {**value, head: _edit(value[head], rest, key, new)}
+
+
+NEW_VALUES = st.one_of(
+    st.just(...),
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=5),
+    st.none(),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    doc=json_text(),
+    picks=st.lists(st.tuples(st.integers(0, 50), st.text(max_size=4), NEW_VALUES), max_size=3),
+    wrap_ws=WS,
+)
+def test_splice_changes_only_what_changed(doc: str, picks: list[Any], wrap_ws: str) -> None:
+    raw = (wrap_ws + doc).encode("utf-8")
+    old = rawjson.loads(raw)
+    expected = exact(raw)
+    new = old
+    objects = _objects(old)
+    for index, fresh_key, value in picks:
+        if not objects:
+            break
+        path = objects[index % len(objects)]
+        existing = list(_at(new, path))
+        key = fresh_key
+        if existing and index % 2:
+            key = existing[index % len(existing)]  # edit an existing member half of the time
+        new = _edit(new, path, key, value)
+        expected = _edit(expected, path, key, value)
+    out = rawjson.splice(raw, old, new)
+    assert exact(out) == expected
+    if new is old:
+        assert out == raw
+
+
+def _at(value: Any, path: tuple[Any, ...]) -> Any:
+    for p in path:
+        value = value[p]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=json_text())
+def test_loads_is_exact_where_orjson_is_not(doc: str) -> None:
+    raw = doc.encode("utf-8")
+    value = rawjson.loads(raw)
+    ref = exact(raw)
+    # Integers of any size are exact; floats are doubles (what the middleware sees).
+    assert _ints(value) == _ints(ref)
+
+
+def _ints(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in _ints(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _ints(v)]
+    return []
+
+
+# --- fixed cases ------------------------------------------------------------------------------
+
+FRAME = (
+    b'{ "jsonrpc" : "2.0", "method":"session/update", "params":{"sessionId":"s","update":'
+    b'{"sessionUpdate":"tool_call_update","toolCallId":"c","n":18446744073709551617,'
+    b' "x":1e400, "s":"\\ud800\\u00e9" } } }'
+)
+
+
+def test_splice_adds_meta_and_keeps_every_other_byte() -> None:
+    old = rawjson.loads(FRAME)
+    assert isinstance(old, dict)
+    update = {**old["params"]["update"], "_meta": {"example.dev/route": "edge"}}  # type: ignore[index, dict-item]
+    new = {**old, "params": {**old["params"], "update": update}}  # type: ignore[dict-item]
+    assert rawjson.splice(FRAME, old, new) == FRAME.replace(
+        b'\\u00e9" }', b'\\u00e9","_meta":{"example.dev/route":"edge"} }'
+    )
+
+
+def test_splice_removes_a_member_with_its_separator() -> None:
+    raw = b'{"a":1, "b":2 ,"c":3}'
+    old = rawjson.loads(raw)
+    assert rawjson.splice(raw, old, {"b": 2, "c": 3}) == b'{"b":2 ,"c":3}'
+    assert rawjson.splice(raw, old, {"a": 1, "c": 3}) == b'{"a":1,"c":3}'
+    assert rawjson.splice(raw, old, {"a": 1, "b": 2}) == b'{"a":1, "b":2}'
+    assert rawjson.splice(raw, old, {}) == b"{}"
+
+
+def test_splice_of_an_equal_copy_is_the_original() -> None:
+    old = rawjson.loads(FRAME)
+    copy = json.loads(json.dumps(old))  # no shared objects at all
+    assert rawjson.splice(FRAME, old, copy) == FRAME
+
+
+def test_repeated_key_the_last_one_is_changed() -> None:
+    raw = b'{"a":1,"a":2}'
+    assert rawjson.loads(raw) == {"a": 2}
+    assert rawjson.splice(raw, {"a": 2}, {"a": 5}) == b'{"a":1,"a":5}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'"\\ud800"',
+        b"1e400",
+        b"[18446744073709551617]",
+        b'{"a":-0}',
+    ],
+)
+def test_loads_accepts_what_orjson_refuses(raw: bytes) -> None:
+    value = rawjson.loads(raw)
+    assert rawjson.splice(raw, value, value) == raw
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 1100 + b"]" * 1100, b'{"a":"\xff"}', b"{", b"NaN", b'{"a":Infinity}'],
+)
+def test_unparseable(raw: bytes) -> None:
+    with pytest.raises(rawjson.Unparseable):
+        rawjson.loads(raw)
+
+
+@pytest.mark.parametrize("value", [float("inf"), [1, float("nan")], {"a": -float("inf")}])
+def test_encode_refuses_non_finite_floats(value: object) -> None:
+    # orjson would write them as null: a silent change of value.
+    with pytest.raises(rawjson.Unencodable):
+        rawjson.encode_value(value)
+
+
+def test_encode_keeps_big_integers_and_lone_surrogates() -> None:
+    assert rawjson.encode_value({"n": 2**64 + 1}) == b'{"n":18446744073709551617}'
+    assert rawjson.encode_value("\ud800") == b'"\\ud800"'
+
+
+@pytest.mark.parametrize(
+    ("line", "frame"),
+    [
+        (b'{"a":1}', True),
+        (b"{}", True),
+        (b'{ "a":1}', True),
+        (b'  {"a":1}', True),
+        (b"[]", True),
+        (b'[{"a":1}]', True),
+        (b"[[]]", True),
+        (b"[ 1]", True),
+        (b"[INFO] Starting server", False),
+        (b"[2026-12-03 10:00:00] debug", False),
+        (b"{not json} x", False),
+        (b"[1]", False),
+        (b"{", False),
+        (b"", False),
+        (b"hello", False),
+    ],
+)
+def test_could_be_frame(line: bytes, frame: bool) -> None:
+    assert rawjson.could_be_frame(line) is frame
+
+
+@pytest.mark.parametrize(
+    ("raw", "exact_again"),
+    [
+        (b'{"a":1,"b":"x","c":[1.5,-2]}', True),
+        (b'{"a":"1e5 and 12345678901234567890 in text"}', True),
+        (b'{"a":1e5}', False),
+        (b'{"a":12345678901234567890}', False),
+        (b'{"a":0.30000000000000004}', False),
+        (b'{"a":"\\ud83d\\ude00"}', False),
+    ],
+)
+def test_reencodes_exactly(raw: bytes, exact_again: bool) -> None:
+    assert rawjson.reencodes_exactly(raw) is exact_again
+
+
+def test_member_bytes() -> None:
+    raw = b'{"jsonrpc":"2.0","id":18446744073709551617,"method":"x","id":1E2}'
+    assert rawjson.member_bytes(raw, "id") == b"1E2"
+    assert rawjson.member_bytes(raw, "nope") is None
+    assert rawjson.member_bytes(b"[1]", "id") is None
