@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.proxy_harness import proxy_cmd, run, write_config
+from proxy_harness import proxy_cmd, run, write_config
 
 pytestmark = pytest.mark.anyio
 

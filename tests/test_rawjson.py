@@ -194,10 +194,9 @@ FRAME = (
 
 
 def test_splice_adds_meta_and_keeps_every_other_byte() -> None:
-    old = rawjson.loads(FRAME)
-    assert isinstance(old, dict)
-    update = {**old["params"]["update"], "_meta": {"example.dev/route": "edge"}}  # type: ignore[index, dict-item]
-    new = {**old, "params": {**old["params"], "update": update}}  # type: ignore[dict-item]
+    old: Any = rawjson.loads(FRAME)
+    update = {**old["params"]["update"], "_meta": {"example.dev/route": "edge"}}
+    new = {**old, "params": {**old["params"], "update": update}}
     assert rawjson.splice(FRAME, old, new) == FRAME.replace(
         b'\\u00e9" }', b'\\u00e9","_meta":{"example.dev/route":"edge"} }'
     )
