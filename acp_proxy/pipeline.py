@@ -315,6 +315,7 @@ def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
 @dataclass(frozen=True, slots=True)
 class _NotParsed:
     reason: str
+    budget: bool = False  # over the parse budget (valid JSON, as far as anyone knows)
 
 
 class _Acc:
@@ -609,7 +610,7 @@ class Connection:
             return Result((OutFrame(raw, None, self.version),))
         parsed = self._parse(raw)
         if type(parsed) is _NotParsed:
-            return self._unparsed(_A2C, raw, parsed.reason)
+            return self._unparsed(_A2C, raw, parsed)
         return self._parsed(_A2C, raw, parsed, interested, ())
 
     def _agent_odd(self, raw: bytes) -> Result:
@@ -659,7 +660,7 @@ class Connection:
         parsed = self._parse(raw)
         if type(parsed) is _NotParsed:
             # Malformed or unreadable: forwarded as is, the agent answers it (-32700).
-            return self._unparsed(_C2A, raw, parsed.reason)
+            return self._unparsed(_C2A, raw, parsed)
         return self._parsed(_C2A, raw, parsed, interested, ())
 
     # --- shared -------------------------------------------------------------------------------
@@ -701,26 +702,30 @@ class Connection:
     def _parse(self, raw: bytes) -> JsonValue | _NotParsed:
         """The frame's value, exactly (``rawjson.loads``), or why it was not parsed."""
         if parse_cost(raw, self._max_parse) > self._max_parse:
-            return _NotParsed(f"over the parse budget of {self._max_parse} bytes")
+            return _NotParsed(f"over the parse budget of {self._max_parse} bytes", budget=True)
         try:
             return rawjson.loads(raw)
         except rawjson.Unparseable as exc:
             return _NotParsed(f"not parseable JSON: {exc}")
 
-    def _unparsed(self, direction: Direction, raw: bytes, reason: str) -> Result:
+    def _unparsed(self, direction: Direction, raw: bytes, why: _NotParsed) -> Result:
         """Forward a frame that could not be parsed as it came (issue 9: never drop it), keeping
-        the request tables right from what its head says."""
+        the request tables right from what its head says: a response answers its request; a
+        request over the parse budget is tracked (its receiver can read it; one that is not
+        JSON cannot be answered with its id, so it is not)."""
         self.stats.not_parsed += 1
-        note = NotParsed(direction, len(raw), reason, not self._not_parsed_seen)
+        note = NotParsed(direction, len(raw), why.reason, not self._not_parsed_seen)
         self._not_parsed_seen = True
         head = raw[:HEAD_BYTES]
         if raw.find(b'"id"') >= 0:
             info = scan_head(head)
-            if info.has_id and _is_id(info.id) and "method" in info.keys:
-                method = info.method if info.method is not None else "?"
-                refused = self._admit(direction, info.id, method, info.id_bytes)
-                if refused is not None:
-                    return Result((), (refused,), (note, self._full_note(direction, method)))
+            if "method" in info.keys:
+                if why.budget and info.has_id and _is_id(info.id):
+                    method = info.method if info.method is not None else "?"
+                    refused = self._admit(direction, info.id, method, info.id_bytes)
+                    if refused is not None:
+                        full = self._full_note(direction, method)
+                        return Result((), (refused,), (note, full))
             else:
                 is_response, rid = read_response_id(head)
                 if is_response:
@@ -839,7 +844,7 @@ class Connection:
         try:
             spans = rawjson.array_elements(raw, rawjson.value_span(raw)[0])[0]
         except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as this array
-            return self._unparsed(direction, raw, "batch could not be scanned")
+            return self._unparsed(direction, raw, _NotParsed("batch could not be scanned"))
         # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
         kept: list[bytes | None] = []
         follow: list[OutFrame] = []

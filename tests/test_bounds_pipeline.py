@@ -56,6 +56,7 @@ async def test_a_60_mib_frame_of_empty_objects_is_forwarded_within_bounds(tmp_pa
     cmd = proxy_cmd("--log-format", "json")
     cmd = [*cmd[: cmd.index("--") + 1], sys.executable, str(agent)]
     client = request(0, "initialize", {"protocolVersion": 2}) + request(1, "x", {})
+
     def capped_run() -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             measured_cmd(rss_file, cmd),

@@ -724,3 +724,32 @@ def test_prefilter_matches_chain_interested(
     conn = connect(*chain.links)
     expected = chain.interested(raw)
     assert conn._interested(raw) == (expected if any(expected) else None)
+
+
+# --- issue 10: the parse budget ---------------------------------------------------------------
+
+
+def test_a_frame_over_the_parse_budget_is_forwarded_and_tracked_from_its_head() -> None:
+    conn = Connection(Chain([Link(Look())]), max_parse_bytes=64 * 1024)
+    conn.handle(C2A, Line(INIT_REQ))
+    conn.handle(A2C, Line(INIT_V2))
+    big = (
+        b'{"jsonrpc":"2.0","id":18446744073709551616,"method":"x","params":['
+        + b"{}," * 40_000
+        + b"{}]}"
+    )
+    res = conn.handle(C2A, Line(big))
+    assert wire(res.forward) == [big]  # not parsed, not changed
+    [note] = res.notes
+    assert isinstance(note, NotParsed) and note.reason.startswith("over the parse budget")
+    assert conn.pending_client_requests == 1
+    [error] = conn.abort_pending("agent gone")
+    assert (
+        error.raw
+        == b'{"jsonrpc":"2.0","id":18446744073709551616,"error":{"code":-32603,"message":"agent gone"}}'
+    )
+    # A big response is matched from its head too.
+    conn.handle(A2C, Line(b'{"jsonrpc":"2.0","id":9,"method":"session/request_permission"}'))
+    reply = b'{"jsonrpc":"2.0","id":9,"result":[' + b"{}," * 40_000 + b"{}]}"
+    assert wire(conn.handle(C2A, Line(reply)).forward) == [reply]
+    assert conn.pending_agent_requests == 0
