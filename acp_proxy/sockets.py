@@ -630,7 +630,11 @@ class _Server:
                     line = line[stream.try_send(line) :]
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     line = b""  # the client is gone (reset): close() below is all there is
-                await self.refusal_slots.acquire()
+                try:
+                    await self.refusal_slots.acquire()
+                except BaseException:  # cancelled: the server is stopping
+                    client.close()
+                    raise
                 conns.start_soon(self._refuse, stream, line)
                 continue
             conn = _Conn(self.next_id)

@@ -18,8 +18,8 @@ import anyio.abc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from proxy_harness import FAKE_AGENT, Lines, init_response, request, write_config
-from test_sockets import TIMEOUT, TINY, Proxy, exchange, listening
+from proxy_harness import FAKE_AGENT, Lines, init_response, request, run, write_config
+from test_sockets import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 
 from acp_proxy.sockets import Opening, OpeningReader, http_forbidden
 
@@ -416,3 +416,17 @@ async def test_every_refused_client_reads_the_refusal_line() -> None:
     assert {rest[i] for i in held} == {b""}
     assert proxy.count("connection refused: too many connections") == clients - slots
     assert proxy.count("agent started") == slots
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--handshake-timeout", "0"], "must be a positive number of seconds: '0'"),
+        (["--handshake-timeout", "soon"], "not a number: 'soon'"),
+    ],
+)
+@pytest.mark.anyio
+async def test_handshake_timeout_usage_errors(argv: list[str], message: str) -> None:
+    ran = await run([*PROXY, "--listen", "tcp://127.0.0.1:0", *argv, "--", *TINY])
+    assert (ran.rc, ran.stdout) == (2, b"")
+    assert message in ran.stderr.decode()
