@@ -794,6 +794,8 @@ async def close_with(stream: SocketStream, data: bytes) -> None:
     as ``ECONNRESET`` instead of the message. So: send, half-close (the FIN follows the data),
     read and discard what the client sends until it closes its side, then close. Bounded by
     ``REFUSAL_S`` and ``DRAIN_BYTES``: a client that neither reads nor closes gets closed anyway.
+    (SO_LINGER would not help: it bounds how long close() waits for unsent data; the reset for
+    unread input is sent regardless.)
     """
     try:
         with anyio.move_on_after(REFUSAL_S):
