@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --connect: how long to wait for the agent's address (default 10)",
     )
+    sockets.add_argument(
+        "--handshake-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="with --listen: close a connection whose first request has not arrived by then "
+        "(default 30)",
+    )
     return parser
 
 
@@ -159,6 +166,7 @@ def _socket_options(
         ("allow_remote", "allow_remote"),
         ("max_connections", "max_connections"),
         ("connect_timeout", "connect_timeout_s"),
+        ("handshake_timeout", "handshake_timeout_s"),
     ):
         value = getattr(args, flag)
         if value is not None:

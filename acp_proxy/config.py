@@ -34,6 +34,7 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     connect: tcp://HOST:PORT | unix:///PATH
     connect_timeout: SECONDS
     max_connections: INT
+    handshake_timeout: SECONDS
     allow_remote: BOOL
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
@@ -133,6 +134,8 @@ class Config:
     connect: str | None = None
     connect_timeout_s: float = 10.0
     max_connections: int = 64
+    # --listen: a connection whose first line has not arrived by then is closed (issue 10).
+    handshake_timeout_s: float = 30.0
     allow_remote: bool = False
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
@@ -213,6 +216,7 @@ TOP_KEYS: Final = (
     "connect",
     "connect_timeout",
     "max_connections",
+    "handshake_timeout",
     "allow_remote",
 )
 RULE_KEYS: Final = ("name", "match", "target", "set_meta", "remove_meta", "overwrite")
@@ -862,6 +866,7 @@ class _Parser:
         max_frame_bytes, non_json = d.max_frame_bytes, d.non_json
         listen, connect, connect_timeout = d.listen, d.connect, d.connect_timeout_s
         max_connections, allow_remote = d.max_connections, d.allow_remote
+        handshake_timeout = d.handshake_timeout_s
         for key, (_, node) in top.items():
             if key == "rules":
                 rules = self.rules(node, key)
@@ -891,6 +896,8 @@ class _Parser:
                 connect_timeout = self.seconds(node, key, positive=True)
             elif key == "max_connections":
                 max_connections = self.integer(node, key, minimum=1)
+            elif key == "handshake_timeout":
+                handshake_timeout = self.seconds(node, key, positive=True)
             else:
                 assert key == "allow_remote"
                 allow_remote = self.boolean(node, key)
@@ -936,6 +943,7 @@ class _Parser:
             connect=connect,
             connect_timeout_s=connect_timeout,
             max_connections=max_connections,
+            handshake_timeout_s=handshake_timeout,
             allow_remote=allow_remote,
             rule_names=tuple(r.name for r in rules),
             rules=rules,
@@ -1109,6 +1117,7 @@ def explain_config(config: Config) -> str:
         f"  connect: {config.connect or '(spawn the agent command)'}, "
         f"connect_timeout {config.connect_timeout_s:g} s",
         f"  max_connections: {config.max_connections}, "
+        f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
     ]
     return "\n".join(lines)

@@ -2,9 +2,11 @@
 
 Contract: owns socket addresses (parsing and the loopback rule), listening sockets (Unix socket
 files: mode, stale/live detection, removal), accepting connections, connecting to an agent,
-the connection limit, and the server's signal handling. Each accepted connection is one session
-of ``runtime`` (its own agent process or agent connection, its own ``pipeline.Connection``, its
-own queues); this module never looks inside a frame.
+the connection limit, the opening of a connection (HTTP guard, handshake timeout), and the
+server's signal handling. Each accepted connection is one session of ``runtime`` (its own agent
+process or agent connection, its own ``pipeline.Connection``, its own queues), started only once
+the client's first line has arrived and is not HTTP (issue 10); beyond that opening line this
+module never looks inside a frame.
 
 Framing over a socket is the same newline-delimited JSON-RPC as stdio: ACP defines only the stdio
 transport, so NDJSON over TCP/Unix is this proxy's convention, not part of the protocol.
@@ -19,6 +21,7 @@ import contextlib
 import errno
 import ipaddress
 import os
+import re
 import signal
 import socket
 import stat
@@ -26,7 +29,8 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import Enum
+from typing import Any, Final, Literal
 
 import anyio
 import anyio.abc
@@ -49,9 +53,13 @@ EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
 # JSON-RPC 2.0 reserves -32000..-32099 for implementation-defined server errors.
 SERVER_ERROR = -32000
 LISTEN_BACKLOG = 128
-# Refusals (over --max-connections) in progress at once; beyond that a connection is just closed.
-MAX_REFUSING = 16
+# Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
+# to finish (new connections wait in the listen backlog) rather than close one without a word.
+MAX_REFUSING = 128
+# How long a connection being closed with a message (refusal, HTTP, handshake timeout) may take
+# to take the message and close its side, and how much of its input is read meanwhile.
 REFUSAL_S = 1.0
+DRAIN_BYTES = 256 * 1024
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HELP = "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH"
 
@@ -131,6 +139,107 @@ def is_loopback_ip(text: str) -> bool:
     return ip.is_loopback
 
 
+# -- the opening of a connection (pure) ---------------------------------------------------------
+# A browser lets any web page send an HTTP request to a loopback port (a form POST, fetch, a
+# WebSocket upgrade); its body could be a JSON-RPC line the agent would act on (cross-protocol
+# request, the class of CVE-2025-49596). No ACP client starts with an HTTP request line, so one
+# is refused before any agent exists. Request methods of RFC 9110 section 9 plus PATCH (RFC 5789),
+# and the HTTP/2 connection preface (RFC 9113 section 3.4).
+HTTP_OPENINGS: Final = (
+    b"GET ",
+    b"POST ",
+    b"OPTIONS ",
+    b"PUT ",
+    b"HEAD ",
+    b"CONNECT ",
+    b"DELETE ",
+    b"PATCH ",
+    b"TRACE ",
+    b"PRI * HTTP/2",
+)
+_LONGEST_OPENING: Final = max(len(token) for token in HTTP_OPENINGS)
+# What framing.LineSplitter counts as whitespace (bytes.isspace): such lines carry no message.
+_BLANK: Final = re.compile(rb"[ \t\n\r\x0b\x0c]*")
+
+
+class Opening(Enum):
+    """What the first bytes of a connection are, so far."""
+
+    MORE = "more"  # undecided: need more input
+    FRAME = "frame"  # a first line (complete, or longer than the frame limit) that is not HTTP
+    HTTP = "http"  # an HTTP request line or the HTTP/2 preface
+    EMPTY = "empty"  # the client closed without sending anything but blank lines
+
+
+class OpeningReader:
+    """The first bytes of a ``--listen`` connection, held until they decide what it is.
+
+    ``feed`` each chunk; ``end`` at EOF. ``buffer`` is what to hand to the session once the
+    answer is ``FRAME``: the bytes as received, except whitespace-only lines before the first
+    message (which framing drops anyway), so memory stays bounded by ``limit`` (the frame limit:
+    a first line longer than that is handed over as it is, for the session to reject).
+    ``method`` names the HTTP method (``PRI`` for the HTTP/2 preface) once the answer is ``HTTP``.
+    """
+
+    __slots__ = ("_limit", "_scanned", "_text_at", "buffer", "method")
+
+    def __init__(self, limit: int) -> None:
+        self.buffer = bytearray()
+        self.method = ""
+        self._limit = limit
+        self._text_at = -1  # index of the first non-blank byte in ``buffer``; -1: none yet
+        self._scanned = 0  # where the search for a newline (or a non-blank byte) resumes
+
+    def feed(self, data: bytes) -> Opening:
+        """The verdict with ``data`` appended (``MORE`` until it is decided)."""
+        self.buffer += data
+        if self._text_at < 0:
+            # Before ``_scanned`` everything is blank and has no newline (complete blank lines
+            # were dropped): only the new bytes need looking at.
+            blank = _BLANK.match(self.buffer, self._scanned)
+            assert blank is not None  # the pattern matches the empty string
+            text_at = blank.end()
+            cut = self.buffer.rfind(b"\n", self._scanned, text_at) + 1
+            del self.buffer[:cut]
+            text_at -= cut
+            if text_at == len(self.buffer):  # still nothing but blanks
+                self._scanned = text_at
+                return Opening.FRAME if text_at > self._limit else Opening.MORE
+            self._text_at = self._scanned = text_at
+        head = bytes(self.buffer[self._text_at : self._text_at + _LONGEST_OPENING])
+        for token in HTTP_OPENINGS:
+            if head.startswith(token):
+                self.method = token.partition(b" ")[0].decode()
+                return Opening.HTTP
+        if any(token.startswith(head) for token in HTTP_OPENINGS):
+            return Opening.MORE  # e.g. "PO": could still become "POST "
+        if self.buffer.find(b"\n", self._scanned) >= 0 or len(self.buffer) > self._limit:
+            return Opening.FRAME
+        self._scanned = len(self.buffer)
+        return Opening.MORE
+
+    def end(self) -> Opening:
+        """The verdict at EOF: an unterminated first line is still a frame (framing delivers
+        it at EOF), and a prefix of an HTTP opening that never completed is not HTTP."""
+        return Opening.EMPTY if self._text_at < 0 else Opening.FRAME
+
+
+def http_forbidden() -> bytes:
+    """The reply to an HTTP request: a minimal 403 with ``Connection: close``, so a browser
+    fails the request at once instead of waiting; no CORS header, so a page cannot read it."""
+    body = (
+        b"acp-proxy: this socket speaks ACP (newline-delimited JSON-RPC), not HTTP; "
+        b"HTTP requests are refused\n"
+    )
+    return (
+        b"HTTP/1.1 403 Forbidden\r\n"
+        b"Content-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: %d\r\n"
+        b"Connection: close\r\n"
+        b"\r\n" % len(body)
+    ) + body
+
+
 # -- streams ------------------------------------------------------------------------------------
 
 
@@ -168,6 +277,27 @@ class SocketStream(FdStream):
     async def aclose(self) -> None:
         await super().aclose()
         self.sock.close()
+
+
+class PrefixedReceiveStream(anyio.abc.ByteReceiveStream):
+    """``first`` (bytes already read from ``rest``, e.g. the opening line), then ``rest``."""
+
+    def __init__(self, first: bytes, rest: anyio.abc.ByteReceiveStream) -> None:
+        self._first = first
+        self._rest = rest
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._first:
+            # The checkpoint comes first, so a cancelled receive consumes nothing (the runtime
+            # relies on that to stop without losing a frame).
+            await anyio.lowlevel.checkpoint()
+            data, self._first = self._first, b""
+            return data
+        return await self._rest.receive(max_bytes)
+
+    async def aclose(self) -> None:
+        self._first = b""
+        await self._rest.aclose()
 
 
 # -- listening ----------------------------------------------------------------------------------
@@ -416,7 +546,7 @@ class _Server:
         self.log = log
         self.active: dict[int, _Conn] = {}
         self.next_id = 1
-        self.refusing = 0
+        self.refusal_slots = anyio.Semaphore(MAX_REFUSING)
         self.stopping = anyio.Event()
         self.idle = anyio.Event()
         self.accepted = 0
@@ -489,11 +619,23 @@ class _Server:
                     peer=peer_text,
                     max_connections=self.config.max_connections,
                 )
-                if self.refusing < MAX_REFUSING:
-                    self.refusing += 1
-                    conns.start_soon(self._refuse, client)
-                else:
+                # The line goes out at once (a new socket's send buffer is empty); draining
+                # until the client closes is what may wait, and what is bounded.
+                stream = SocketStream(client)
+                line = _error_line(
+                    f"acp-proxy: too many connections (max_connections "
+                    f"{self.config.max_connections}); try again later"
+                )
+                try:
+                    line = line[stream.try_send(line) :]
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    line = b""  # the client is gone (reset): close() below is all there is
+                try:
+                    await self.refusal_slots.acquire()
+                except BaseException:  # cancelled: the server is stopping
                     client.close()
+                    raise
+                conns.start_soon(self._refuse, stream, line)
                 continue
             conn = _Conn(self.next_id)
             self.next_id += 1
@@ -502,27 +644,73 @@ class _Server:
             self.idle = anyio.Event()
             conns.start_soon(self._session, conn, client, peer_text)
 
-    async def _refuse(self, client: socket.socket) -> None:
-        """Say why in one JSON-RPC error line, then close (reading what the client sent, so the
-        close is a FIN and the line is not lost to a reset)."""
-        stream = SocketStream(client)
+    async def _refuse(self, stream: SocketStream, rest: bytes) -> None:
+        """Finish sending the refusal line (``rest``: what the kernel did not take at once),
+        then close without a reset (``close_with``)."""
         try:
-            with anyio.move_on_after(REFUSAL_S):
-                await stream.send(
-                    _error_line(
-                        f"acp-proxy: too many connections (max_connections "
-                        f"{self.config.max_connections}); try again later"
-                    )
-                )
-                await stream.send_eof()
-                while True:
-                    await stream.receive()
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+            await close_with(stream, rest)
         finally:
-            self.refusing -= 1
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
+            self.refusal_slots.release()
+
+    async def _opening(
+        self, conn: _Conn, stream: SocketStream, peer: str, log: Any
+    ) -> tuple[bytes | None, str]:
+        """Read until the client's first line is in (``(its bytes, "")``), or say why not
+        (``(None, status)``, the connection closed with a message where one is due).
+
+        An HTTP request line gets a 403 (``http_forbidden``); no first line within
+        ``handshake_timeout`` gets a JSON-RPC error line: a client that connects and stays
+        silent (or trickles a line) must not hold a slot forever. A server shutdown ends the
+        wait.
+        """
+        timeout = self.config.handshake_timeout_s
+        reader = OpeningReader(self.config.max_frame_bytes)
+        verdict = Opening.MORE
+        lost = False
+        async with anyio.create_task_group() as tg:
+
+            async def on_shutdown() -> None:
+                await conn.shutdown.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_shutdown)
+            with anyio.move_on_after(timeout) as timer:
+                try:
+                    while verdict is Opening.MORE:
+                        verdict = reader.feed(await stream.receive())
+                except anyio.EndOfStream:
+                    verdict = reader.end()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    lost = True
+            tg.cancel_scope.cancel()
+        if verdict is Opening.FRAME:
+            return bytes(reader.buffer), ""
+        if verdict is Opening.HTTP:
+            log.warning(
+                "HTTP request refused: this socket speaks ACP, not HTTP (a web page can make a "
+                "browser send requests to a loopback port)",
+                peer=peer,
+                method=reader.method,
+            )
+            await close_with(stream, http_forbidden())
+            return None, f"refused: an HTTP request ({reader.method})"
+        if verdict is Opening.EMPTY:
+            return None, "client closed the connection before sending a request"
+        if lost:
+            return None, "client connection lost before a request"
+        if timer.cancelled_caught:
+            log.warning(
+                "handshake timeout: no request; closing the connection",
+                peer=peer,
+                handshake_timeout_s=timeout,
+            )
+            message = (
+                f"acp-proxy: no request within {timeout:g} s of connecting "
+                "(handshake_timeout); closing the connection"
+            )
+            await close_with(stream, _error_line(message))
+            return None, f"handshake timeout: no request within {timeout:g} s"
+        return None, "closed at shutdown before a request"
 
     async def _session(self, conn: _Conn, client: socket.socket, peer: str) -> None:
         from acp_proxy.runtime import run_agent_session, run_remote_agent_session
@@ -534,18 +722,25 @@ class _Server:
         status = "closed"
         summary: dict[str, Any] = {}
         try:
+            first, status = await self._opening(conn, stream, peer, log)
+            if first is None:
+                return
+            # The agent starts only now: a client that sends nothing, or an HTTP request,
+            # never costs an agent (issue 10).
+            client_rx = PrefixedReceiveStream(first, stream)
             if self.agent_address is None:
                 try:
                     agent = await spawn_agent(self.agent_argv, self.config.agent)
                 except SpawnError as exc:
                     status = f"agent not started: {exc}"
                     log.error("cannot start the agent", error=str(exc))
-                    await _send_and_close(stream, f"acp-proxy: cannot start the agent: {exc}")
+                    message = f"acp-proxy: cannot start the agent: {exc}"
+                    await close_with(stream, _error_line(message))
                     return
                 log = log.bind(agent_pid=agent.pid)
                 log.info("agent started", agent=self.agent_argv)
                 rc, session = await run_agent_session(
-                    self.config, agent, stream, stream, log=log, shutdown=conn.shutdown
+                    self.config, agent, client_rx, stream, log=log, shutdown=conn.shutdown
                 )
                 status = f"agent {describe_status(rc)}"
                 summary = {"exit_code": exit_code_of(rc), **session.summary()}
@@ -556,13 +751,13 @@ class _Server:
                 except ConnectError as exc:
                     status = str(exc)
                     log.error("cannot connect to the agent", error=str(exc))
-                    await _send_and_close(stream, f"acp-proxy: {exc}")
+                    await close_with(stream, _error_line(f"acp-proxy: {exc}"))
                     return
                 try:
                     lost, session = await run_remote_agent_session(
                         self.config,
                         agent_stream,
-                        stream,
+                        client_rx,
                         stream,
                         log=log,
                         shutdown=conn.shutdown,
@@ -590,12 +785,31 @@ class _Server:
             )
 
 
-async def _send_and_close(stream: SocketStream, message: str) -> None:
-    with (
-        anyio.move_on_after(REFUSAL_S),
-        contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
-    ):
-        await stream.send(_error_line(message))
+async def close_with(stream: SocketStream, data: bytes) -> None:
+    """Send ``data`` (a refusal, an error line, a 403) and close, so that the client reads it
+    and then EOF, not a reset.
+
+    Closing a TCP socket with unread input makes Linux send a RST instead of a FIN (RFC 2525
+    section 2.17), and a RST can destroy data still in flight to the client, as well as read
+    as ``ECONNRESET`` instead of the message. So: send, half-close (the FIN follows the data),
+    read and discard what the client sends until it closes its side, then close. Bounded by
+    ``REFUSAL_S`` and ``DRAIN_BYTES``: a client that neither reads nor closes gets closed anyway.
+    (SO_LINGER would not help: it bounds how long close() waits for unsent data; the reset for
+    unread input is sent regardless.)
+    """
+    try:
+        with anyio.move_on_after(REFUSAL_S):
+            if data:
+                await stream.send(data)
+            await stream.send_eof()
+            drained = 0
+            while drained <= DRAIN_BYTES:
+                drained += len(await stream.receive())
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    finally:
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
 
 
 def _peer_text(peer: Any, family: int) -> str:
@@ -647,6 +861,7 @@ async def _serve(
         agent=list(agent_argv) or None,
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
+        handshake_timeout_s=config.handshake_timeout_s,
         config=config.source,
         rules=list(config.rule_names),
     )
@@ -737,13 +952,19 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
 
 
 __all__ = [
+    "HTTP_OPENINGS",
     "Address",
     "AddressError",
     "ConnectError",
     "ListenError",
     "Listener",
+    "Opening",
+    "OpeningReader",
+    "PrefixedReceiveStream",
     "SocketStream",
+    "close_with",
     "connect",
+    "http_forbidden",
     "is_loopback_ip",
     "open_listener",
     "parse_address",

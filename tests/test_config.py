@@ -29,7 +29,7 @@ TESTS = Path(__file__).resolve().parent
 R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
     "rules, middleware, v1, max_frame_bytes, non_json, agent, coalesce, listen, connect, "
-    "connect_timeout, max_connections, allow_remote"
+    "connect_timeout, max_connections, handshake_timeout, allow_remote"
 )
 KINDS = (
     "agent_message, agent_message_chunk, agent_thought, agent_thought_chunk, "
@@ -536,6 +536,7 @@ listen: unix:///run/acp.sock
 connect: tcp://[::1]:7777
 connect_timeout: 3
 max_connections: 8
+handshake_timeout: 2.5
 allow_remote: true
 """
 
@@ -582,6 +583,7 @@ def test_full_schema() -> None:
         config.connect,
         config.connect_timeout_s,
         config.max_connections,
+        config.handshake_timeout_s,
         config.allow_remote,
     )
     assert rest == (
@@ -601,6 +603,7 @@ def test_full_schema() -> None:
         "tcp://[::1]:7777",
         3.0,
         8,
+        2.5,
         True,
     )
 
@@ -869,7 +872,7 @@ settings:
   coalesce: disabled, max_queue_messages 10, max_queue_bytes 2048 (2 KiB), min_interval_ms 100
   listen: unix:///run/acp.sock
   connect: tcp://[::1]:7777, connect_timeout 3 s
-  max_connections: 8, allow_remote: yes"""
+  max_connections: 8, handshake_timeout 2.5 s, allow_remote: yes"""
 
 
 def test_explain_config() -> None:
@@ -890,5 +893,5 @@ def test_explain_pass_through() -> None:
         "min_interval_ms 0\n"
         "  listen: (stdio)\n"
         "  connect: (spawn the agent command), connect_timeout 10 s\n"
-        "  max_connections: 64, allow_remote: no"
+        "  max_connections: 64, handshake_timeout 30 s, allow_remote: no"
     )

@@ -463,6 +463,8 @@ async def test_agent_that_cannot_start_is_reported_to_its_client(tmp_path: Path)
     with anyio.fail_after(TIMEOUT):
         async with listening("--listen", "tcp://127.0.0.1:0", agent=[missing]) as proxy:
             stream = await proxy.connect()
+            # The agent is started at the client's first request (issue 10), not at connect.
+            await stream.send(request(1, "initialize", {}))
             assert await Lines(stream).rest() == (
                 b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"acp-proxy: '
                 b"cannot start the agent: " + missing.encode() + b': command not found"}}\n'
