@@ -4,13 +4,14 @@ Contract: this module owns every conversion between a frame's bytes and JSON val
 proxy makes on a frame it may forward. It never does I/O. Its rules (issue 9, "Lossless
 rewriting"; style.md habit 4, "byte-exact by default"):
 
-1. Parsing. ``loads`` uses orjson, the fast path, unless the frame holds a run of 19 or more
-   digits (an integer orjson would turn into a float; orjson keeps only [-2**63, 2**64)) or orjson
-   refuses it; then the standard library parser, which keeps integers exact and accepts what JSON's
-   grammar allows but orjson refuses: a lone surrogate escape (``"\\ud800"``) and numbers beyond
-   a double (``1e400`` becomes ``inf``). What neither can parse (nesting deeper than the
-   recursion limit, invalid UTF-8) raises ``Unparseable``: the caller forwards the frame as it
-   came and logs the skip; it never drops it.
+1. Parsing. ``loads`` uses orjson, the fast path; when orjson refuses a frame, the standard
+   library parser, which keeps integers exact and accepts what JSON's grammar allows but orjson
+   refuses: a lone surrogate escape (``"\\ud800"``) and numbers beyond a double (``1e400``
+   becomes ``inf``). What neither can parse (nesting deeper than the recursion limit, invalid
+   UTF-8) raises ``Unparseable``: the caller forwards the frame as it came and logs the skip; it
+   never drops it. A middleware therefore sees an integer outside [-2**63, 2**64) as orjson's
+   float; what it did not change still leaves with the original digits (rule 2), which is what a
+   check for long digit runs on every frame would buy, at a cost of 10 ns a byte.
 2. Rewriting. ``splice(raw, old, new)`` re-encodes the value ``new`` that a middleware made from
    ``old`` (the parse of ``raw``) by walking both: a member or element whose value is the same
    object (or JSON-equal) keeps its exact bytes, with its key's spelling and the whitespace
@@ -48,17 +49,14 @@ class Unencodable(ValueError):
     """A value a middleware produced cannot be written as JSON (not serializable, NaN, inf)."""
 
 
-# orjson keeps integers in [-2**63, 2**64): 19 digits or more may fall outside (2**64 has 20).
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-_WS = re.compile(rb"[ \t\n\r]*")
 # A JSON string, possessive so a long string is matched in one C-level pass.
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 # A number or a literal (true / false / null); validity was established by the parse.
 _SCALAR = re.compile(rb"[-+.0-9a-zA-Z]+")
-# What a container skip must look at: strings (skipped whole) and brackets.
-_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}]', re.DOTALL)
 
-_QUOTE, _LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _COMMA, _COLON = b'"{}[],:'
+_QUOTE, _LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _COMMA, _COLON, _BACKSLASH = b'"{}[],:\\'
+_STRUCTURAL = re.compile(rb'["{}\[\]]')
+_WS_BYTES = frozenset(b" \t\n\r")
 # Bytes that may follow ``{`` / ``[`` in a JSON object / array.
 _AFTER_BRACE = frozenset(b' \t\r\n"}')
 _AFTER_BRACKET = frozenset(b" \t\r\n]{[")
@@ -74,13 +72,11 @@ _EXACT = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def loads(raw: bytes) -> JsonValue:
-    """Parse a frame; orjson when it is exact, else the standard library (see rule 1)."""
-    if _LONG_DIGITS.search(raw) is None:
-        try:
-            return orjson.loads(raw)  # type: ignore[no-any-return]
-        except orjson.JSONDecodeError:
-            pass
-    return exact_loads(raw)
+    """Parse a frame: orjson, else the standard library (see rule 1)."""
+    try:
+        return orjson.loads(raw)  # type: ignore[no-any-return]
+    except orjson.JSONDecodeError:
+        return exact_loads(raw)
 
 
 def exact_loads(raw: bytes) -> JsonValue:
@@ -172,30 +168,67 @@ def json_equal(a: object, b: object) -> bool:
 
 
 def _ws(raw: bytes, i: int) -> int:
-    return _WS.match(raw, i).end()  # type: ignore[union-attr]  # matches the empty string
+    # Most frames have no whitespace between tokens, or one space: a loop beats a regex call.
+    n = len(raw)
+    while i < n and raw[i] in _WS_BYTES:
+        i += 1
+    return i
+
+
+def _string_end(raw: bytes, i: int) -> int:
+    """The offset just past the string whose opening quote is ``raw[i]``.
+
+    ``bytes.find`` jumps from quote to quote at memchr speed; a quote preceded by an odd run of
+    backslashes is escaped. The cost follows the number of quotes, not the string's length.
+    """
+    find = raw.find
+    j = i + 1
+    while True:
+        q = find(b'"', j)
+        if q < 0:
+            raise Unparseable(f"unterminated string at byte {i}")
+        k = q - 1
+        while raw[k] == _BACKSLASH:
+            k -= 1
+        if (q - 1 - k) % 2 == 0:
+            return q + 1
+        j = q + 1
+
+
+def _container_end(raw: bytes, i: int) -> int:
+    """The offset just past the object or array starting at ``raw[i]``.
+
+    Jumps from one structural byte to the next (a regex search, short hops inside a container)
+    and over each string whole (``_string_end``), so a long string costs one ``find``.
+    """
+    search = _STRUCTURAL.search
+    depth = 0
+    pos = i
+    while True:
+        m = search(raw, pos)
+        if m is None:
+            raise Unparseable(f"unterminated container at byte {i}")
+        p = m.start()
+        c = raw[p]
+        if c == _QUOTE:
+            pos = _string_end(raw, p)
+            continue
+        pos = p + 1
+        if c in (_LBRACE, _LBRACKET):
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return pos
 
 
 def value_end(raw: bytes, i: int) -> int:
     """The offset just past the JSON value starting at ``raw[i]`` (which was parsed before)."""
     c = raw[i]
     if c == _QUOTE:
-        m = _STRING.match(raw, i)
-        if m is None:
-            raise Unparseable(f"unterminated string at byte {i}")
-        return m.end()
+        return _string_end(raw, i)
     if c in (_LBRACE, _LBRACKET):
-        depth = 0
-        for m in _TOKEN.finditer(raw, i):
-            t = raw[m.start()]
-            if t == _QUOTE:
-                continue
-            if t in (_LBRACE, _LBRACKET):
-                depth += 1
-            else:
-                depth -= 1
-                if depth == 0:
-                    return m.end()
-        raise Unparseable(f"unterminated container at byte {i}")
+        return _container_end(raw, i)
     m = _SCALAR.match(raw, i)
     if m is None:
         raise Unparseable(f"no value at byte {i}")
@@ -222,10 +255,9 @@ def object_members(raw: bytes, i: int) -> tuple[list[Member], int]:
     if raw[j] == _RBRACE:
         return members, j
     while True:
-        m = _STRING.match(raw, j)
-        if m is None:
+        if raw[j] != _QUOTE:
             raise Unparseable(f"no key at byte {j}")
-        kend = m.end()
+        kend = _string_end(raw, j)
         c = _ws(raw, kend)
         if raw[c] != _COLON:
             raise Unparseable(f"no colon at byte {c}")
@@ -282,20 +314,21 @@ def member_bytes(raw: bytes, key: str) -> bytes | None:
 
 def splice(raw: bytes, old: JsonValue, new: JsonValue) -> bytes:
     """``new`` encoded with every part it shares with ``old`` (the parse of ``raw``) kept as
-    ``raw``'s exact bytes (rule 2). Raises ``Unencodable`` for a changed value that is not JSON."""
-    start, end = value_span(raw)
+    ``raw``'s exact bytes (rule 2). Raises ``Unencodable`` for a changed value that is not JSON.
+
+    One pass: each byte of ``raw`` is looked at once at most, and the members after the last
+    one that changed are copied without a look.
+    """
+    start = _ws(raw, 0)
     splicer = _Splicer(raw)
-    splicer.value(start, end, old, new)
-    body = b"".join(splicer.out)
-    if start == 0 and end == len(raw):
-        return body
-    return raw[:start] + body + raw[end:]
+    end = splicer.value(start, old, new)
+    return raw[:start] + b"".join(splicer.out) + raw[end:]
 
 
-def splice_span(raw: bytes, start: int, end: int, old: JsonValue, new: JsonValue) -> bytes:
-    """Like ``splice`` for the value at ``raw[start:end]`` (e.g. one entry of a batch)."""
+def splice_span(raw: bytes, start: int, old: JsonValue, new: JsonValue) -> bytes:
+    """Like ``splice`` for the value starting at ``raw[start]`` (e.g. one entry of a batch)."""
     splicer = _Splicer(raw)
-    splicer.value(start, end, old, new)
+    splicer.value(start, old, new)
     return b"".join(splicer.out)
 
 
@@ -308,75 +341,147 @@ class _Splicer:
         self.raw = raw
         self.out: list[bytes] = []
 
-    def value(self, s: int, e: int, old: object, new: object) -> None:
-        if new is old:
-            self.out.append(self.raw[s:e])
-            return
-        tn = type(new)
-        if tn is dict and type(old) is dict:
-            self.object(s, e, old, new)  # type: ignore[arg-type]
-        elif tn is list and type(old) is list and len(new) == len(old):  # type: ignore[arg-type]
-            self.array(s, old, new)  # type: ignore[arg-type]
-        elif json_equal(old, new):
-            self.out.append(self.raw[s:e])
-        else:
-            self.out.append(encode_value(new))
+    def value(self, s: int, old: object, new: object) -> int:
+        """Write the value at ``raw[s]`` as ``new``; return the offset just past it in ``raw``."""
+        raw = self.raw
+        if new is not old:
+            tn = type(new)
+            if tn is dict and type(old) is dict:
+                return self.object(s, old, new)  # type: ignore[arg-type]
+            if tn is list and type(old) is list and len(new) == len(old):  # type: ignore[arg-type]
+                return self.array(s, old, new)  # type: ignore[arg-type]
+            if not json_equal(old, new):
+                self.out.append(encode_value(new))
+                return value_end(raw, s)
+        e = value_end(raw, s)
+        self.out.append(raw[s:e])
+        return e
 
-    def object(self, s: int, e: int, old: JsonObject, new: JsonObject) -> None:
+    def object(self, s: int, old: JsonObject, new: JsonObject) -> int:
         raw, out = self.raw, self.out
-        members = object_members(raw, s)[0]
-        last = {m[0]: n for n, m in enumerate(members)}  # a repeated key: the parser kept the last
+        # Only the members in ``todo`` (changed or removed) are more than copied.
+        todo = {k for k, v in new.items() if k in old and old[k] is not v}
+        todo.update(k for k in old if k not in new)
+        added = [k for k in new if k not in old]
         out.append(b"{")
-        prev = -2  # index of the last original member written; -1: an added one
-        prev_end = s + 1
-        for n, (key, ks, vs, ve) in enumerate(members):
-            if key not in new:
-                continue  # removed, with its separator
-            if prev == -2:
-                out.append(raw[s + 1 : members[0][1]])  # the whitespace after ``{``
-            elif prev == n - 1:
-                out.append(raw[prev_end:ks])  # the original separator
+        j = _ws(raw, s + 1)
+        if raw[j] == _RBRACE:  # ``{}`` or ``{ }``
+            self._add(added, new, first=True)
+            out.append(raw[s + 1 : j + 1])
+            return j + 1
+        lead = raw[s + 1 : j]  # the whitespace after ``{``
+        first = True  # no member written yet
+        last_written = False  # the member scanned before this one was written
+        ve = j
+        while True:
+            ks = j
+            if raw[ks] != _QUOTE:
+                raise Unparseable(f"no key at byte {ks}")
+            kend = _string_end(raw, ks)
+            c = kend if raw[kend] == _COLON else _ws(raw, kend)
+            if raw[c] != _COLON:
+                raise Unparseable(f"no colon at byte {c}")
+            vs = c + 1
+            if raw[vs] in _WS_BYTES:
+                vs = _ws(raw, vs)
+            key = _key(raw, ks, kend) if todo else ""
+            if key in todo and key not in new:  # removed, with its separator
+                ve = value_end(raw, vs)
+                last_written = False
             else:
-                out.append(b",")
-            value = new[key]
-            if last[key] != n or value is old[key]:
-                out.append(raw[ks:ve])
-            else:
-                out.append(raw[ks:vs])
-                self.value(vs, ve, old[key], value)
-            prev, prev_end = n, ve
-        for key in new:
-            if key in last:
+                if first:
+                    out.append(lead)
+                elif last_written:
+                    out.append(raw[ve:ks])  # the original separator and whitespace
+                else:
+                    out.append(b",")
+                if key in todo:
+                    out.append(raw[ks:vs])
+                    ve = self.value(vs, old[key], new[key])
+                else:
+                    ve = _string_end(raw, vs) if raw[vs] == _QUOTE else value_end(raw, vs)
+                    out.append(raw[ks:ve])
+                first = False
+                last_written = True
+            j = ve if raw[ve] not in _WS_BYTES else _ws(raw, ve)
+            if raw[j] == _COMMA:
+                j += 1
+                if raw[j] in _WS_BYTES:
+                    j = _ws(raw, j)
                 continue
-            if prev != -2:
+            if raw[j] != _RBRACE:
+                raise Unparseable(f"unexpected byte at {j}")
+            self._add(added, new, first=first)
+            out.append(raw[ve : j + 1])  # the whitespace before ``}``, and the brace
+            return j + 1
+
+    def _add(self, added: list[str], new: JsonObject, *, first: bool) -> None:
+        out = self.out
+        for key in added:
+            if not first:
                 out.append(b",")
             out.append(encode_value(key))
             out.append(b":")
             out.append(encode_value(new[key]))
-            prev = -1
-        # The whitespace before ``}`` and the brace itself.
-        out.append(raw[members[-1][3] if members else s + 1 : e])
+            first = False
 
-    def array(self, s: int, old: list[JsonValue], new: list[JsonValue]) -> None:
+    def array(self, s: int, old: list[JsonValue], new: list[JsonValue]) -> int:
         raw, out = self.raw, self.out
-        elements, close = array_elements(raw, s)
-        if not elements:
-            out.append(raw[s : close + 1])
-            return
-        out.append(raw[s : elements[0][0]])
-        for n, (es, ee) in enumerate(elements):
-            if n:
-                out.append(raw[elements[n - 1][1] : es])
-            self.value(es, ee, old[n], new[n])
-        out.append(raw[elements[-1][1] : close + 1])
+        j = _ws(raw, s + 1)
+        if raw[j] == _RBRACKET:
+            out.append(raw[s : j + 1])
+            return j + 1
+        out.append(raw[s:j])
+        n = 0
+        while True:
+            if n >= len(old):  # only with a repeated key whose copies differ
+                raise Unparseable(f"array at byte {s} is not the parsed one")
+            e = self.value(j, old[n], new[n])
+            n += 1
+            k = _ws(raw, e)
+            if raw[k] == _COMMA:
+                j = _ws(raw, k + 1)
+                out.append(raw[e:j])
+                continue
+            if raw[k] != _RBRACKET:
+                raise Unparseable(f"unexpected byte at {k}")
+            out.append(raw[e : k + 1])
+            return k + 1
 
 
 # --- Merges (the coalescer) ------------------------------------------------------------------
 
-# Numbers whose double is not written back as the same spelling by orjson: an exponent, or 17+
-# digits and dots (more significant digits than a double keeps).
-_RISKY_NUMBER = re.compile(rb"[0-9.][eE]|[0-9][0-9.]{16}")
-_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
+# Bytes that may change when orjson writes back what it parsed: digits and dots (17 of them in a
+# row are more significant digits than a double keeps) and exponents.
+_NUMBER_SHAPES = bytes.maketrans(b"0123456789.eE", b"00000000000ee")
+_SURROGATE_ESCAPES = (
+    b"\\ud8",
+    b"\\ud9",
+    b"\\uda",
+    b"\\udb",
+    b"\\udc",
+    b"\\udd",
+    b"\\ude",
+    b"\\udf",
+)
+
+
+def _risky_numbers(data: bytes) -> bool:
+    mapped = data.translate(_NUMBER_SHAPES)
+    return mapped.find(b"0e") >= 0 or mapped.find(b"0" * 17) >= 0
+
+
+def _outside_strings(raw: bytes) -> bytes:
+    parts = []
+    i = 0
+    find = raw.find
+    while True:
+        q = find(b'"', i)
+        if q < 0:
+            parts.append(raw[i:])
+            return b" ".join(parts)
+        parts.append(raw[i:q])
+        i = _string_end(raw, q)
 
 
 def reencodes_exactly(raw: bytes) -> bool:
@@ -386,8 +491,13 @@ def reencodes_exactly(raw: bytes) -> bool:
     surrogate escape occurs. Conservative: a False only stops the coalescer from merging the frame
     (it is then written as it came).
     """
-    if _SURROGATE_ESCAPE.search(raw):
-        return False
-    if not _RISKY_NUMBER.search(raw):
+    if raw.find(b"\\") >= 0:
+        lowered = raw.lower()
+        if any(lowered.find(e) >= 0 for e in _SURROGATE_ESCAPES):
+            return False
+    if not _risky_numbers(raw):
         return True
-    return _RISKY_NUMBER.search(_STRING.sub(b'""', raw)) is None
+    try:
+        return not _risky_numbers(_outside_strings(raw))
+    except Unparseable:
+        return False
