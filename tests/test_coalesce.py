@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import decimal
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -826,8 +828,13 @@ def _finish(seq: list[Item], version: int, batch_source: list[bytes]) -> list[It
 
 
 def messages_of(raw: bytes) -> list[JsonObject]:
-    value = orjson.loads(raw)
+    # An exact parse (issue 9): a merge that respelled a number would change the state.
+    value = json.loads(raw, parse_float=decimal.Decimal)
     return value if isinstance(value, list) else [value]
+
+
+# Values orjson cannot write back as they came; planted in some frames by the property below.
+EXOTIC = [b"18446744073709551617", b"-9223372036854775809", b"1E+2", b"0.1000000000000000000001"]
 
 
 def normalized(state: dict[str, Any]) -> dict[str, Any]:
@@ -899,6 +906,20 @@ def test_property_output_state_equals_input_state(data: st.DataObject) -> None:
     seq = data.draw(items(version), label="items")
     sources = [i.raw for i in seq if not i.barrier]
     seq = _finish(seq, version, sources)
+    if data.draw(st.booleans(), label="exotic numbers"):
+        planted = []
+        for original in seq:
+            item = original
+            if not item.barrier and data.draw(st.booleans(), label="plant"):
+                value = data.draw(st.sampled_from(EXOTIC), label="value")
+                raw = item.raw.replace(
+                    b'"sessionUpdate":"tool_call_update",',
+                    b'"sessionUpdate":"tool_call_update","rawInput":{"n":' + value + b"},",
+                    1,
+                )
+                item = Item(raw, item.barrier)
+            planted.append(item)
+        seq = planted
     interval = data.draw(st.sampled_from([0, 0, 0, 50]), label="min_interval_ms")
     queue = OutboundQueue(CoalesceConfig(min_interval_ms=interval), coalesce=True)
     now = 0.0
