@@ -19,6 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_proxy import rawjson
+from acp_proxy.chain import Chain, Direction, Link
+from acp_proxy.framing import Line
+from acp_proxy.pipeline import Connection
+from acp_proxy.rules import Rule, RuleDirection, RulesMiddleware
 
 # --- a generator of unusual but valid JSON text -----------------------------------------------
 
@@ -315,3 +319,49 @@ def test_member_bytes() -> None:
     assert rawjson.member_bytes(raw, "id") == b"1E2"
     assert rawjson.member_bytes(raw, "nope") is None
     assert rawjson.member_bytes(b"[1]", "id") is None
+
+
+# --- through the rules (the pipeline's rewrite) -----------------------------------------------
+
+EDGE_ROUTE = Rule(
+    name="edge-route",
+    set_meta={"example.dev/route": "edge"},
+    direction=RuleDirection.AGENT_TO_CLIENT,
+    update_kinds=("tool_call_update",),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(payload=json_text(), title=json_strings(), pretty=WS, batch=st.booleans())
+def test_rules_change_only_the_meta_they_set(
+    payload: str, title: str, pretty: str, batch: bool
+) -> None:
+
+    update = (
+        '{"sessionUpdate":'
+        + pretty
+        + '"tool_call_update","toolCallId":"t1","title":'
+        + title
+        + ',"rawOutput":'
+        + pretty
+        + payload
+        + "}"
+    )
+    frame = (
+        '{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+        + update
+        + "}}"
+    ).encode()
+    raw = b"[" + frame + b"]" if batch else frame
+    conn = Connection(Chain([Link(RulesMiddleware([EDGE_ROUTE]))]))
+    conn.handle(Direction.CLIENT_TO_AGENT, Line(b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'))
+    conn.handle(
+        Direction.AGENT_TO_CLIENT, Line(b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}')
+    )
+    [out] = conn.handle(Direction.AGENT_TO_CLIENT, Line(raw)).forward
+    expected = exact(raw)
+    target = expected[0] if batch else expected
+    target["params"]["update"]["_meta"] = {"example.dev/route": "edge"}
+    assert exact(out.raw) == expected
+    # Everything before the new member is the agent's own bytes.
+    assert out.raw.startswith(raw[: raw.rindex(b"}}}")])
