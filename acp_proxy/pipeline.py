@@ -45,6 +45,7 @@ Rules (issue 3, "Streaming behaviour"):
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
@@ -86,6 +87,10 @@ DEFAULT_MAX_PENDING = 10_000
 MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
 # What one parsed container or element costs at least (an empty dict is 64 bytes in CPython).
 _CONTAINER_COST = 64
+_NESTING_SLACK = 1024  # values not after a comma: at most one per nesting level (see parse_cost)
+# Frames up to this size that are already exactly what orjson writes are re-encoded whole (one
+# C call); bigger ones are spliced, which costs about the same and skips the canonical check.
+_CANONICAL_CHECK_MAX = 64 * 1024
 
 # How much of a diverted non-JSON line a note carries for the log.
 SAMPLE_BYTES = 200
@@ -285,12 +290,17 @@ def error_frame_bytes(id_bytes: bytes, code: int, message: str) -> bytes:
 
 def parse_cost(raw: bytes, budget: int) -> int:
     """An upper estimate of the memory a parse of ``raw`` takes (issue 10: a 60 MiB frame of
-    ``{}`` parses into 20 million dicts, about 2 GB). Cheap: three ``bytes.count`` passes, and
-    only for frames big enough to matter."""
+    ``{}`` parses into 20 million dicts, about 2 GB).
+
+    Every value after the first of a container follows a comma, so ``_CONTAINER_COST`` per comma
+    bounds what the values cost; the values that follow no comma are the first of each container,
+    and a chain of those is as deep as the nesting, which parsers cap near a thousand. Cheap: one
+    ``bytes.count`` pass, and only for frames big enough to matter.
+    """
     n = len(raw)
-    if n * 33 <= budget:  # even ``{}{}...`` (64 bytes per 2 input bytes) fits
+    if n * 33 <= budget:  # even ``{},{},...`` (64 bytes per 3 input bytes) fits
         return n
-    return n + _CONTAINER_COST * (raw.count(b"{") + raw.count(b"[") + raw.count(b","))
+    return n + _CONTAINER_COST * (raw.count(b",") + _NESTING_SLACK)
 
 
 def _method_of(message: JsonObject) -> str | None:
@@ -1181,10 +1191,11 @@ def _rewrite(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
         fresh = rawjson.loads(raw)
         assert isinstance(fresh, dict)
         original = fresh
-    try:
-        canonical = orjson.dumps(original) == raw
-    except TypeError:  # an integer beyond 64 bits or a lone surrogate: not canonical
-        canonical = False
+    canonical = False
+    if len(raw) <= _CANONICAL_CHECK_MAX:
+        # TypeError: an integer beyond 64 bits or a lone surrogate: not canonical.
+        with contextlib.suppress(TypeError):
+            canonical = orjson.dumps(original) == raw
     if canonical:
         return rawjson.encode_value(out)
     return rawjson.splice(raw, original, out)
