@@ -139,9 +139,29 @@ def _child_ids(pid: int) -> list[int]:
     for tid in tasks:
         try:
             text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+        except FileNotFoundError:
+            if not Path(f"/proc/{pid}/task/{tid}").exists():
+                continue  # the thread ended
+            return _child_ids_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
         except OSError:
             continue
         children.extend(int(child) for child in text.split())
+    return children
+
+
+def _child_ids_by_scan(pid: int) -> list[int]:
+    """The children of ``pid``: every process whose parent it is, from /proc/*/stat."""
+    children: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
     return children
 
 
