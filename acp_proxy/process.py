@@ -284,16 +284,17 @@ class ChildProcess:
                     await anyio.wait_readable(self._pidfd)
                 else:
                     await anyio.sleep(POLL_S)
-                if self._popen.poll() is not None:
-                    self._release()
             finally:
                 self._watching = False
                 changed, self._changed = self._changed, anyio.Event()
                 changed.set()
+            if self._popen.poll() is not None:
+                self._release()
         return self._popen.returncode
 
     def _release(self) -> None:
-        if self._pidfd is not None:
+        # A watcher still registered on the pidfd closes it itself when it wakes up.
+        if self._pidfd is not None and not self._watching:
             os.close(self._pidfd)
             self._pidfd = None
         _SUPERVISION.owned.discard(self.pid)
@@ -373,9 +374,10 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     """The ``preexec_fn`` of the agent: runs in the forked child, just before exec.
 
     ``preexec_fn`` is unsafe in a threaded program in general (the child could need a lock
-    another thread held at fork). This one takes none: no import, no logging, no I/O; only
-    ``sigprocmask``, ``prctl`` and ``getppid`` through objects prepared before the fork, and
-    CPython re-initialises its own locks in the child before calling it.
+    another thread held at fork: the proxy's only other threads are anyio workers, e.g. for
+    name lookups). This one takes none: no import, no logging, no I/O; only ``sigprocmask``,
+    ``prctl`` and ``getppid`` through objects prepared before the fork, and CPython
+    re-initialises its own locks (GIL, import lock) in the child before calling it.
     """
     prctl = _prctl()
     sigkill = int(signal.SIGKILL)
