@@ -281,15 +281,20 @@ def _main(argv: Sequence[str] | None) -> int:
 
     import anyio
 
+    from acp_proxy.process import enable_supervision, run_supervised
+
+    # No orphans (issue 10): from here on, descendants that leave the agent's session are
+    # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
+    enable_supervision()
     if config.listen is not None:
         from acp_proxy.sockets import run_listen
 
-        return anyio.run(run_listen, config, agent_argv)
+        return anyio.run(run_supervised, run_listen, config, agent_argv)
     if config.connect is not None:
         from acp_proxy.sockets import run_connect
 
-        return anyio.run(run_connect, config)
+        return anyio.run(run_supervised, run_connect, config)
 
     from acp_proxy.runtime import run_proxy
 
-    return anyio.run(run_proxy, config, agent_argv)
+    return anyio.run(run_supervised, run_proxy, config, agent_argv)

@@ -1,20 +1,38 @@
-"""The agent child process: spawn, stderr draining, the shutdown ladder, the exit code.
+"""The agent child process: spawn, stderr draining, the shutdown ladder, the exit code, no orphans.
 
 Contract: owns the agent's OS process and its process group. It spawns the agent in its own
 session (so signals and clean-up reach grandchildren), always drains its stderr, stops it with
 the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (issue 3, "The agent
 process"; the ACP python-sdk's child shutdown), and reports its exit status shell-style. It never
 touches the protocol: the agent's stdin/stdout are handed to the runtime as byte streams.
+
+No orphans, ever (issue 10, item 4), on Linux:
+
+- The agent dies with the proxy, even on ``kill -9``: ``PR_SET_PDEATHSIG`` = SIGKILL, set in the
+  child before exec, then a ``getppid`` check closes the race with a proxy that died before it.
+- The proxy is a child subreaper (``enable_supervision``, called once by the CLI): a descendant
+  that leaves the agent's session (``setsid``) is adopted by the proxy instead of init. Every
+  agent carries a session cookie in its environment (``ACP_PROXY_SESSION``, the way Jenkins
+  finds a build's processes), so when the agent is gone, its session's leftovers are SIGKILLed
+  along with its process group; when the proxy exits, every descendant still alive is.
+- Adopted processes are reaped (on SIGCHLD, and every few seconds in case one was missed), also
+  as PID 1 in a container. Only pids that no ``ChildProcess`` owns are reaped, so an agent's
+  exit status is never stolen from the object that waits for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import itertools
 import os
 import signal
+import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,6 +50,17 @@ MAX_STDERR_LINE = 64 * 1024
 # After the agent itself exited, how long its stdout may stay open (held by a process that left
 # the group) before the proxy stops waiting for it.
 STDOUT_LINGER_S = 2.0
+# The environment variable that marks an agent and everything it starts as one session's
+# processes: "<proxy pid>.<session number>".
+SESSION_ENV = "ACP_PROXY_SESSION"
+# Without a pidfd (not Linux, or Linux < 5.3): how often a waiter polls for the agent's exit.
+POLL_S = 0.05
+# The reaper's safety net: it runs on every SIGCHLD, and at least this often.
+REAP_INTERVAL_S = 5.0
+# The exit status of a child that finds the proxy already gone before it could exec.
+EXIT_PARENT_GONE = 128 + signal.SIGKILL
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 class SpawnError(Exception):
@@ -59,14 +88,235 @@ def describe_status(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+# -- supervision: process-wide state (the subreaper flag is per process) -------------------------
+
+
+@dataclass(slots=True)
+class _Supervision:
+    enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
+    owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
+    sessions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+
+_SUPERVISION = _Supervision()
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux only; None elsewhere or when libc cannot be loaded)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    func.restype = ctypes.c_int
+    return func
+
+
+def enable_supervision() -> bool:
+    """Make this process the supervisor of its agents (the CLI calls it once, before spawning).
+
+    Sets ``PR_SET_CHILD_SUBREAPER`` so descendants that leave the agent's session are adopted
+    by the proxy (and can be killed and reaped by it), and turns on the reaper and the final
+    sweep of ``run_supervised``. Returns whether this process is now a subreaper or PID 1.
+    In-process callers (tests) never call it: a test runner must not become a subreaper.
+    """
+    _SUPERVISION.enabled = True
+    prctl = _prctl()
+    subreaper = prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return subreaper or os.getpid() == 1
+
+
+def _child_ids(pid: int) -> list[int]:
+    """The children of ``pid`` (every thread's), from /proc; [] when they cannot be read."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for tid in tasks:
+        try:
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+        except FileNotFoundError:
+            if not Path(f"/proc/{pid}/task/{tid}").exists():
+                continue  # the thread ended
+            return _child_ids_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
+        except OSError:
+            continue
+        children.extend(int(child) for child in text.split())
+    return children
+
+
+def _child_ids_by_scan(pid: int) -> list[int]:
+    """The children of ``pid``: every process whose parent it is, from /proc/*/stat."""
+    children: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, parents before children."""
+    found: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        for child in _child_ids(todo.pop()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _has_cookie(pid: int, cookie: bytes) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours to read
+        return False
+    return cookie in environ.split(b"\0")
+
+
+def kill_leftovers(session: str | None) -> int:
+    """SIGKILL the proxy's descendants that belong to ``session`` (its cookie is in their
+    environment), or all of them when ``session`` is None (the proxy is exiting). Live agents
+    are spared: each is stopped by its own ladder. Returns how many were signalled.
+
+    Leftovers run after their agent is gone, so they get no grace period: the agent had its
+    ladder. The killed ones that the proxy adopted are reaped by ``reap_adopted``.
+    """
+    cookie = None if session is None else f"{SESSION_ENV}={session}".encode()
+    killed = 0
+    for pid in _descendants(os.getpid()):
+        if pid in _SUPERVISION.owned or (cookie is not None and not _has_cookie(pid, cookie)):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+def reap_adopted() -> int:
+    """Reap every exited child that no ``ChildProcess`` waits for; returns how many.
+
+    Never ``waitpid(-1)``: that could take an agent's status away from its ``ChildProcess``.
+    """
+    reaped = 0
+    for pid in _child_ids(os.getpid()):
+        if pid in _SUPERVISION.owned:
+            continue
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if done == pid:
+            reaped += 1
+    return reaped
+
+
+async def _reap_forever() -> None:
+    with anyio.open_signal_receiver(signal.SIGCHLD) as sigchld:
+        while True:
+            reap_adopted()
+            with anyio.move_on_after(REAP_INTERVAL_S):
+                async for _ in sigchld:
+                    break
+
+
+async def run_supervised(main: Callable[..., Awaitable[int]], *args: Any) -> int:
+    """Run the proxy's top level ``main(*args)``; with supervision on, reap adopted processes
+    while it runs and kill (then reap) every descendant left when it returns."""
+    if not _SUPERVISION.enabled:
+        return await main(*args)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_reap_forever)
+            try:
+                code = await main(*args)
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        kill_leftovers(None)
+        reap_adopted()
+    return code
+
+
+class ChildProcess:
+    """A spawned child whose exit status only this object collects.
+
+    Waits on a pidfd (Linux 5.3+) or else polls every ``POLL_S``; any number of tasks may
+    ``wait()`` at once (one of them watches, the others wait for its word).
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self._pidfd = os.pidfd_open(popen.pid)
+        self._watching = False
+        self._changed = anyio.Event()
+        _SUPERVISION.owned.add(self.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    async def wait(self) -> int:
+        """Wait for the child to exit; its raw return code (negative: killed by a signal)."""
+        while self._popen.returncode is None:
+            if self._watching:
+                await self._changed.wait()
+                continue
+            self._watching = True
+            try:
+                if self._pidfd is not None:
+                    await anyio.wait_readable(self._pidfd)
+                else:
+                    await anyio.sleep(POLL_S)
+            finally:
+                self._watching = False
+                changed, self._changed = self._changed, anyio.Event()
+                changed.set()
+            if self._popen.poll() is not None:
+                self._release()
+        return self._popen.returncode
+
+    def _release(self) -> None:
+        # A watcher still registered on the pidfd closes it itself when it wakes up.
+        if self._pidfd is not None and not self._watching:
+            os.close(self._pidfd)
+            self._pidfd = None
+        _SUPERVISION.owned.discard(self.pid)
+
+    def close(self) -> None:
+        """Stop owning the child; if it has not been waited for, the reaper takes it over."""
+        if self._popen.returncode is None and self._popen.poll() is None:
+            # Marked done so that Popen.__del__ does not queue it for subprocess's own clean-up,
+            # whose waitpid could later hit a reused pid (another agent's).
+            self._popen.returncode = 0
+        self._release()
+
+
 @dataclass(slots=True)
 class AgentProcess:
     """A running agent: its process, the streams to its stdin/stdout, and its process group."""
 
-    process: anyio.abc.Process
+    process: ChildProcess
     stdio: FdStream  # receive = the agent's stdout, send = the agent's stdin
     argv: tuple[str, ...]
     stderr_fd: int | None  # our read end of its stderr pipe (StderrMode.LOG), else None
+    session: str = ""  # the value of SESSION_ENV in its environment
 
     @property
     def pid(self) -> int:
@@ -105,8 +355,11 @@ class AgentProcess:
         return await self.process.wait()
 
     def reap_group(self) -> None:
-        """Kill what is left of the agent's process group (grandchildren: no orphans)."""
+        """Kill what is left of the agent's process group, and its session's processes that
+        left the group (``setsid``): no orphans."""
         self.signal_group(signal.SIGKILL)
+        if self.session:
+            kill_leftovers(self.session)
 
     async def aclose(self) -> None:
         await self.stdio.aclose()
@@ -114,6 +367,32 @@ class AgentProcess:
             with contextlib.suppress(OSError):
                 os.close(self.stderr_fd)
             self.stderr_fd = None
+        self.process.close()
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """The ``preexec_fn`` of the agent: runs in the forked child, just before exec.
+
+    ``preexec_fn`` is unsafe in a threaded program in general (the child could need a lock
+    another thread held at fork: the proxy's only other threads are anyio workers, e.g. for
+    name lookups). This one takes none: no import, no logging, no I/O; only ``sigprocmask``,
+    ``prctl`` and ``getppid`` through objects prepared before the fork, and CPython
+    re-initialises its own locks (GIL, import lock) in the child before calling it.
+    """
+    prctl = _prctl()
+    sigkill = int(signal.SIGKILL)
+
+    def setup() -> None:
+        # The agent starts with no signal blocked, whatever the proxy's own mask (exec keeps it).
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if prctl is not None:
+            # SIGKILL when the proxy dies, even by kill -9. Had it died already, we were
+            # reparented before prctl could take effect: the parent's pid tells.
+            prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+            if os.getppid() != parent_pid:
+                os._exit(EXIT_PARENT_GONE)
+
+    return setup
 
 
 async def spawn_agent(
@@ -123,12 +402,17 @@ async def spawn_agent(
 ) -> AgentProcess:
     """Start the agent in its own session with pipes for stdin/stdout (and stderr when logged).
 
+    Must run in the event loop's thread: the parent-death signal fires when the thread that
+    forked the agent ends, so a short-lived worker thread would take the agent with it.
+
     Raises ``SpawnError`` (127 not found, 126 not executable or other exec failure).
     """
     if not argv:
         raise SpawnError("no agent command given", EXIT_NOT_FOUND)
     env = dict(os.environ if environ is None else environ)
     env.update(agent.env)
+    session = f"{os.getpid()}.{next(_SUPERVISION.sessions)}"
+    env[SESSION_ENV] = session
     # Our own pipes (not asyncio's pipe transports): FdStream reads them in large chunks with no
     # per-read transport machinery, and we can enlarge their kernel buffers (issue 6).
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -140,25 +424,30 @@ async def spawn_agent(
     for fd in (in_w, out_r):
         enlarge_pipe(fd)
     try:
+        # subprocess.Popen rather than anyio.open_process: only Popen takes a preexec_fn (the
+        # parent-death signal), and its exit is collected by ChildProcess, never by a child
+        # watcher that the reaper could race. Like asyncio's own subprocess_exec, the fork and
+        # exec happen synchronously in the loop's thread.
         # stderr passthrough: the agent inherits our stderr, so it is drained by whoever reads
         # ours (the editor) and never waits on the proxy.
-        process = await anyio.open_process(
+        popen = subprocess.Popen(
             list(argv),
             stdin=in_r,
             stdout=out_w,
             stderr=err_w if err_w is not None else None,
             env=env,
             start_new_session=True,
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (see _child_setup)
         )
     except FileNotFoundError as exc:
         _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
         raise SpawnError(f"{argv[0]}: command not found", EXIT_NOT_FOUND) from exc
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
-        reason = exc.strerror or type(exc).__name__
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise SpawnError(f"{argv[0]}: cannot execute: {reason}", EXIT_NOT_EXECUTABLE) from exc
     _close_all(in_r, out_w, err_w)  # the child's ends
-    return AgentProcess(process, FdStream(out_r, in_w), tuple(argv), err_r)
+    return AgentProcess(ChildProcess(popen), FdStream(out_r, in_w), tuple(argv), err_r, session)
 
 
 def _close_all(*fds: int | None) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -600,16 +600,25 @@ async def pump_session(
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-async def shutdown_on_signals(shutdown: anyio.Event, log: Any, event: str) -> None:
+async def shutdown_on_signals(
+    shutdown: anyio.Event,
+    log: Any,
+    event: str,
+    signals: AsyncIterator[signal.Signals] | None = None,
+) -> None:
     """Set ``shutdown`` on every SIGINT, SIGTERM or SIGHUP (logged as ``event``), until cancelled.
 
     One session's signal watcher, for stdio and ``--connect``: each signal takes the same
-    ladder as client EOF (issue 3).
+    ladder as client EOF (issue 3). ``signals`` is a receiver the caller opened earlier (so
+    that no signal is lost in between); without it, one is opened here.
     """
-    with anyio.open_signal_receiver(*_SIGNALS) as signals:
-        async for signum in signals:
-            log.info(event, signal=signum.name)
-            shutdown.set()
+    if signals is None:
+        with anyio.open_signal_receiver(*_SIGNALS) as own:
+            await shutdown_on_signals(shutdown, log, event, own)
+        return
+    async for signum in signals:
+        log.info(event, signal=signum.name)
+        shutdown.set()
 
 
 async def run_proxy(
@@ -633,28 +642,35 @@ async def run_proxy(
         rules=list(config.rule_names),
         middleware=[spec.name for spec in config.middleware],
     )
-    try:
-        agent = await spawn_agent(agent_argv, config.agent)
-    except SpawnError as exc:
-        return spawn_error_exit(exc)
-    log = log.bind(agent_pid=agent.pid)
-    client = client_stream if client_stream is not None else stdio_stream()
-    started = time.monotonic()
-    shutdown = anyio.Event()
+    # Signals are handled from before the spawn (issue 10): one arriving right after the fork
+    # takes the ladder, instead of the default action leaving the agent behind without us.
+    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        try:
+            agent = await spawn_agent(agent_argv, config.agent)
+        except SpawnError as exc:
+            return spawn_error_exit(exc)
+        log = log.bind(agent_pid=agent.pid)
+        client = client_stream if client_stream is not None else stdio_stream()
+        started = time.monotonic()
+        shutdown = anyio.Event()
 
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(
-                shutdown_on_signals, shutdown, log, "signal received; shutting the agent down"
-            )
-            rc, session = await run_agent_session(
-                config, agent, client, client, log=log, shutdown=shutdown
-            )
-            tg.cancel_scope.cancel()
-    finally:
-        if client_stream is None:
-            with anyio.CancelScope(shield=True):
-                await client.aclose()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    shutdown_on_signals,
+                    shutdown,
+                    log,
+                    "signal received; shutting the agent down",
+                    signals,
+                )
+                rc, session = await run_agent_session(
+                    config, agent, client, client, log=log, shutdown=shutdown
+                )
+                tg.cancel_scope.cancel()
+        finally:
+            if client_stream is None:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
     log.info(
         "exit",
         status=describe_status(rc),
