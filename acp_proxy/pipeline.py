@@ -322,6 +322,13 @@ def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
     return None if needles is None else tuple(needles)
 
 
+class _Unset:
+    """The prefilter was not run yet (``interested`` unknown)."""
+
+
+_UNSET = _Unset()
+
+
 @dataclass(frozen=True, slots=True)
 class _NotParsed:
     reason: str
@@ -425,8 +432,8 @@ class Connection:
         """Process one event read from the side ``direction`` starts at."""
         if type(event) is Line:
             if direction is _A2C:
-                return self._agent_line(event.raw)
-            return self._client_line(event.raw)
+                return self._agent_line(event.raw, _UNSET)
+            return self._client_line(event.raw, _UNSET)
         assert isinstance(event, Oversize)
         return self._oversize(direction, event)
 
@@ -462,26 +469,33 @@ class Connection:
                 acc.forward, acc.reply, acc.notes = forward, reply, notes
                 self._block(direction, event, acc, join=join)
                 continue
+            interested: tuple[bool, ...] | _Unset | None = _UNSET
             if fast and type(event) is Line:
                 raw = event.raw
+                interested = self._interested(raw) if self._chain_on else None
                 if a2c:
                     if (
-                        raw[:2] in _FRAME_STARTS
+                        interested is None
+                        and raw[:2] in _FRAME_STARTS
                         and not _agent_needs_parse(raw)
-                        and (not self._chain_on or self._interested(raw) is None)
                     ):
                         run.append(raw)
                         continue
-                elif (
-                    not self._chain_on or self._interested(raw) is None
-                ) and not _client_needs_parse(raw):
+                elif interested is None and not _client_needs_parse(raw):
                     run.append(raw)
                     continue
             if run:
                 self._flush_run(direction, run, forward, join)
                 run = []
             assert not isinstance(event, Block)
-            res = self.handle(direction, event)
+            if not isinstance(interested, _Unset) and type(event) is Line:
+                # The prefilter's answer is known: do not compute it twice (hot path).
+                if a2c:
+                    res = self._agent_line(event.raw, interested)
+                else:
+                    res = self._client_line(event.raw, interested)
+            else:
+                res = self.handle(direction, event)
             forward.extend(res.forward)
             if res.reply:
                 reply.extend(res.reply)
@@ -606,13 +620,16 @@ class Connection:
 
     # --- agent -> client ----------------------------------------------------------------------
 
-    def _agent_line(self, raw: bytes) -> Result:
+    def _agent_line(
+        self, raw: bytes, interested: tuple[bool, ...] | _Unset | None = _UNSET
+    ) -> Result:
         self.stats.agent_to_client_in += 1
         if not raw:
             return EMPTY
         if raw[:2] not in _FRAME_STARTS and not rawjson.could_be_frame(raw):
             return self._agent_odd(raw)
-        interested = self._interested(raw) if self._chain_on else None
+        if isinstance(interested, _Unset):
+            interested = self._interested(raw) if self._chain_on else None
         if interested is None and not self._inspect_all and not _agent_needs_parse(raw):
             # Nothing may act on this frame and the tracker does not need it: forward its bytes
             # unparsed.
@@ -661,9 +678,12 @@ class Connection:
 
     # --- client -> agent ----------------------------------------------------------------------
 
-    def _client_line(self, raw: bytes) -> Result:
+    def _client_line(
+        self, raw: bytes, interested: tuple[bool, ...] | _Unset | None = _UNSET
+    ) -> Result:
         self.stats.client_to_agent_in += 1
-        interested = self._interested(raw) if self._chain_on else None
+        if isinstance(interested, _Unset):
+            interested = self._interested(raw) if self._chain_on else None
         if interested is None and not self._inspect_all and not _client_needs_parse(raw):
             self.stats.client_to_agent_out += 1
             return Result((OutFrame(raw, None, self.version),))
