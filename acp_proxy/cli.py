@@ -50,6 +50,13 @@ the connection is lost (requests in flight get -32603 errors first).
 """
 
 
+# A config file names code to import (`use:`): it is as trusted as code.
+_WRITABLE_HINT = (
+    "writable by other users: its `use:` entries import code, so whoever can change it can "
+    "run code as this user (chmod go-w)"
+)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -182,16 +189,20 @@ def _check_config(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", metavar="FILE")
     args = parser.parse_args(argv)
-    from acp_proxy.config import ConfigError, explain_config, load_config
+    from acp_proxy.config import ConfigError, explain_config, load_config, writable_by_others
 
     try:
-        config = load_config(args.file, os.environ)
+        # Import the middleware classes but never call them: checking a file runs no code of
+        # its own beyond the imports it names.
+        config = load_config(args.file, os.environ, instantiate=False)
     except ConfigError as exc:
         print(f"acp-proxy: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in writable_by_others(args.file):
+        print(f"acp-proxy: warning: {warning}; {_WRITABLE_HINT}", file=sys.stderr)
     text = explain_config(config)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
@@ -270,6 +281,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         print(f"acp-proxy: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+
+    if config_path is not None:
+        from acp_proxy.config import writable_by_others
+        from acp_proxy.logsetup import get_logger
+
+        for warning in writable_by_others(config_path):
+            get_logger().warning(f"config file {_WRITABLE_HINT}", detail=warning)
 
     import anyio
 

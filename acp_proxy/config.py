@@ -49,7 +49,9 @@ import enum
 import importlib
 import inspect
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
@@ -59,7 +61,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from acp_proxy.annotate import V1Mode
-from acp_proxy.chain import Chain, Link, MessageContext, Middleware, Verdict
+from acp_proxy.chain import BaseMiddleware, Chain, Link, MessageContext, Middleware, Verdict
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.rules import (
     KNOWN_UPDATE_KINDS,
@@ -301,13 +303,47 @@ def _size_text(n: int) -> str:
     return f"{n} bytes"
 
 
+def _class_name(cls: type) -> str:
+    return cls.__name__
+
+
+def _not_a_middleware_class(target: object) -> str | None:
+    """Why ``target`` cannot be a middleware class, or None when it can (checked without
+    calling anything it defines: no instance is built, no metaclass hook runs)."""
+    if not isinstance(target, type):
+        if inspect.ismodule(target):
+            return "a module"
+        if inspect.isroutine(target):
+            return "a function" if inspect.isfunction(target) else "a built-in function"
+        if callable(target):
+            return f"a callable object ({type(target).__name__}), not a class"
+        return f"not a class (it is {type(target).__name__})"
+    if issubclass(target, BaseMiddleware):
+        return None
+    mro = [k for k in target.__mro__ if k is not object]
+    if not any("__call__" in vars(k) for k in mro):
+        return "a class without a `__call__(message, ctx)` method"
+    declared = any("name" in vars(k) or "name" in vars(k).get("__annotations__", {}) for k in mro)
+    if not declared:
+        return "a class without a `name` (declare `name: str` in the class body)"
+    return None
+
+
 class _Parser:
     """Walks the composed YAML node tree, validating as it converts (one per file)."""
 
-    def __init__(self, source: str, loader: yaml.SafeLoader, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        source: str,
+        loader: yaml.SafeLoader,
+        environ: Mapping[str, str],
+        *,
+        instantiate: bool = True,
+    ) -> None:
         self.source = source
         self.loader = loader
         self.environ = environ
+        self.instantiate = instantiate  # False for check-config: import, never call
 
     # -- errors
 
@@ -754,13 +790,17 @@ class _Parser:
                 )
             target = getattr(target, part)
             owner = f"{owner}.{part}" if owner != module_name else f"{module_name}:{part}"
-        if not callable(target):
+        # Refuse anything that is not a middleware class BEFORE calling it: a config file must
+        # not be able to run arbitrary callables (``os:system`` with ``with: {command: ...}``).
+        problem = _not_a_middleware_class(target)
+        if problem is not None:
             raise self.error(
                 unode,
                 upath,
-                f'"{use}" is not callable (it is {type(target).__name__}): '
-                "expected a middleware class",
+                f'"{use}" is {problem}: expected a middleware class '
+                "(subclass acp_proxy.chain.BaseMiddleware)",
             )
+        assert isinstance(target, type)
         kwargs: dict[str, JsonValue] = {}
         wnode: Node = unode
         wpath = _join(path, "with")
@@ -789,6 +829,24 @@ class _Parser:
                     wpath,
                     f"{use} does not accept these options: {exc} (its parameters: {params})",
                 ) from exc
+        rename: str | None = None
+        if "name" in entries:
+            rename = self.string(entries["name"][1], _join(path, "name"))
+            if not rename:
+                raise self.error(entries["name"][1], _join(path, "name"), "must not be empty")
+        if not self.instantiate:
+            # check-config: the class is imported and its options checked against its
+            # signature, but it is never called (the name a class sets only in __init__ is
+            # unknown then: the class name stands in for it).
+            name = rename or _class_name(target)
+            return MiddlewareSpec(
+                name=name,
+                factory=_ImportedFactory(target, kwargs, rename),
+                fail_closed=fail_closed,
+                use=use,
+                options=kwargs,
+                line=unode.start_mark.line + 1,
+            )
         # Build one instance now so that a constructor that rejects its options fails at
         # start-up, not on the first connection.
         try:
@@ -814,11 +872,6 @@ class _Parser:
             raise self.error(
                 unode, upath, f"{use}: `needles` must be None or a tuple of bytes, got {needles!r}"
             )
-        rename: str | None = None
-        if "name" in entries:
-            rename = self.string(entries["name"][1], _join(path, "name"))
-            if not rename:
-                raise self.error(entries["name"][1], _join(path, "name"), "must not be empty")
         name = rename or own_name
         return MiddlewareSpec(
             name=name,
@@ -988,52 +1041,239 @@ class _Parser:
         return dataclasses.replace(CoalesceConfig(), **given)
 
 
-def parse_config(text: str, source: str, environ: Mapping[str, str]) -> Config:
-    """Validate the YAML ``text`` of a config file named ``source``. Raises ``ConfigError``."""
-    loader = yaml.SafeLoader(text)
+# --- reading the file safely ----------------------------------------------------------------------
+
+# A config file is small: these bounds stop hostile or mistaken input (a YAML "billion laughs", a
+# device, a huge file) before it costs memory or time, each with a plain error instead of a
+# traceback. Generous for any real config.
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+MAX_ALIASES: Final = 1000  # alias uses (``*name``) in one file
+MAX_ALIAS_NODES: Final = 100_000  # values the aliases add once expanded
+MAX_DEPTH: Final = 100  # nesting of mappings and lists
+# Explicit tags allowed: the YAML core schema (JSON's types). Anything else (``!!python/...``,
+# ``!!binary``, ``!local``) is refused rather than ignored or constructed.
+_CORE_TAGS: Final = frozenset(
+    _TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map")
+)
+
+
+class _Refused(Exception):
+    """A YAML construct the loader refuses; translated into a ConfigError with its line."""
+
+    def __init__(self, mark: Any, reason: str) -> None:  # a yaml.Mark (two classes) or None
+        super().__init__(reason)
+        self.mark, self.reason = mark, reason
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader's composer with bounded aliases and nesting, and only the core tags.
+
+    PyYAML composes an alias as a shared reference to the anchored node, so a few hundred bytes
+    can describe billions of values once walked, and ``&a [*a]`` describes an infinite one. Here
+    each anchored node's expanded size is measured as it is composed; every alias adds it to a
+    budget, and an alias to a node still being composed (a cycle) is refused.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+        self._values = 0  # values composed so far, counting each alias at its expanded size
+        self._alias_values = 0  # the part the aliases added
+        self._sizes: dict[str, int] = {}  # anchor -> expanded size of its node
+        self._open: set[str] = set()  # anchors whose node is being composed
+        self._depth = 0
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent):
+            anchor = event.anchor
+            if anchor in self._open:
+                raise _Refused(
+                    event.start_mark,
+                    f'recursive alias "*{anchor}": it is inside the value its anchor "&{anchor}" '
+                    "names, so the value would be infinite",
+                )
+            if anchor in self._sizes:
+                self._aliases += 1
+                if self._aliases > MAX_ALIASES:
+                    raise _Refused(
+                        event.start_mark,
+                        f"too many aliases: more than {MAX_ALIASES} uses of *name in one file",
+                    )
+                size = self._sizes[anchor]
+                self._values += size
+                self._alias_values += size
+                if self._alias_values > MAX_ALIAS_NODES:
+                    raise _Refused(
+                        event.start_mark,
+                        f"the aliases expand to more than {MAX_ALIAS_NODES} values (a YAML "
+                        '"billion laughs"?): write the values out, or use fewer nested aliases',
+                    )
+            return super().compose_node(parent, index)
+        tag = getattr(event, "tag", None)
+        if tag is not None and tag != "!" and tag not in _CORE_TAGS:
+            shown = "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else tag
+            raise _Refused(
+                event.start_mark,
+                f"unknown tag {shown}: only the standard YAML tags (!!str, !!int, !!float, "
+                "!!bool, !!null, !!seq, !!map) are allowed; remove the tag",
+            )
+        anchor = getattr(event, "anchor", None)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(
+                event.start_mark,
+                f"nested too deeply: more than {MAX_DEPTH} levels of lists and mappings",
+            )
+        start = self._values
+        self._values += 1
+        if anchor is not None:
+            self._open.add(anchor)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+            if anchor is not None:
+                self._open.discard(anchor)
+        if anchor is not None:
+            self._sizes[anchor] = self._values - start
+        return node
+
+
+def _yaml_error(source: str, exc: yaml.MarkedYAMLError) -> ConfigError:
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark is not None else None
+    reason = "invalid YAML"
+    if mark is not None:
+        reason += f" at column {mark.column + 1}"
+    if exc.context and exc.problem and exc.problem.startswith("but "):
+        reason += f": {exc.context}, {exc.problem}"  # "expected ..., but found ..."
+    else:
+        reason += f": {exc.problem or exc.context}"
+    if exc.context and exc.problem and not exc.problem.startswith("but "):
+        reason += f" ({exc.context}"
+        if exc.context_mark is not None and exc.context_mark is not mark:
+            reason += f" that starts on line {exc.context_mark.line + 1}"
+        reason += ")"
+    return ConfigError(source, line, None, reason)
+
+
+def parse_config(
+    text: str, source: str, environ: Mapping[str, str], *, instantiate: bool = True
+) -> Config:
+    """Validate the YAML ``text`` of a config file named ``source``. Raises ``ConfigError``.
+
+    ``instantiate=False`` (``check-config``): user middleware classes are imported and checked
+    but never called.
+    """
+    loader = _BoundedLoader(text)
     try:
         try:
             root = loader.get_single_node()
+        except _Refused as exc:
+            line = exc.mark.line + 1 if exc.mark is not None else None
+            raise ConfigError(source, line, None, exc.reason) from None
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            reason = "invalid YAML"
-            if mark is not None:
-                reason += f" at column {mark.column + 1}"
-            if exc.context and exc.problem and exc.problem.startswith("but "):
-                reason += f": {exc.context}, {exc.problem}"  # "expected ..., but found ..."
-            else:
-                reason += f": {exc.problem or exc.context}"
-            if exc.context and exc.problem and not exc.problem.startswith("but "):
-                reason += f" ({exc.context}"
-                if exc.context_mark is not None and exc.context_mark is not mark:
-                    reason += f" that starts on line {exc.context_mark.line + 1}"
-                reason += ")"
-            raise ConfigError(source, line, None, reason) from exc
+            raise _yaml_error(source, exc) from exc
         except yaml.YAMLError as exc:
             raise ConfigError(source, None, None, f"invalid YAML: {exc}") from exc
-        return _Parser(source, loader, environ).document(root)
+        return _Parser(source, loader, environ, instantiate=instantiate).document(root)
     finally:
         loader.dispose()
 
 
-def load_config(path: str | None, environ: Mapping[str, str]) -> Config:
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_config_file(path: str) -> bytes:
+    """The bytes of the config file at ``path``: a regular file of at most MAX_CONFIG_BYTES.
+
+    A FIFO, device or directory is refused from its ``stat`` without being opened, and the file
+    is opened non-blocking (and checked again) so that a path swapped for a FIFO in between
+    cannot hang the proxy. Raises ``ConfigError``.
+    """
+
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError(path, None, None, reason)
+
+    limit = _size_text(MAX_CONFIG_BYTES)
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise refuse(f"cannot read the config file: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse(f"the config file is {_kind(st.st_mode)}, not a regular file")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise refuse(f"the config file is too large ({st.st_size} bytes; at most {limit})")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise refuse(f"cannot read the config file: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise refuse(f"the config file is {_kind(mode)}, not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise refuse(f"cannot read the config file: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:  # it grew after the stat
+        raise refuse(f"the config file is too large (more than {limit})")
+    return b"".join(chunks)
+
+
+def writable_by_others(path: str) -> tuple[str, ...]:
+    """Warnings when ``path`` or its directory can be changed by other users.
+
+    A config file can name code to import (``use:``), so whoever can write it can run code as
+    the proxy's user. A directory with the sticky bit (like /tmp) does not let others replace a
+    file they do not own, so only the file's own mode counts there.
+    """
+    out: list[str] = []
+    try:
+        mode = os.stat(path).st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            out.append(f"{path} has mode {stat.filemode(mode)}")
+        directory = os.path.dirname(os.path.abspath(path))
+        dmode = os.stat(directory).st_mode
+        if dmode & (stat.S_IWGRP | stat.S_IWOTH) and not dmode & stat.S_ISVTX:
+            out.append(f"its directory {directory} has mode {stat.filemode(dmode)}")
+    except OSError:
+        pass
+    return tuple(out)
+
+
+def load_config(
+    path: str | None, environ: Mapping[str, str], *, instantiate: bool = True
+) -> Config:
     """Read and validate ``path`` (``None``: pure pass-through). Raises ``ConfigError``."""
     if path is None:
         return Config()
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise ConfigError(
-            path, None, None, f"cannot read the config file: {exc.strerror or exc}"
-        ) from exc
+    data = read_config_file(path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(path, line, None, "the file is not valid UTF-8") from exc
-    return parse_config(text, path, environ)
+    return parse_config(text, path, environ, instantiate=instantiate)
 
 
 # --- explain -------------------------------------------------------------------------------------

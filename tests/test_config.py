@@ -176,8 +176,9 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "binary-value",
         R + "    set_meta: {a/b: !!binary aGVsbG8=}\n",
-        'rules.yaml:3: rules[0].set_meta["a/b"]: expected a JSON value, got a value tagged '
-        "!!binary",
+        # Issue 10: tags outside the YAML core schema are refused while composing the document.
+        "rules.yaml:3: unknown tag !!binary: only the standard YAML tags (!!str, !!int, "
+        "!!float, !!bool, !!null, !!seq, !!map) are allowed; remove the tag",
     ),
     (
         "negative-grace",
@@ -333,8 +334,8 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "middleware-not-callable",
         "middleware:\n  - use: custom_middleware:NOT_CALLABLE\n",
-        'rules.yaml:2: middleware[0].use: "custom_middleware:NOT_CALLABLE" is not callable '
-        "(it is int): expected a middleware class",
+        'rules.yaml:2: middleware[0].use: "custom_middleware:NOT_CALLABLE" is not a class '
+        "(it is int): expected a middleware class (subclass acp_proxy.chain.BaseMiddleware)",
     ),
     (
         "middleware-bad-options",
@@ -352,8 +353,9 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "middleware-not-a-middleware",
         "middleware:\n  - use: custom_middleware:NotMiddleware\n",
-        "rules.yaml:2: middleware[0].use: custom_middleware:NotMiddleware did not build a "
-        "middleware: it needs a str `name` and `__call__(message, ctx)` "
+        # Issue 10: refused from the class itself, before it is called.
+        'rules.yaml:2: middleware[0].use: "custom_middleware:NotMiddleware" is a class without '
+        "a `__call__(message, ctx)` method: expected a middleware class "
         "(subclass acp_proxy.chain.BaseMiddleware)",
     ),
     (
