@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from acp_proxy import __version__
 
 if TYPE_CHECKING:
-    from acp_proxy.config import Config
+    from acp_proxy.config import Config, ConfigError
 
 EXIT_USAGE = 2  # argparse's own code for usage errors; also used for config errors
 CONFIG_ENV = "ACP_PROXY_CONFIG"
@@ -181,6 +181,11 @@ def _socket_options(
     return config
 
 
+def _print_config_errors(exc: ConfigError) -> None:
+    for message in exc.messages():  # every mistake of the file, one line each
+        print(f"acp-proxy: {message}", file=sys.stderr)
+
+
 def _check_config(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="acp-proxy check-config",
@@ -196,7 +201,7 @@ def _check_config(argv: Sequence[str]) -> int:
         # its own beyond the imports it names.
         config = load_config(args.file, os.environ, instantiate=False)
     except ConfigError as exc:
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {args.file}: {exc.strerror or exc}", file=sys.stderr)
@@ -257,7 +262,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         config = load_config(config_path, os.environ)
     except ConfigError as exc:
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {config_path}: {exc.strerror or exc}", file=sys.stderr)

@@ -42,6 +42,7 @@ String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -52,7 +53,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
@@ -138,6 +139,8 @@ class Config:
     allow_remote: bool = False
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
+    # The line of each top-level key the file sets (for check-config's run checks).
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     def build_chain(self) -> Chain:
         """A fresh chain (new middleware instances) for one connection."""
@@ -145,14 +148,36 @@ class Config:
 
 
 class ConfigError(Exception):
-    """A bad config file: ``str()`` is ``FILE:LINE: PATH: REASON`` (LINE/PATH when known)."""
+    """A bad config file: ``str()`` is ``FILE:LINE: PATH: REASON`` (LINE/PATH when known).
+
+    A file with several mistakes raises one ``ConfigError`` for all of them: ``errors`` holds
+    each (in file order), its fields are the first one's, and ``str()`` has one line per error.
+    """
 
     def __init__(self, file: str | None, line: int | None, path: str | None, reason: str) -> None:
         self.file, self.line, self.path, self.reason = file, line, path, reason
         where = file or "<config>"
         if line is not None:
             where += f":{line}"
-        super().__init__(f"{where}: {path}: {reason}" if path else f"{where}: {reason}")
+        self.message = f"{where}: {path}: {reason}" if path else f"{where}: {reason}"
+        self.errors: tuple[ConfigError, ...] = (self,)
+        super().__init__(self.message)
+
+    @classmethod
+    def all_of(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """One error standing for ``errors`` (sorted by line; at least one)."""
+        ordered = sorted(errors, key=lambda e: (e.line is None, e.line or 0))
+        if len(ordered) == 1:
+            return ordered[0]
+        first = ordered[0]
+        combined = cls(first.file, first.line, first.path, first.reason)
+        combined.errors = tuple(ordered)
+        combined.args = ("\n".join(e.message for e in ordered),)
+        return combined
+
+    def messages(self) -> list[str]:
+        """One ``FILE:LINE: PATH: REASON`` line per error."""
+        return [e.message for e in self.errors]
 
 
 # --- middleware instances --------------------------------------------------------------------
@@ -203,27 +228,188 @@ class _ImportedFactory:
 
 # --- the schema --------------------------------------------------------------------------------
 
-TOP_KEYS: Final = (
-    "rules",
-    "middleware",
-    "v1",
-    "max_frame_bytes",
-    "non_json",
-    "agent",
-    "coalesce",
-    "listen",
-    "connect",
-    "connect_timeout",
-    "max_connections",
-    "allow_remote",
+
+class Kind(enum.Enum):
+    """What a setting holds; picks its validation, its JSON schema and its README default."""
+
+    BOOL = "bool"
+    INT = "int"
+    SIZE = "size"  # bytes: an integer or "64MiB"
+    SECONDS = "seconds"
+    CHOICE = "choice"  # one value of an enum
+    ADDRESS = "address"  # tcp://HOST:PORT or unix:///PATH
+    ENV = "env"  # a mapping of environment variable names to strings
+    SECTION = "section"  # a mapping of further settings
+    RULES = "rules"  # the rules list (validated by _Parser.rules)
+    MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One key of the config file, declared once (issue 14): the parser validates it from this,
+    ``json_schema()`` describes it, and ``settings_table()`` is the README's Settings table."""
+
+    key: str
+    kind: Kind
+    doc: str  # the README's "meaning" column and the schema's description
+    # The dataclass field it fills: on Config, or on the section's dataclass (a section with no
+    # attr, like v1, fills Config's fields directly).
+    attr: str | None = None
+    minimum: int = 0  # INT
+    positive: bool = False  # SECONDS: > 0 instead of >= 0
+    choices: type[enum.StrEnum] | None = None  # CHOICE
+    listen: bool = False  # ADDRESS: port 0 allowed
+    children: tuple[Setting, ...] = ()  # SECTION
+    default_doc: str | None = None  # README default where the value itself says little
+
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting("rules", Kind.RULES, "The annotation rules (see Rules above)."),
+    Setting("middleware", Kind.MIDDLEWARE, "The middleware chain (see Middleware interface)."),
+    Setting(
+        "v1",
+        Kind.SECTION,
+        "v1 annotation policy.",
+        children=(
+            Setting(
+                "mode",
+                Kind.CHOICE,
+                "v1 annotation policy (above): `safe`, `stateful` or `off`.",
+                attr="v1_mode",
+                choices=V1Mode,
+            ),
+            Setting(
+                "max_entities",
+                Kind.INT,
+                "With `stateful`: entities per connection whose metadata is kept (least "
+                "recently used forgotten).",
+                attr="v1_max_entities",
+                minimum=1,
+            ),
+        ),
+    ),
+    Setting(
+        "max_frame_bytes",
+        Kind.SIZE,
+        "Longest accepted line. A byte count or a size with a unit (see below).",
+        attr="max_frame_bytes",
+    ),
+    Setting(
+        "non_json",
+        Kind.CHOICE,
+        "Agent stdout lines that are not JSON: `log` (diverted to the log) or `forward`.",
+        attr="non_json",
+        choices=NonJsonPolicy,
+    ),
+    Setting(
+        "agent",
+        Kind.SECTION,
+        "The agent process.",
+        attr="agent",
+        children=(
+            Setting(
+                "env",
+                Kind.ENV,
+                "Variables added to the inherited environment of the agent.",
+                attr="env",
+            ),
+            Setting(
+                "stderr",
+                Kind.CHOICE,
+                "The agent's stderr: `passthrough` (to the proxy's stderr) or `log` "
+                "(structured log).",
+                attr="stderr",
+                choices=StderrMode,
+            ),
+            Setting(
+                "grace_period",
+                Kind.SECONDS,
+                "Seconds between closing the agent's stdin and SIGTERM, and between SIGTERM "
+                "and SIGKILL.",
+                attr="grace_period_s",
+            ),
+        ),
+    ),
+    Setting(
+        "coalesce",
+        Kind.SECTION,
+        "Coalescing under backpressure.",
+        attr="coalesce",
+        children=(
+            Setting(
+                "enabled",
+                Kind.BOOL,
+                "Merge queued updates only under backpressure.",
+                attr="enabled",
+            ),
+            Setting(
+                "max_queue_messages",
+                Kind.INT,
+                "Bound of the outbound queue, in messages.",
+                attr="max_queue_messages",
+                minimum=1,
+            ),
+            Setting(
+                "max_queue_bytes",
+                Kind.SIZE,
+                "Bound of the outbound queue, in bytes (a size, like `max_frame_bytes`).",
+                attr="max_queue_bytes",
+            ),
+            Setting(
+                "min_interval_ms",
+                Kind.INT,
+                "Minimum interval between updates of one entity (0: off).",
+                attr="min_interval_ms",
+            ),
+        ),
+    ),
+    Setting(
+        "listen",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: accept clients on a socket. The command line wins.",
+        attr="listen",
+        listen=True,
+        default_doc="stdio",
+    ),
+    Setting(
+        "connect",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: reach the agent over a socket. The command line "
+        "wins.",
+        attr="connect",
+        default_doc="spawn",
+    ),
+    Setting(
+        "connect_timeout",
+        Kind.SECONDS,
+        "Seconds to wait for the agent's address with `connect`.",
+        attr="connect_timeout_s",
+        positive=True,
+    ),
+    Setting(
+        "max_connections",
+        Kind.INT,
+        "Concurrent clients with `listen`.",
+        attr="max_connections",
+        minimum=1,
+    ),
+    Setting(
+        "allow_remote",
+        Kind.BOOL,
+        "Allow `listen` on a non-loopback address.",
+        attr="allow_remote",
+    ),
 )
+_BY_KEY: Final = {s.key: s for s in SETTINGS}
+
+TOP_KEYS: Final = tuple(s.key for s in SETTINGS)
 RULE_KEYS: Final = ("name", "match", "target", "set_meta", "remove_meta", "overwrite")
 MATCH_KEYS: Final = ("direction", "method", "update")
 MIDDLEWARE_KEYS: Final = ("use", "with", "name", "fail_closed")
 RULES_ENTRY_KEYS: Final = ("use", "fail_closed")
-V1_KEYS: Final = ("mode", "max_entities")
-AGENT_KEYS: Final = ("env", "stderr", "grace_period")
-COALESCE_KEYS: Final = ("enabled", "max_queue_messages", "max_queue_bytes", "min_interval_ms")
+V1_KEYS: Final = tuple(c.key for c in _BY_KEY["v1"].children)
+AGENT_KEYS: Final = tuple(c.key for c in _BY_KEY["agent"].children)
+COALESCE_KEYS: Final = tuple(c.key for c in _BY_KEY["coalesce"].children)
 BUILTIN_RULES: Final = "rules"
 
 _TAG = "tag:yaml.org,2002:"
@@ -344,6 +530,17 @@ class _Parser:
         self.loader = loader
         self.environ = environ
         self.instantiate = instantiate  # False for check-config: import, never call
+        # Every independent mistake is recorded here and parsing goes on, so that one run
+        # reports all of a file's errors (issue 14), not just the first.
+        self.errors: list[ConfigError] = []
+
+    @contextlib.contextmanager
+    def collecting(self) -> Iterator[None]:
+        """Record a ``ConfigError`` raised in the block and carry on after it."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.errors.extend(exc.errors)
 
     # -- errors
 
@@ -367,11 +564,14 @@ class _Parser:
         for key_node, value_node in self.pairs(node, path):
             key = key_node.value
             if key not in valid:
-                raise self.error(
-                    key_node,
-                    _join(path, key),
-                    _unknown("key", key, valid, f"Valid keys: {', '.join(valid)}"),
+                self.errors.append(
+                    self.error(
+                        key_node,
+                        _join(path, key),
+                        _unknown("key", key, valid, f"Valid keys: {', '.join(valid)}"),
+                    )
                 )
+                continue
             out[key] = (key_node, value_node)
         return out
 
@@ -382,14 +582,20 @@ class _Parser:
         out: list[tuple[ScalarNode, Node]] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, ScalarNode) or key_node.tag != _STR:
-                raise self.error(key_node, path, f"keys must be strings, got {_describe(key_node)}")
+                self.errors.append(
+                    self.error(key_node, path, f"keys must be strings, got {_describe(key_node)}")
+                )
+                continue
             key = key_node.value
             if key in seen:
-                raise self.error(
-                    key_node,
-                    _join(path, key),
-                    f'duplicate key "{key}" (first on line {seen[key]})',
+                self.errors.append(
+                    self.error(
+                        key_node,
+                        _join(path, key),
+                        f'duplicate key "{key}" (first on line {seen[key]})',
+                    )
                 )
+                continue
             seen[key] = key_node.start_mark.line + 1
             out.append((key_node, value_node))
         return out
@@ -553,92 +759,92 @@ class _Parser:
         out: list[Rule] = []
         names: dict[str, int] = {}
         for i, item in enumerate(self.sequence(node, path, "a list of rules")):
-            rule = self.rule(item, f"{path}[{i}]", i)
+            rule: Rule | None = None
+            with self.collecting():
+                rule = self.rule(item, f"{path}[{i}]", i)
+            if rule is None:
+                continue
             if rule.name in names:
-                raise self.error(
-                    item,
-                    f"{path}[{i}].name",
-                    f'duplicate rule name "{rule.name}" (also rules[{names[rule.name]}])',
+                self.errors.append(
+                    self.error(
+                        item,
+                        f"{path}[{i}].name",
+                        f'duplicate rule name "{rule.name}" (also rules[{names[rule.name]}])',
+                    )
                 )
+                continue
             names[rule.name] = i
             out.append(rule)
         return tuple(out)
 
-    def rule(self, node: Node, path: str, index: int) -> Rule:
+    def rule(self, node: Node, path: str, index: int) -> Rule | None:
+        """The rule at ``path``, or None when it has errors (recorded; each key is checked)."""
+        before = len(self.errors)
         entries = self.mapping(node, path, RULE_KEYS, allow_null=False)
         name = f"rules[{index}]"
         if "name" in entries:
-            name = self.string(entries["name"][1], _join(path, "name"))
-            if not name:
-                raise self.error(entries["name"][1], _join(path, "name"), "must not be empty")
+            with self.collecting():
+                name = self.string(entries["name"][1], _join(path, "name"))
+                if not name:
+                    raise self.error(entries["name"][1], _join(path, "name"), "must not be empty")
         direction = RuleDirection.BOTH
         method: str | None = None
         kinds: tuple[str, ...] | None = None
         upserts = False
         if "match" in entries:
             mpath = _join(path, "match")
-            match = self.mapping(entries["match"][1], mpath, MATCH_KEYS)
+            match: dict[str, tuple[ScalarNode, Node]] = {}
+            with self.collecting():
+                match = self.mapping(entries["match"][1], mpath, MATCH_KEYS)
             if "direction" in match:
-                direction = self.choice(
-                    match["direction"][1], _join(mpath, "direction"), RuleDirection
-                )
+                with self.collecting():
+                    direction = self.choice(
+                        match["direction"][1], _join(mpath, "direction"), RuleDirection
+                    )
             if "method" in match:
                 mnode = match["method"][1]
-                method = self.string(
-                    mnode, _join(mpath, "method"), expected="a method name or glob"
-                )
-                if not method:
-                    raise self.error(mnode, _join(mpath, "method"), "must not be empty")
-            if "update" in match:
-                kinds, upserts = self.update_kinds(match["update"][1], _join(mpath, "update"))
-                if method is not None and not is_glob(method):
-                    allowed = ["session/update"] + (
-                        ["session/request_permission"] if upserts else []
+                with self.collecting():
+                    method = self.string(
+                        mnode, _join(mpath, "method"), expected="a method name or glob"
                     )
-                    if method not in allowed:
-                        raise self.error(
-                            match["update"][1],
-                            _join(mpath, "update"),
-                            f'method "{method}" never carries a sessionUpdate: "update" needs '
-                            f"method {' or '.join(allowed)} (or no method)",
-                        )
+                    if not method:
+                        raise self.error(mnode, _join(mpath, "method"), "must not be empty")
+            if "update" in match:
+                with self.collecting():
+                    kinds, upserts = self.update_kinds(match["update"][1], _join(mpath, "update"))
+                    self.rule_update(match["update"][1], _join(mpath, "update"), method, upserts)
         target = RuleTarget.ENTITY
         if "target" in entries:
-            target = self.choice(entries["target"][1], _join(path, "target"), RuleTarget)
+            with self.collecting():
+                target = self.choice(entries["target"][1], _join(path, "target"), RuleTarget)
         overwrite = False
         if "overwrite" in entries:
-            overwrite = self.boolean(entries["overwrite"][1], _join(path, "overwrite"))
+            with self.collecting():
+                overwrite = self.boolean(entries["overwrite"][1], _join(path, "overwrite"))
         set_meta: dict[str, JsonValue] = {}
         if "set_meta" in entries:
-            spath = _join(path, "set_meta")
-            snode = entries["set_meta"][1]
-            if not isinstance(snode, MappingNode):
-                raise self.wrong_type(snode, spath, "a mapping of metadata keys to values")
-            for key_node, value_node in self.pairs(snode, spath):
-                kpath = _join(spath, key_node.value)
-                self.meta_key(key_node, kpath)
-                value = self.json(value_node, kpath)
-                if value is None:
-                    raise self.error(
-                        value_node,
-                        kpath,
-                        "null would remove the key: list it under remove_meta instead",
-                    )
-                set_meta[key_node.value] = value
+            with self.collecting():
+                set_meta = self.set_meta(entries["set_meta"][1], _join(path, "set_meta"))
         remove: list[str] = []
         if "remove_meta" in entries:
             rpath = _join(path, "remove_meta")
             rnode = entries["remove_meta"][1]
-            for i, item in enumerate(self.sequence(rnode, rpath, "a list of metadata keys")):
+            items: list[Node] = []
+            with self.collecting():
+                items = self.sequence(rnode, rpath, "a list of metadata keys")
+            for i, item in enumerate(items):
                 ipath = f"{rpath}[{i}]"
-                key = self.string(item, ipath, expected="a metadata key")
-                self.meta_key(item, ipath, key)
-                if key in set_meta:
-                    raise self.error(
-                        item, ipath, f'"{key}" is both in set_meta and remove_meta: keep one'
-                    )
-                if key not in remove:
-                    remove.append(key)
+                with self.collecting():
+                    key = self.string(item, ipath, expected="a metadata key")
+                    self.meta_key(item, ipath, key)
+                    if key in set_meta:
+                        raise self.error(
+                            item, ipath, f'"{key}" is both in set_meta and remove_meta: keep one'
+                        )
+                    if key not in remove:
+                        remove.append(key)
+        if len(self.errors) > before:
+            return None
         if not set_meta and not remove:
             raise self.error(
                 node, path, "the rule changes nothing: give set_meta and/or remove_meta"
@@ -655,6 +861,37 @@ class _Parser:
             update_upserts=upserts,
             line=node.start_mark.line + 1,
         )
+
+    def rule_update(self, node: Node, path: str, method: str | None, upserts: bool) -> None:
+        """``match.update`` only goes with a method that can carry a sessionUpdate."""
+        if method is None or is_glob(method):
+            return
+        allowed = ["session/update"] + (["session/request_permission"] if upserts else [])
+        if method not in allowed:
+            raise self.error(
+                node,
+                path,
+                f'method "{method}" never carries a sessionUpdate: "update" needs '
+                f"method {' or '.join(allowed)} (or no method)",
+            )
+
+    def set_meta(self, node: Node, path: str) -> dict[str, JsonValue]:
+        if not isinstance(node, MappingNode):
+            raise self.wrong_type(node, path, "a mapping of metadata keys to values")
+        out: dict[str, JsonValue] = {}
+        for key_node, value_node in self.pairs(node, path):
+            kpath = _join(path, key_node.value)
+            with self.collecting():
+                self.meta_key(key_node, kpath)
+                value = self.json(value_node, kpath)
+                if value is None:
+                    raise self.error(
+                        value_node,
+                        kpath,
+                        "null would remove the key: list it under remove_meta instead",
+                    )
+                out[key_node.value] = value
+        return out
 
     def update_kinds(self, node: Node, path: str) -> tuple[tuple[str, ...] | None, bool]:
         valid = sorted(KNOWN_UPDATE_KINDS)
@@ -712,51 +949,70 @@ class _Parser:
         names: dict[str, int] = {}
         seen_rules: int | None = None
         for i, item in enumerate(self.sequence(node, path, "a list of middleware entries")):
-            ipath = f"{path}[{i}]"
-            entries = self.mapping(item, ipath, MIDDLEWARE_KEYS, allow_null=False)
-            if "use" not in entries:
-                raise self.error(
-                    item,
-                    ipath,
-                    f'missing "use": "{BUILTIN_RULES}" or an import path such as '
-                    '"mypkg.module:Class"',
+            with self.collecting():
+                seen_rules = self.middleware_entry(
+                    item, path, i, names=names, seen_rules=seen_rules, out=out
                 )
-            unode = entries["use"][1]
-            upath = _join(ipath, "use")
-            use = self.string(unode, upath, expected='"rules" or "package.module:Class"')
-            fail_closed = False
-            if "fail_closed" in entries:
-                fail_closed = self.boolean(entries["fail_closed"][1], _join(ipath, "fail_closed"))
-            if use == BUILTIN_RULES:
-                for key in entries:
-                    if key not in RULES_ENTRY_KEYS:
-                        raise self.error(
-                            entries[key][0],
-                            _join(ipath, key),
-                            f'the built-in rules take no "{key}": configure them under "rules:" '
-                            f"(valid keys here: {', '.join(RULES_ENTRY_KEYS)})",
-                        )
-                if seen_rules is not None:
-                    raise self.error(
-                        unode, upath, f"the rules are already listed at {path}[{seen_rules}]"
-                    )
-                seen_rules = i
-                name = BUILTIN_RULES
-                spec = None
-            else:
-                spec = self.imported(entries, ipath, use, fail_closed)
-                name = spec.name
-            if name in names:
-                where = entries["name"][1] if "name" in entries else unode
-                raise self.error(
-                    where,
-                    _join(ipath, "name"),
-                    f'duplicate middleware name "{name}" (also {path}[{names[name]}]); '
-                    'give one a distinct "name:"',
-                )
-            names[name] = i
-            out.append((spec, fail_closed, item))
         return out
+
+    def middleware_entry(
+        self,
+        item: Node,
+        path: str,
+        i: int,
+        *,
+        names: dict[str, int],
+        seen_rules: int | None,
+        out: list[tuple[MiddlewareSpec | None, bool, Node]],
+    ) -> int | None:
+        """Check ``middleware[i]`` and append it to ``out``; returns where the rules are listed."""
+        ipath = f"{path}[{i}]"
+        before = len(self.errors)
+        entries = self.mapping(item, ipath, MIDDLEWARE_KEYS, allow_null=False)
+        if len(self.errors) > before:  # unknown keys: the entry would be misread
+            return seen_rules
+        if "use" not in entries:
+            raise self.error(
+                item,
+                ipath,
+                f'missing "use": "{BUILTIN_RULES}" or an import path such as "mypkg.module:Class"',
+            )
+        unode = entries["use"][1]
+        upath = _join(ipath, "use")
+        use = self.string(unode, upath, expected='"rules" or "package.module:Class"')
+        fail_closed = False
+        if "fail_closed" in entries:
+            fail_closed = self.boolean(entries["fail_closed"][1], _join(ipath, "fail_closed"))
+        if use == BUILTIN_RULES:
+            for key in entries:
+                if key not in RULES_ENTRY_KEYS:
+                    raise self.error(
+                        entries[key][0],
+                        _join(ipath, key),
+                        f'the built-in rules take no "{key}": configure them under "rules:" '
+                        f"(valid keys here: {', '.join(RULES_ENTRY_KEYS)})",
+                    )
+            if seen_rules is not None:
+                raise self.error(
+                    unode, upath, f"the rules are already listed at {path}[{seen_rules}]"
+                )
+            seen_rules = i
+            name = BUILTIN_RULES
+            spec = None
+        else:
+            spec = self.imported(entries, ipath, use, fail_closed)
+            name = spec.name
+        if name in names:
+            where = entries["name"][1] if "name" in entries else unode
+            raise self.error(
+                where,
+                _join(ipath, "name"),
+                f'duplicate middleware name "{name}" (also {path}[{names[name]}]); '
+                'give one a distinct "name:"',
+            )
+        names[name] = i
+        out.append((spec, fail_closed, item))
+        return seen_rules
 
     def imported(
         self, entries: dict[str, tuple[ScalarNode, Node]], path: str, use: str, fail_closed: bool
@@ -902,6 +1158,38 @@ class _Parser:
             raise self.error(node, path, f"expected {_ADDRESS_HELP}, got {_quote(value)}")
         return value
 
+    def setting(self, node: Node, path: str, setting: Setting) -> object:
+        """The value of a scalar-kind ``setting`` (BOOL ... ENV) at ``path``."""
+        kind = setting.kind
+        if kind is Kind.BOOL:
+            return self.boolean(node, path)
+        if kind is Kind.INT:
+            return self.integer(node, path, minimum=setting.minimum)
+        if kind is Kind.SIZE:
+            return self.size(node, path)
+        if kind is Kind.SECONDS:
+            return self.seconds(node, path, positive=setting.positive)
+        if kind is Kind.CHOICE:
+            assert setting.choices is not None
+            return self.choice(node, path, setting.choices)
+        if kind is Kind.ADDRESS:
+            return self.address(node, path, listen=setting.listen)
+        assert kind is Kind.ENV, kind
+        return self.env(node, path)
+
+    def section(self, node: Node, path: str, setting: Setting) -> dict[str, object]:
+        """A SECTION's given settings, as {dataclass field: value}; each error recorded."""
+        entries = self.mapping(node, path, [c.key for c in setting.children])
+        out: dict[str, object] = {}
+        for child in setting.children:
+            if child.key in entries:
+                assert child.attr is not None
+                with self.collecting():
+                    out[child.attr] = self.setting(
+                        entries[child.key][1], _join(path, child.key), child
+                    )
+        return out
+
     def document(self, root: Node | None) -> Config:
         if root is None:  # an empty file (or only comments): the defaults, no rules
             return Config(source=self.source)
@@ -910,44 +1198,38 @@ class _Parser:
         rules: tuple[Rule, ...] = ()
         chain: list[tuple[MiddlewareSpec | None, bool, Node]] | None = None
         middleware_node: Node | None = None
-        v1_mode, v1_max = d.v1_mode, d.v1_max_entities
-        agent, coalesce = d.agent, d.coalesce
-        max_frame_bytes, non_json = d.max_frame_bytes, d.non_json
-        listen, connect, connect_timeout = d.listen, d.connect, d.connect_timeout_s
-        max_connections, allow_remote = d.max_connections, d.allow_remote
-        for key, (_, node) in top.items():
-            if key == "rules":
-                rules = self.rules(node, key)
-            elif key == "middleware":
-                if not (isinstance(node, ScalarNode) and node.tag == _NULL):
-                    chain = self.middleware(node, key)
-                    middleware_node = node
-            elif key == "v1":
-                v1 = self.mapping(node, key, V1_KEYS)
-                if "mode" in v1:
-                    v1_mode = self.choice(v1["mode"][1], "v1.mode", V1Mode)
-                if "max_entities" in v1:
-                    v1_max = self.integer(v1["max_entities"][1], "v1.max_entities", minimum=1)
-            elif key == "agent":
-                agent = self.agent(node)
-            elif key == "coalesce":
-                coalesce = self.coalesce(node)
-            elif key == "max_frame_bytes":
-                max_frame_bytes = self.size(node, key)
-            elif key == "non_json":
-                non_json = self.choice(node, key, NonJsonPolicy)
-            elif key == "listen":
-                listen = self.address(node, key, listen=True)
-            elif key == "connect":
-                connect = self.address(node, key, listen=False)
-            elif key == "connect_timeout":
-                connect_timeout = self.seconds(node, key, positive=True)
-            elif key == "max_connections":
-                max_connections = self.integer(node, key, minimum=1)
-            else:
-                assert key == "allow_remote"
-                allow_remote = self.boolean(node, key)
-        rules_factory = _RulesFactory(rules, v1_mode, v1_max)
+        middleware_ok = True
+        changes: dict[str, Any] = {}  # Config fields the file sets
+        for setting in SETTINGS:
+            if setting.key not in top:
+                continue
+            key, node = setting.key, top[setting.key][1]
+            before = len(self.errors)
+            with self.collecting():
+                if setting.kind is Kind.RULES:
+                    rules = self.rules(node, key)
+                elif setting.kind is Kind.MIDDLEWARE:
+                    if not (isinstance(node, ScalarNode) and node.tag == _NULL):
+                        middleware_node = node
+                        chain = self.middleware(node, key)
+                elif setting.kind is Kind.SECTION:
+                    given = self.section(node, key, setting)
+                    if setting.attr is None:  # v1: its settings are Config's own fields
+                        changes.update(given)
+                    else:
+                        changes[setting.attr] = dataclasses.replace(
+                            getattr(d, setting.attr), **given
+                        )
+                else:
+                    assert setting.attr is not None
+                    changes[setting.attr] = self.setting(node, key, setting)
+            if setting.kind is Kind.MIDDLEWARE and len(self.errors) > before:
+                middleware_ok = False
+        rules_factory = _RulesFactory(
+            rules,
+            changes.get("v1_mode", d.v1_mode),
+            changes.get("v1_max_entities", d.v1_max_entities),
+        )
         specs: list[MiddlewareSpec] = []
         if chain is None:
             if rules:
@@ -968,77 +1250,48 @@ class _Parser:
                     )
                 else:
                     specs.append(spec)
-            if rules and not listed:
+            # Only when every entry was read: a broken "- use: rules" entry is not a missing one.
+            if rules and not listed and middleware_ok:
                 assert middleware_node is not None
-                raise self.error(
-                    middleware_node,
-                    "middleware",
-                    f'the rules are defined but not listed here: add "- use: {BUILTIN_RULES}" '
-                    "where they should run in the chain",
+                self.errors.append(
+                    self.error(
+                        middleware_node,
+                        "middleware",
+                        f'the rules are defined but not listed here: add "- use: {BUILTIN_RULES}" '
+                        "where they should run in the chain",
+                    )
                 )
         return Config(
             source=self.source,
             middleware=tuple(specs),
-            v1_mode=v1_mode,
-            v1_max_entities=v1_max,
-            max_frame_bytes=max_frame_bytes,
-            non_json=non_json,
-            agent=agent,
-            coalesce=coalesce,
-            listen=listen,
-            connect=connect,
-            connect_timeout_s=connect_timeout,
-            max_connections=max_connections,
-            allow_remote=allow_remote,
             rule_names=tuple(r.name for r in rules),
             rules=rules,
+            lines={k: key_node.start_mark.line + 1 for k, (key_node, _) in top.items()},
+            **changes,
         )
 
-    def agent(self, node: Node) -> AgentConfig:
-        entries = self.mapping(node, "agent", AGENT_KEYS)
+    def env(self, node: Node, path: str) -> dict[str, str]:
         env: dict[str, str] = {}
-        stderr = AgentConfig().stderr
-        grace = AgentConfig().grace_period_s
-        if "env" in entries:
-            enode = entries["env"][1]
-            if not (isinstance(enode, ScalarNode) and enode.tag == _NULL):
-                if not isinstance(enode, MappingNode):
-                    raise self.wrong_type(
-                        enode, "agent.env", "a mapping of variable names to strings"
+        if isinstance(node, ScalarNode) and node.tag == _NULL:
+            return env
+        if not isinstance(node, MappingNode):
+            raise self.wrong_type(node, path, "a mapping of variable names to strings")
+        for key_node, value_node in self.pairs(node, path):
+            name = key_node.value
+            vpath = _join(path, name)
+            with self.collecting():
+                if not name or "=" in name or "\0" in name:
+                    raise self.error(key_node, vpath, f"invalid variable name {_quote(name)}")
+                if isinstance(value_node, ScalarNode) and value_node.tag in (_INT, _FLOAT):
+                    value = value_node.value
+                else:
+                    value = self.string(value_node, vpath)
+                if "\0" in value:
+                    raise self.error(
+                        value_node, vpath, "a NUL character cannot be in the environment"
                     )
-                for key_node, value_node in self.pairs(enode, "agent.env"):
-                    name = key_node.value
-                    vpath = _join("agent.env", name)
-                    if not name or "=" in name or "\0" in name:
-                        raise self.error(key_node, vpath, f"invalid variable name {_quote(name)}")
-                    if isinstance(value_node, ScalarNode) and value_node.tag in (_INT, _FLOAT):
-                        env[name] = value_node.value
-                    else:
-                        env[name] = self.string(value_node, vpath)
-                    if "\0" in env[name]:
-                        raise self.error(
-                            value_node, vpath, "a NUL character cannot be in the environment"
-                        )
-        if "stderr" in entries:
-            stderr = self.choice(entries["stderr"][1], "agent.stderr", StderrMode)
-        if "grace_period" in entries:
-            grace = self.seconds(entries["grace_period"][1], "agent.grace_period", positive=False)
-        return AgentConfig(env=env, stderr=stderr, grace_period_s=grace)
-
-    def coalesce(self, node: Node) -> CoalesceConfig:
-        entries = self.mapping(node, "coalesce", COALESCE_KEYS)
-        given: dict[str, Any] = {}  # only the keys present; the rest keep CoalesceConfig defaults
-        if "enabled" in entries:
-            given["enabled"] = self.boolean(entries["enabled"][1], "coalesce.enabled")
-        for key in ("max_queue_messages", "min_interval_ms"):
-            if key in entries:
-                minimum = 1 if key == "max_queue_messages" else 0
-                given[key] = self.integer(entries[key][1], f"coalesce.{key}", minimum=minimum)
-        if "max_queue_bytes" in entries:
-            given["max_queue_bytes"] = self.size(
-                entries["max_queue_bytes"][1], "coalesce.max_queue_bytes"
-            )
-        return dataclasses.replace(CoalesceConfig(), **given)
+                env[name] = value
+        return env
 
 
 # --- reading the file safely ----------------------------------------------------------------------
@@ -1140,7 +1393,87 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+def _mark_char(mark: Any) -> str:
+    """The character at a YAML mark (a string buffer), or "" when unknown."""
+    buffer, pointer = getattr(mark, "buffer", None), getattr(mark, "pointer", None)
+    if isinstance(buffer, str) and isinstance(pointer, int) and 0 <= pointer < len(buffer):
+        return buffer[pointer]
+    return ""
+
+
+def _plain_yaml_error(exc: yaml.MarkedYAMLError) -> tuple[Any, str] | None:
+    """PyYAML's message in plain words with a hint, and the mark to report it at; None when
+    the message is not one we know (then it is shown as PyYAML words it)."""
+    problem, context = exc.problem or "", exc.context or ""
+    mark, start = exc.problem_mark, exc.context_mark
+    column = f" (column {mark.column + 1})" if mark is not None else ""
+    since = f" on line {start.line + 1}" if start is not None else ""
+    if problem.startswith("found character '\\t' that cannot start any token"):
+        return mark, (
+            f"a tab character{column}: YAML indents with spaces only; replace the tab with spaces"
+        )
+    m = re.fullmatch(r"found character '(.)' that cannot start any token", problem)
+    if m:
+        return mark, (
+            f"a value cannot start with {_quote(m.group(1))}{column}: quote the value "
+            f"(\"{m.group(1)}...\")"
+        )
+    if problem.startswith("expected <block end>, but found"):
+        kind = "list" if "sequence" in context or "collection" in context else "mapping"
+        found = problem.removeprefix("expected <block end>, but found ")
+        what = "a list item" if "sequence" in found else "a key"
+        return mark, (
+            f"bad indentation{column}: {what} that does not line up with the {kind} that "
+            f"starts{since}; the keys of one mapping, and the \"-\" of one list, must start in "
+            "the same column"
+        )
+    if "end of stream" in problem and "quoted scalar" in context:
+        quote = _mark_char(start) or '"'
+        return start, f"unclosed quote: the string that starts with {quote}{since} never ends"
+    m = re.fullmatch(r"expected ',' or '([\]}])', but got '(.*)'", problem)
+    if m:
+        closing = m.group(1)
+        opening = "{" if closing == "}" else "["
+        if m.group(2) == "<stream end>":
+            return start, f'unclosed "{opening}": it has no matching "{closing}"'
+        return mark, (
+            f'expected "," or "{closing}"{column} in the "{opening}...{closing}" that starts'
+            f'{since}: a missing comma, or a missing "{closing}"?'
+        )
+    if problem == "mapping values are not allowed here":
+        return mark, (
+            f'unexpected ":"{column}: quote a value that contains ": " ("a: b"), or check '
+            "the indentation of this line"
+        )
+    if problem == "could not find expected ':'":
+        return start, (
+            'a line without ":" inside a mapping: write KEY: VALUE (or "- " before a list item)'
+        )
+    if context == "expected a single document in the stream":
+        return mark, 'a second YAML document ("---"): a config file holds one document'
+    m = re.fullmatch(r"found undefined alias '(.*)'", problem)
+    if m:
+        name = m.group(1)
+        return mark, f"alias *{name} has no anchor: mark an earlier value with &{name}"
+    m = re.fullmatch(r"found duplicate anchor '(.*)'; first occurrence", context)
+    if m:
+        first = f" (first on line {start.line + 1})" if start is not None else ""
+        return mark, f"anchor &{m.group(1)} is defined twice{first}: rename one"
+    m = re.fullmatch(r"found unknown escape character '(.*)'", problem)
+    if m:
+        return mark, (
+            f"unknown escape \\{m.group(1)}{column} in a double-quoted string: write \\\\ "
+            "for a backslash, or use single quotes"
+        )
+    return None
+
+
 def _yaml_error(source: str, exc: yaml.MarkedYAMLError) -> ConfigError:
+    plain = _plain_yaml_error(exc)
+    if plain is not None:
+        at, reason = plain
+        at = at or exc.problem_mark or exc.context_mark
+        return ConfigError(source, at.line + 1 if at is not None else None, None, reason)
     mark = exc.problem_mark or exc.context_mark
     line = mark.line + 1 if mark is not None else None
     reason = "invalid YAML"
@@ -1177,7 +1510,14 @@ def parse_config(
             raise _yaml_error(source, exc) from exc
         except yaml.YAMLError as exc:
             raise ConfigError(source, None, None, f"invalid YAML: {exc}") from exc
-        return _Parser(source, loader, environ, instantiate=instantiate).document(root)
+        parser = _Parser(source, loader, environ, instantiate=instantiate)
+        try:
+            config = parser.document(root)
+        except ConfigError as exc:  # a mistake that stops the walk: reported with the others
+            parser.errors.extend(exc.errors)
+        if parser.errors:
+            raise ConfigError.all_of(parser.errors)
+        return config
     finally:
         loader.dispose()
 

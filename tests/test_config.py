@@ -60,30 +60,29 @@ def parse(text: str, env: dict[str, str] | None = None) -> Config:
 # --- errors: exact messages ----------------------------------------------------------------------
 
 ERRORS: list[tuple[str, str, str]] = [
-    # YAML syntax
+    # YAML syntax, in plain words with a hint (issue 14; more in test_config_quality.py)
     (
         "yaml-unclosed-flow",
         "rules:\n  - name: a\n    match: {direction: both\n",
-        "rules.yaml:4: invalid YAML at column 1: expected ',' or '}', but got '<stream end>' "
-        "(while parsing a flow mapping that starts on line 3)",
+        'rules.yaml:3: unclosed "{": it has no matching "}"',
     ),
     (
         "yaml-indent",
         "rules:\n  - name: a\n   set_meta: 1\n",
-        "rules.yaml:3: invalid YAML at column 4: expected <block end>, but found "
-        "'<block mapping start>' (while parsing a block collection that starts on line 2)",
+        "rules.yaml:3: bad indentation (column 4): a key that does not line up with the list "
+        'that starts on line 2; the keys of one mapping, and the "-" of one list, must start '
+        "in the same column",
     ),
     (
         "yaml-tab",
         "rules:\n\t- name: a\n",
-        "rules.yaml:2: invalid YAML at column 1: found character '\\t' that cannot start any "
-        "token (while scanning for the next token)",
+        "rules.yaml:2: a tab character (column 1): YAML indents with spaces only; replace the "
+        "tab with spaces",
     ),
     (
         "yaml-two-documents",
         "a: 1\n---\nb: 2\n",
-        "rules.yaml:2: invalid YAML at column 1: expected a single document in the stream, "
-        "but found another document",
+        'rules.yaml:2: a second YAML document ("---"): a config file holds one document',
     ),
     # unknown fields, with a suggestion when one is close
     (
