@@ -426,17 +426,41 @@ _TAG_NAMES: Final = {
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-_SIZE = re.compile(r"\s*(\d+)\s*(B|KB|KiB|MB|MiB|GB|GiB)?\s*")
+# Sizes: a byte count with an optional unit, in any case and with or without a space ("64MiB",
+# "64mb", "64 MB", "64k"). KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024, and the
+# one-letter k/m/g mean KiB/MiB/GiB as in most command-line tools.
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
 _SIZE_UNITS: Final = {
-    None: 1,
-    "B": 1,
-    "KB": 1000,
-    "KiB": 1024,
-    "MB": 1000**2,
-    "MiB": 1024**2,
-    "GB": 1000**3,
-    "GiB": 1024**3,
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
 }
+SIZE_HELP: Final = (
+    'a size in bytes: a positive integer or a string such as "64MiB" (units B, KB, KiB, MB, '
+    "MiB, GB, GiB, or k, m, g for KiB, MiB, GiB; any case)"
+)
+# The same grammar for the JSON schema (ECMAScript regex, no flags).
+SIZE_PATTERN: Final = r"^\s*[0-9]+\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"
+
+
+def parse_size(text: str) -> int | None:
+    """The byte count ``text`` names ("64MiB", "64 mb", "64k", "1024"), or None if it names
+    none (a positive value is not checked here)."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        return None
+    factor = _SIZE_UNITS.get(m.group(2).lower())
+    return None if factor is None else int(m.group(1)) * factor
+
+
 _ADDRESS_HELP = 'an address such as "tcp://127.0.0.1:7777" or "unix:///run/acp.sock"'
 
 _E = TypeVar("_E", bound=enum.StrEnum)
@@ -648,17 +672,14 @@ class _Parser:
         return value
 
     def size(self, node: Node, path: str) -> int:
-        expected = (
-            'a size in bytes: a positive integer or a string such as "64MiB" '
-            "(units B, KB, KiB, MB, MiB, GB, GiB)"
-        )
+        expected = SIZE_HELP
         if isinstance(node, ScalarNode) and node.tag == _INT:
             value = int(self.loader.construct_yaml_int(node))
         elif isinstance(node, ScalarNode) and node.tag == _STR:
-            m = _SIZE.fullmatch(self.expand(node, path))
-            if m is None:
+            parsed = parse_size(self.expand(node, path))
+            if parsed is None:
                 raise self.wrong_type(node, path, expected)
-            value = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+            value = parsed
         else:
             raise self.wrong_type(node, path, expected)
         if value < 1:
@@ -1416,7 +1437,7 @@ def _plain_yaml_error(exc: yaml.MarkedYAMLError) -> tuple[Any, str] | None:
     if m:
         return mark, (
             f"a value cannot start with {_quote(m.group(1))}{column}: quote the value "
-            f"(\"{m.group(1)}...\")"
+            f'("{m.group(1)}...")'
         )
     if problem.startswith("expected <block end>, but found"):
         kind = "list" if "sequence" in context or "collection" in context else "mapping"
@@ -1424,7 +1445,7 @@ def _plain_yaml_error(exc: yaml.MarkedYAMLError) -> tuple[Any, str] | None:
         what = "a list item" if "sequence" in found else "a key"
         return mark, (
             f"bad indentation{column}: {what} that does not line up with the {kind} that "
-            f"starts{since}; the keys of one mapping, and the \"-\" of one list, must start in "
+            f'starts{since}; the keys of one mapping, and the "-" of one list, must start in '
             "the same column"
         )
     if "end of stream" in problem and "quoted scalar" in context:
@@ -1614,6 +1635,204 @@ def load_config(
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(path, line, None, "the file is not valid UTF-8") from exc
     return parse_config(text, path, environ, instantiate=instantiate)
+
+
+# --- the JSON schema and the README table, from SETTINGS ---------------------------------------
+
+_ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up
+_META_KEY: Final[JsonObject] = {
+    "anyOf": [
+        {"enum": cast(JsonValue, sorted(W3C_TRACE_KEYS))},
+        {"type": "string", "pattern": "^[^/]+/.+$"},
+    ]
+}
+
+
+def _default(setting: Setting, section: Setting | None) -> object:
+    """The built-in value of ``setting`` (from the dataclasses, never repeated here)."""
+    assert setting.attr is not None
+    owner: object = Config()
+    if section is not None and section.attr is not None:
+        owner = getattr(owner, section.attr)
+    return getattr(owner, setting.attr)
+
+
+def _json_default(value: object) -> JsonValue:
+    if isinstance(value, enum.Enum):
+        return cast(JsonValue, value.value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return cast(JsonValue, value)
+
+
+def _setting_schema(setting: Setting, section: Setting | None = None) -> JsonObject:
+    kind = setting.kind
+    out: JsonObject = {"description": setting.doc}
+    if kind is Kind.BOOL:
+        out["type"] = "boolean"
+    elif kind is Kind.INT:
+        out.update(type="integer", minimum=setting.minimum)
+    elif kind is Kind.SIZE:
+        out["anyOf"] = [
+            {"type": "integer", "minimum": 1},
+            {"type": "string", "pattern": SIZE_PATTERN},
+            dict(_ENV_REF),
+        ]
+    elif kind is Kind.SECONDS:
+        out["type"] = "number"
+        out["exclusiveMinimum" if setting.positive else "minimum"] = 0
+    elif kind is Kind.CHOICE:
+        assert setting.choices is not None
+        out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
+    elif kind is Kind.ADDRESS:
+        out["anyOf"] = [
+            {"type": "null"},
+            {"type": "string", "pattern": "^(tcp://.+:[0-9]+|unix:///.+)$"},
+            dict(_ENV_REF),
+        ]
+    elif kind is Kind.ENV:
+        out.update(
+            type=["object", "null"],
+            propertyNames={"pattern": "^[^=]+$"},
+            additionalProperties={"type": ["string", "number"]},
+        )
+    elif kind is Kind.SECTION:
+        out.update(
+            type=["object", "null"],
+            additionalProperties=False,
+            properties={c.key: _setting_schema(c, setting) for c in setting.children},
+        )
+    elif kind is Kind.RULES:
+        out.update(type=["array", "null"], items={"$ref": "#/$defs/rule"})
+    else:
+        assert kind is Kind.MIDDLEWARE
+        out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
+    if setting.attr is not None and kind is not Kind.SECTION:
+        default = _default(setting, section)
+        if default is not None:
+            out["default"] = _json_default(default)
+    return out
+
+
+def _rule_schema() -> JsonObject:
+    """One entry of ``rules:`` (its checks across keys are the parser's: see _Parser.rule)."""
+    properties: JsonObject = {
+        "name": {"type": "string", "minLength": 1, "description": "Shown in logs; unique."},
+        "match": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "description": "Every condition given must hold.",
+            "properties": {
+                "direction": {"enum": [d.value for d in RuleDirection]},
+                "method": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "An exact JSON-RPC method or a glob (session/*).",
+                },
+                "update": {
+                    "description": 'sessionUpdate kinds, or "upserts".',
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    ],
+                },
+            },
+        },
+        "target": {"enum": [t.value for t in RuleTarget]},
+        "set_meta": {
+            "type": "object",
+            "propertyNames": _META_KEY,
+            "additionalProperties": {"not": {"type": "null"}},
+            "description": "Metadata keys to set (namespaced, or a W3C trace key).",
+        },
+        "remove_meta": {
+            "type": ["array", "null"],
+            "items": {"type": "string", **_META_KEY},
+            "description": "Metadata keys to remove.",
+        },
+        "overwrite": {"type": "boolean", "default": False},
+    }
+    assert tuple(properties) == RULE_KEYS
+    match = cast(JsonObject, properties["match"])
+    assert tuple(cast(JsonObject, match["properties"])) == MATCH_KEYS
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+        "anyOf": [{"required": ["set_meta"]}, {"required": ["remove_meta"]}],
+    }
+
+
+def _middleware_schema() -> JsonObject:
+    properties: JsonObject = {
+        "use": {
+            "type": "string",
+            "pattern": r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$",
+            "description": 'The built-in "rules", or "package.module:Class" (imported: as '
+            "trusted as code).",
+        },
+        "with": {"type": ["object", "null"], "description": "Keyword arguments of the class."},
+        "name": {"type": "string", "minLength": 1, "description": "Shown in logs; unique."},
+        "fail_closed": {"type": "boolean", "default": False},
+    }
+    assert tuple(properties) == MIDDLEWARE_KEYS
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["use"],
+        "properties": properties,
+    }
+
+
+def json_schema() -> JsonObject:
+    """The JSON schema of the config file (``acp-proxy schema``), generated from SETTINGS.
+
+    It checks the shape of the file for editors; ``check-config`` checks more (imports, rule
+    cross-checks, environment variables, the socket addresses).
+    """
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "acp-proxy configuration file",
+        "type": ["object", "null"],
+        "additionalProperties": False,
+        "properties": {s.key: _setting_schema(s) for s in SETTINGS},
+        "$defs": {"rule": _rule_schema(), "middleware": _middleware_schema()},
+    }
+
+
+def _readme_default(setting: Setting, section: Setting | None) -> str:
+    if setting.default_doc is not None:
+        return setting.default_doc
+    value = _default(setting, section)
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if setting.kind is Kind.SIZE:
+        assert isinstance(value, int)
+        return f"`{_size_text(value).replace(' ', '')}`"
+    if isinstance(value, enum.Enum):
+        return f"`{value.value}`"
+    if isinstance(value, Mapping):
+        return "`{}`" if not value else f"`{_json_text(dict(value))}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    """The README's Settings table (a test keeps the README equal to it)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for setting in SETTINGS:
+        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE):
+            continue
+        if setting.kind is Kind.SECTION:
+            for child in setting.children:
+                rows.append(
+                    f"| `{setting.key}.{child.key}` | {_readme_default(child, setting)} "
+                    f"| {child.doc} |"
+                )
+        else:
+            rows.append(f"| `{setting.key}` | {_readme_default(setting, None)} | {setting.doc} |")
+    return "\n".join(rows)
 
 
 # --- explain -------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ KINDS = (
 NS = "(only the W3C trace keys traceparent, tracestate, baggage may be bare)"
 SIZE = (
     'expected a size in bytes: a positive integer or a string such as "64MiB" '
-    "(units B, KB, KiB, MB, MiB, GB, GiB)"
+    "(units B, KB, KiB, MB, MiB, GB, GiB, or k, m, g for KiB, MiB, GiB; any case)"
 )
 ADDR = 'expected an address such as "tcp://127.0.0.1:7777" or "unix:///run/acp.sock"'
 
@@ -486,7 +486,7 @@ def test_example_yaml_loads() -> None:
         direction=RuleDirection.AGENT_TO_CLIENT,
         method="session/update",
         update_kinds=("tool_call_update", "terminal_update"),
-        line=10,
+        line=11,
     )
     assert config.rules[1].target is RuleTarget.MESSAGE
     assert [s.name for s in config.middleware] == ["rules"]
@@ -623,6 +623,15 @@ def test_defaults() -> None:
         ('"64MiB"', 64 * 1024**2),
         ('"1GiB"', 1024**3),
         ('"1GB"', 10**9),
+        # issue 14: any case, a space or not, one-letter binary units
+        ('"64mb"', 64 * 1000**2),
+        ('"64 MB"', 64 * 1000**2),
+        ('"64mib"', 64 * 1024**2),
+        ('"64k"', 64 * 1024),
+        ('"64K"', 64 * 1024),
+        ('"2m"', 2 * 1024**2),
+        ('"1g"', 1024**3),
+        ('"7b"', 7),
     ],
 )
 def test_sizes(text: str, expected: int) -> None:
