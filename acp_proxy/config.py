@@ -1,9 +1,19 @@
 """Configuration: the YAML rules file, parsed and validated once, up front.
 
 Contract: owns the config file format and its validation. Every error names the file, the line,
-the path inside the document (``rules[1].set_meta``) and what would be valid (style.md habit 5).
-The hot path only sees the compiled result. Pure apart from reading the one file it is given and
-importing the user middleware it names (both at load time, never per message).
+the path inside the document (``rules[1].set_meta``) and what would be valid (style.md habit 5),
+and every independent error of a file is reported at once. The hot path only sees the compiled
+result. Pure apart from reading the one file it is given and importing the user middleware it
+names (both at load time, never per message).
+
+The settings are declared once, in ``SETTINGS`` (issue 14): the parser validates the scalar
+settings and their sections from it, and ``json_schema()`` (``acp-proxy schema``) and
+``settings_table()`` (the README's table) are generated from it. The rules and middleware
+entries have cross-key checks and keep their own code, with their key lists declared here too.
+
+A config file is data unless it says otherwise (issue 10): ``use:`` may name only a middleware
+class, refused before anything is called (``os:system`` is not one); the YAML is bounded (size,
+aliases, nesting) and only the core tags are accepted; the file must be a regular file.
 
 The format (see README.md, "Configuration file", for the user-facing reference)::
 
@@ -513,8 +523,13 @@ def _size_text(n: int) -> str:
     return f"{n} bytes"
 
 
-def _class_name(cls: type) -> str:
-    return cls.__name__
+def _static_name(cls: type) -> str | None:
+    """The ``name`` every instance of ``cls`` has, when it can be told without building one:
+    BaseMiddleware's (the class name) or a str class attribute; None when __init__ may set it."""
+    attr = inspect.getattr_static(cls, "name", None)
+    if attr is inspect.getattr_static(BaseMiddleware, "name"):
+        return cls.__name__
+    return attr if isinstance(attr, str) else None
 
 
 def _not_a_middleware_class(target: object) -> str | None:
@@ -557,6 +572,7 @@ class _Parser:
         # Every independent mistake is recorded here and parsing goes on, so that one run
         # reports all of a file's errors (issue 14), not just the first.
         self.errors: list[ConfigError] = []
+        self.guessed_names: set[str] = set()  # check-config: middleware names not yet known
 
     @contextlib.contextmanager
     def collecting(self) -> Iterator[None]:
@@ -1023,7 +1039,7 @@ class _Parser:
         else:
             spec = self.imported(entries, ipath, use, fail_closed)
             name = spec.name
-        if name in names:
+        if name in names and name not in self.guessed_names:
             where = entries["name"][1] if "name" in entries else unode
             raise self.error(
                 where,
@@ -1113,9 +1129,12 @@ class _Parser:
                 raise self.error(entries["name"][1], _join(path, "name"), "must not be empty")
         if not self.instantiate:
             # check-config: the class is imported and its options checked against its
-            # signature, but it is never called (the name a class sets only in __init__ is
-            # unknown then: the class name stands in for it).
-            name = rename or _class_name(target)
+            # signature, but it is never called. A name only __init__ sets is unknown then:
+            # the class name stands in for it, and it is not checked for duplicates (the run
+            # checks it), so that check-config never refuses what the run accepts.
+            name = rename or _static_name(target) or target.__name__
+            if not rename and _static_name(target) is None:
+                self.guessed_names.add(name)
             return MiddlewareSpec(
                 name=name,
                 factory=_ImportedFactory(target, kwargs, rename),

@@ -102,3 +102,21 @@ class Callable:
 
 
 CALLABLE_OBJECT = Callable()
+
+
+class SelfNamed:
+    """Names itself from its options in ``__init__`` (the class only declares ``name``)."""
+
+    name: str
+
+    def __init__(self, label: str) -> None:
+        self.name = f"self-{label}"
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return FORWARD
+
+
+class FixedName(BaseMiddleware):
+    """A class-level ``name``: known without building an instance."""
+
+    name = "fixed"

@@ -183,6 +183,13 @@ def test_yaml_errors_in_plain_words(text: str, expected: str) -> None:
     assert errors_of(text) == [expected]
 
 
+def test_other_yaml_errors_keep_pyyaml_words() -> None:
+    assert errors_of("rules: [\n- a\n") == [
+        "c.yaml:2: invalid YAML at column 1: expected the node content, but found '-' "
+        "(while parsing a flow node)"
+    ]
+
+
 def test_no_pyyaml_jargon_in_the_common_mistakes() -> None:
     for _, text, _ in YAML_ERRORS:
         (message,) = errors_of(text)

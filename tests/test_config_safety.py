@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from proxy_harness import REPO, proxy_env
 
-from acp_proxy.config import ConfigError, load_config, parse_config
+from acp_proxy.config import ConfigError, load_config, parse_config, writable_by_others
 
 TESTS = REPO / "tests"
 CAP = 1024**3  # RLIMIT_AS for the proxy under test
@@ -317,3 +317,65 @@ def test_a_private_config_is_not_warned_about(tmp_path: Path) -> None:
     path.chmod(0o644)
     ran = check_config(path)
     assert (ran.returncode, ran.stderr) == (0, b"")
+
+
+def test_check_config_does_not_guess_names_set_in_init(tmp_path: Path) -> None:
+    """Two entries of a class that names itself in __init__ are distinct at run time: without
+    building them, check-config cannot tell, so it accepts them as the run does."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "middleware:\n"
+        "  - use: custom_middleware:SelfNamed\n    with: {label: a}\n"
+        "  - use: custom_middleware:SelfNamed\n    with: {label: b}\n"
+    )
+    for ran in (check_config(path), start(path)):
+        assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.parametrize(("use", "name"), [("FixedName", "fixed"), ("Tag", "Tag")])
+def test_check_config_finds_duplicate_names_it_can_know(
+    tmp_path: Path, use: str, name: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"middleware:\n  - use: custom_middleware:{use}\n  - use: custom_middleware:{use}\n"
+    )
+    both_refuse(
+        path,
+        f'{path}:3: middleware[1].name: duplicate middleware name "{name}" (also middleware[0]); '
+        'give one a distinct "name:"',
+    )
+
+
+def test_the_file_checks_in_process(tmp_path: Path) -> None:
+    """The same refusals without a subprocess (the checks are in config.read_config_file)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    cases = {
+        "/dev/zero": "/dev/zero: the config file is a device, not a regular file",
+        str(tmp_path): f"{tmp_path}: the config file is a directory, not a regular file",
+        str(fifo): f"{fifo}: the config file is a FIFO (named pipe), not a regular file",
+        str(big): f"{big}: the config file is too large (1048577 bytes; at most 1 MiB)",
+        str(tmp_path / "missing.yaml"): f"{tmp_path / 'missing.yaml'}: cannot read the config "
+        "file: No such file or directory",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(path, {})
+        assert str(info.value) == message
+
+
+def test_writable_by_others_in_process(tmp_path: Path) -> None:
+    directory = tmp_path / "d"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o775)
+    path = directory / "c.yaml"
+    path.write_text("")
+    path.chmod(0o646)
+    assert writable_by_others(str(path)) == (
+        f"{path} has mode -rw-r--rw-",
+        f"its directory {directory} has mode drwxrwxr-x",
+    )
+    assert writable_by_others(str(tmp_path / "missing.yaml")) == ()
