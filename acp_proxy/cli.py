@@ -2,8 +2,8 @@
 
 Contract: owns the ``acp-proxy`` command surface (issue 3, "Command line") and the process exit
 code. Configuration is validated completely before the agent is spawned (style.md habit 5); a
-bad config exits 2 with the error on stderr. Never writes to stdout except for ``--help``,
-``--version`` and ``check-config`` (no protocol is running then).
+bad config exits 2 with every error of the file on stderr. Never writes to stdout except for
+``--help``, ``--version``, ``check-config`` and ``schema`` (no protocol is running then).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ names (both at load time, never per message).
 
 The settings are declared once, in ``SETTINGS`` (issue 14): the parser validates the scalar
 settings and their sections from it, and ``json_schema()`` (``acp-proxy schema``) and
-``settings_table()`` (the README's table) are generated from it. The rules and middleware
-entries have cross-key checks and keep their own code, with their key lists declared here too.
+``settings_table()`` (the README's table) are generated from it. The fields of a rule and of a
+middleware entry are declared in ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS`` (their key lists and
+schema come from there), but their cross-key checks keep hand-written code (_Parser.rule).
 
 A config file is data unless it says otherwise (issue 10): ``use:`` may name only a middleware
 class, refused before anything is called (``os:system`` is not one); the YAML is bounded (size,
@@ -252,6 +253,13 @@ class Kind(enum.Enum):
     SECTION = "section"  # a mapping of further settings
     RULES = "rules"  # the rules list (validated by _Parser.rules)
     MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
+    # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
+    STRING = "string"  # a non-empty string
+    UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
+    META_MAP = "meta_map"  # metadata keys to JSON values (not null)
+    META_LIST = "meta_list"  # a list of metadata keys
+    OPTIONS = "options"  # keyword arguments (any JSON mapping)
+    USE = "use"  # "rules" or "package.module:Class"
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,10 +420,73 @@ SETTINGS: Final[tuple[Setting, ...]] = (
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 
+# The fields of one rules: entry and one middleware: entry. Their defaults come from Rule and
+# MiddlewareSpec (``attr``); the checks across keys are the parser's.
+RULE_FIELDS: Final[tuple[Setting, ...]] = (
+    Setting("name", Kind.STRING, "Shown in logs; unique. Default rules[I]."),
+    Setting(
+        "match",
+        Kind.SECTION,
+        "Every condition given must hold.",
+        children=(
+            Setting(
+                "direction",
+                Kind.CHOICE,
+                "agent_to_client, client_to_agent or both.",
+                attr="direction",
+                choices=RuleDirection,
+            ),
+            Setting(
+                "method", Kind.STRING, "The JSON-RPC method: an exact name or a glob (session/*)."
+            ),
+            Setting(
+                "update",
+                Kind.UPDATE,
+                'sessionUpdate kinds of a session/update, or "upserts".',
+            ),
+        ),
+    ),
+    Setting(
+        "target",
+        Kind.CHOICE,
+        "entity: the entity's own _meta (a metadata patch); message: params._meta.",
+        attr="target",
+        choices=RuleTarget,
+    ),
+    Setting(
+        "set_meta",
+        Kind.META_MAP,
+        "Metadata keys to set (namespaced, or a W3C trace key), with any JSON value but null.",
+    ),
+    Setting("remove_meta", Kind.META_LIST, "Metadata keys to remove."),
+    Setting(
+        "overwrite",
+        Kind.BOOL,
+        "Replace a value the message already carries for a key of set_meta.",
+        attr="overwrite",
+    ),
+)
+MIDDLEWARE_FIELDS: Final[tuple[Setting, ...]] = (
+    Setting(
+        "use",
+        Kind.USE,
+        'The built-in "rules", or "package.module:Class": a middleware class, imported at '
+        "start-up (a config file is as trusted as code).",
+    ),
+    Setting("with", Kind.OPTIONS, "Keyword arguments of the class's constructor."),
+    Setting("name", Kind.STRING, "Shown in logs; unique. Default: the instance's name."),
+    Setting(
+        "fail_closed",
+        Kind.BOOL,
+        "If it raises: drop the message (a request gets an error) instead of forwarding it.",
+        attr="fail_closed",
+    ),
+)
+
 TOP_KEYS: Final = tuple(s.key for s in SETTINGS)
-RULE_KEYS: Final = ("name", "match", "target", "set_meta", "remove_meta", "overwrite")
-MATCH_KEYS: Final = ("direction", "method", "update")
-MIDDLEWARE_KEYS: Final = ("use", "with", "name", "fail_closed")
+RULE_KEYS: Final = tuple(f.key for f in RULE_FIELDS)
+MATCH_KEYS: Final = tuple(c.key for c in RULE_FIELDS[1].children)
+MIDDLEWARE_KEYS: Final = tuple(f.key for f in MIDDLEWARE_FIELDS)
 RULES_ENTRY_KEYS: Final = ("use", "fail_closed")
 V1_KEYS: Final = tuple(c.key for c in _BY_KEY["v1"].children)
 AGENT_KEYS: Final = tuple(c.key for c in _BY_KEY["agent"].children)
@@ -1667,13 +1738,9 @@ _META_KEY: Final[JsonObject] = {
 }
 
 
-def _default(setting: Setting, section: Setting | None) -> object:
-    """The built-in value of ``setting`` (from the dataclasses, never repeated here)."""
-    assert setting.attr is not None
-    owner: object = Config()
-    if section is not None and section.attr is not None:
-        owner = getattr(owner, section.attr)
-    return getattr(owner, setting.attr)
+def _defaults(instance: object) -> dict[str, object]:
+    """The default of each field of a dataclass, from an instance built with its defaults."""
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(cast(Any, instance))}
 
 
 def _json_default(value: object) -> JsonValue:
@@ -1684,7 +1751,8 @@ def _json_default(value: object) -> JsonValue:
     return cast(JsonValue, value)
 
 
-def _setting_schema(setting: Setting, section: Setting | None = None) -> JsonObject:
+def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObject:
+    """The schema of one setting; ``defaults`` maps its owner's fields to their defaults."""
     kind = setting.kind
     out: JsonObject = {"description": setting.doc}
     if kind is Kind.BOOL:
@@ -1716,113 +1784,81 @@ def _setting_schema(setting: Setting, section: Setting | None = None) -> JsonObj
             additionalProperties={"type": ["string", "number"]},
         )
     elif kind is Kind.SECTION:
-        out.update(
-            type=["object", "null"],
-            additionalProperties=False,
-            properties={c.key: _setting_schema(c, setting) for c in setting.children},
-        )
+        inner = defaults
+        if setting.attr is not None:
+            inner = _defaults(defaults[setting.attr])
+        out.update(_mapping_schema(setting.children, inner), type=["object", "null"])
     elif kind is Kind.RULES:
         out.update(type=["array", "null"], items={"$ref": "#/$defs/rule"})
-    else:
-        assert kind is Kind.MIDDLEWARE
+    elif kind is Kind.MIDDLEWARE:
         out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
+    elif kind is Kind.STRING:
+        out.update(type="string", minLength=1)
+    elif kind is Kind.UPDATE:
+        out["anyOf"] = [
+            {"type": "string"},
+            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        ]
+    elif kind is Kind.META_MAP:
+        out.update(
+            type="object",
+            propertyNames=_META_KEY,
+            additionalProperties={"not": {"type": "null"}},
+        )
+    elif kind is Kind.META_LIST:
+        out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
+    elif kind is Kind.OPTIONS:
+        out["type"] = ["object", "null"]
+    else:
+        assert kind is Kind.USE, kind
+        out.update(type="string", pattern=r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$")
     if setting.attr is not None and kind is not Kind.SECTION:
-        default = _default(setting, section)
+        default = defaults[setting.attr]
         if default is not None:
             out["default"] = _json_default(default)
     return out
 
 
-def _rule_schema() -> JsonObject:
-    """One entry of ``rules:`` (its checks across keys are the parser's: see _Parser.rule)."""
-    properties: JsonObject = {
-        "name": {"type": "string", "minLength": 1, "description": "Shown in logs; unique."},
-        "match": {
-            "type": ["object", "null"],
-            "additionalProperties": False,
-            "description": "Every condition given must hold.",
-            "properties": {
-                "direction": {"enum": [d.value for d in RuleDirection]},
-                "method": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "An exact JSON-RPC method or a glob (session/*).",
-                },
-                "update": {
-                    "description": 'sessionUpdate kinds, or "upserts".',
-                    "anyOf": [
-                        {"type": "string"},
-                        {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                    ],
-                },
-            },
-        },
-        "target": {"enum": [t.value for t in RuleTarget]},
-        "set_meta": {
-            "type": "object",
-            "propertyNames": _META_KEY,
-            "additionalProperties": {"not": {"type": "null"}},
-            "description": "Metadata keys to set (namespaced, or a W3C trace key).",
-        },
-        "remove_meta": {
-            "type": ["array", "null"],
-            "items": {"type": "string", **_META_KEY},
-            "description": "Metadata keys to remove.",
-        },
-        "overwrite": {"type": "boolean", "default": False},
-    }
-    assert tuple(properties) == RULE_KEYS
-    match = cast(JsonObject, properties["match"])
-    assert tuple(cast(JsonObject, match["properties"])) == MATCH_KEYS
+def _mapping_schema(fields: Sequence[Setting], defaults: Mapping[str, object]) -> JsonObject:
     return {
         "type": "object",
         "additionalProperties": False,
-        "properties": properties,
-        "anyOf": [{"required": ["set_meta"]}, {"required": ["remove_meta"]}],
-    }
-
-
-def _middleware_schema() -> JsonObject:
-    properties: JsonObject = {
-        "use": {
-            "type": "string",
-            "pattern": r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$",
-            "description": 'The built-in "rules", or "package.module:Class" (imported: as '
-            "trusted as code).",
-        },
-        "with": {"type": ["object", "null"], "description": "Keyword arguments of the class."},
-        "name": {"type": "string", "minLength": 1, "description": "Shown in logs; unique."},
-        "fail_closed": {"type": "boolean", "default": False},
-    }
-    assert tuple(properties) == MIDDLEWARE_KEYS
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["use"],
-        "properties": properties,
+        "properties": {f.key: _setting_schema(f, defaults) for f in fields},
     }
 
 
 def json_schema() -> JsonObject:
-    """The JSON schema of the config file (``acp-proxy schema``), generated from SETTINGS.
+    """The JSON schema of the config file (``acp-proxy schema``), generated from SETTINGS,
+    RULE_FIELDS and MIDDLEWARE_FIELDS.
 
     It checks the shape of the file for editors; ``check-config`` checks more (imports, rule
     cross-checks, environment variables, the socket addresses).
     """
+    rule = _mapping_schema(RULE_FIELDS, _defaults(Rule(name="")))
+    # _Parser.rule: "the rule changes nothing: give set_meta and/or remove_meta".
+    rule["anyOf"] = [{"required": ["set_meta"]}, {"required": ["remove_meta"]}]
+    middleware = _mapping_schema(
+        MIDDLEWARE_FIELDS, _defaults(MiddlewareSpec("", factory=_RulesFactory((), V1Mode.OFF, 1)))
+    )
+    middleware["required"] = ["use"]
+    top = _mapping_schema(SETTINGS, _defaults(Config()))
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "acp-proxy configuration file",
+        **top,
         "type": ["object", "null"],
-        "additionalProperties": False,
-        "properties": {s.key: _setting_schema(s) for s in SETTINGS},
-        "$defs": {"rule": _rule_schema(), "middleware": _middleware_schema()},
+        "$defs": {"rule": rule, "middleware": middleware},
     }
 
 
 def _readme_default(setting: Setting, section: Setting | None) -> str:
     if setting.default_doc is not None:
         return setting.default_doc
-    value = _default(setting, section)
+    defaults = _defaults(Config())
+    if section is not None and section.attr is not None:
+        defaults = _defaults(defaults[section.attr])
+    assert setting.attr is not None
+    value = defaults[setting.attr]
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if setting.kind is Kind.SIZE:
