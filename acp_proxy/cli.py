@@ -2,14 +2,15 @@
 
 Contract: owns the ``acp-proxy`` command surface (issue 3, "Command line") and the process exit
 code. Configuration is validated completely before the agent is spawned (style.md habit 5); a
-bad config exits 2 with the error on stderr. Never writes to stdout except for ``--help``,
-``--version`` and ``check-config`` (no protocol is running then).
+bad config exits 2 with every error of the file on stderr. Never writes to stdout except for
+``--help``, ``--version``, ``check-config`` and ``schema`` (no protocol is running then).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from acp_proxy import __version__
 
 if TYPE_CHECKING:
-    from acp_proxy.config import Config
+    from acp_proxy.config import Config, ConfigError
 
 EXIT_USAGE = 2  # argparse's own code for usage errors; also used for config errors
 CONFIG_ENV = "ACP_PROXY_CONFIG"
@@ -28,6 +29,7 @@ _EPILOG = f"""\
 commands:
   acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]   run AGENT_CMD behind the proxy (stdio)
   acp-proxy check-config FILE                 validate FILE and explain what it does
+  acp-proxy schema                            print the JSON schema of the config file
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
@@ -50,6 +52,13 @@ the connection is lost (requests in flight get -32603 errors first).
 """
 
 
+# A config file names code to import (`use:`): it is as trusted as code.
+_WRITABLE_HINT = (
+    "writable by other users: its `use:` entries import code, so whoever can change it can "
+    "run code as this user (chmod go-w)"
+)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -67,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]\n"
         "       acp-proxy [OPTIONS] --connect URL\n"
         "       acp-proxy check-config FILE\n"
+        "       acp-proxy schema\n"
         "       acp-proxy demo",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"acp-proxy {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"acp-proxy {__version__}")
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -82,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
+        type=str.lower,  # DEBUG, Debug and debug alike
         choices=("debug", "info", "warning", "error"),
         default="info",
         help="debug logs one line per frame (default: info)",
@@ -92,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
     parser.add_argument(
         "--max-frame-bytes",
-        type=_positive_int,
-        metavar="N",
-        help="longest accepted line; overrides the config (default 64 MiB)",
+        type=_size,
+        metavar="SIZE",
+        help="longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides "
+        "the config (default 64MiB)",
     )
     # Socket transports (issue 5); each overrides the config file's key of the same name.
     sockets = parser.add_argument_group(
@@ -142,6 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _size(text: str) -> int:
+    from acp_proxy.config import parse_size
+
+    value = parse_size(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (a byte count, or a size such as 64MiB, 64mb, 64 MB, 64k)"
+        )
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -182,6 +207,97 @@ def _socket_options(
     return config
 
 
+SUBCOMMANDS = ("check-config", "schema", "demo")
+
+
+def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
+    """``acp-proxy check-conifg x.yaml`` is a typo, not an agent to run: refuse it (exit 2)
+    when the word is close to a subcommand. ``--`` before it says it is the agent's command."""
+    if word in SUBCOMMANDS:
+        parser.error(
+            f'"{word}" must come first (acp-proxy {word} ...); to run an agent named {word}, '
+            "put -- before it"
+        )
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.8)
+    if close:
+        parser.error(
+            f'unknown command "{word}"; did you mean {close[0]}? (to run an agent named '
+            f"{word}, put -- before it)"
+        )
+
+
+def _schema(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="acp-proxy schema",
+        description="Print the JSON schema of the config file (for editors: "
+        "# yaml-language-server: $schema=PATH at the top of the file).",
+    )
+    parser.parse_args(argv)
+    import json
+
+    from acp_proxy.config import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _run_checks(config: Config) -> list[str]:
+    """What the run refuses about a config file's own settings beyond its validation (the
+    socket addresses, the loopback rule), as ``FILE:LINE: KEY: REASON`` lines. check-config
+    applies them so that a file it accepts also starts (issue 14)."""
+    import socket
+
+    from acp_proxy.sockets import AddressError, is_loopback_ip, parse_address
+
+    def where(key: str) -> str:
+        line = config.lines.get(key)
+        return f"{config.source}:{line}: {key}" if line is not None else f"{config.source}: {key}"
+
+    problems: list[str] = []
+    for key, listen in (("listen", True), ("connect", False)):
+        url = getattr(config, key)
+        if url is None:
+            continue
+        try:
+            address = parse_address(url, listen=listen)
+        except AddressError as exc:
+            problems.append(f"{where(key)}: {exc}")
+            continue
+        if address.scheme == "unix" and len(os.fsencode(address.path)) > _UNIX_PATH_MAX:
+            problems.append(
+                f"{where(key)}: the socket path is {len(os.fsencode(address.path))} bytes; "
+                f"Unix socket paths are limited to {_UNIX_PATH_MAX}"
+            )
+        if not listen or address.scheme != "tcp" or config.allow_remote:
+            continue
+        try:  # the same lookup as the listener's, so names are judged as the run judges them
+            infos = socket.getaddrinfo(
+                address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except OSError as exc:
+            problems.append(f"{where(key)}: cannot resolve {address.host}: {exc.strerror or exc}")
+            continue
+        remote = list(
+            dict.fromkeys(str(i[4][0]) for i in infos if not is_loopback_ip(str(i[4][0])))
+        )
+        if remote:
+            problems.append(
+                f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
+                "reach it could drive the agent); the proxy refuses to listen there unless "
+                "allow_remote: true (or --allow-remote)"
+            )
+    return problems
+
+
+# sockaddr_un.sun_path holds 108 bytes on Linux (104 on the BSDs and macOS), NUL included.
+_UNIX_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+
+
+def _print_config_errors(exc: ConfigError) -> None:
+    for message in exc.messages():  # every mistake of the file, one line each
+        print(f"acp-proxy: {message}", file=sys.stderr)
+
+
 def _check_config(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="acp-proxy check-config",
@@ -190,16 +306,25 @@ def _check_config(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", metavar="FILE")
     args = parser.parse_args(argv)
-    from acp_proxy.config import ConfigError, explain_config, load_config
+    from acp_proxy.config import ConfigError, explain_config, load_config, writable_by_others
 
     try:
-        config = load_config(args.file, os.environ)
+        # Import the middleware classes but never call them: checking a file runs no code of
+        # its own beyond the imports it names.
+        config = load_config(args.file, os.environ, instantiate=False)
     except ConfigError as exc:
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+    problems = _run_checks(config)
+    if problems:
+        for problem in problems:
+            print(f"acp-proxy: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    for warning in writable_by_others(args.file):
+        print(f"acp-proxy: warning: {warning}; {_WRITABLE_HINT}", file=sys.stderr)
     text = explain_config(config)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
@@ -230,6 +355,8 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy import demo  # written separately; imported only when asked for
 
         return int(demo.main(args_in[1:]) or 0)
+    if args_in[:1] == ["schema"]:
+        return _schema(args_in[1:])
 
     if "--" in args_in:
         cut = args_in.index("--")
@@ -242,6 +369,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # Without "--", a bare command is accepted when it comes after all options.
         if agent_argv or extra[0].startswith("-"):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _refuse_misspelled_command(parser, extra[0])
         agent_argv = extra
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
     # Without --connect, an AGENT_CMD is needed unless the config file names an agent address:
@@ -254,7 +382,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         config = load_config(config_path, os.environ)
     except ConfigError as exc:
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        _print_config_errors(exc)
         return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {config_path}: {exc.strerror or exc}", file=sys.stderr)
@@ -278,6 +406,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         print(f"acp-proxy: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
+
+    if config_path is not None:
+        from acp_proxy.config import writable_by_others
+        from acp_proxy.logsetup import get_logger
+
+        for warning in writable_by_others(config_path):
+            get_logger().warning(f"config file {_WRITABLE_HINT}", detail=warning)
 
     import anyio
 

@@ -65,7 +65,7 @@ from acp_proxy.chain import (
     needle_escapes,
 )
 from acp_proxy.coalesce import OutFrame
-from acp_proxy.config import NonJsonPolicy
+from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
 from acp_proxy.framing import (
     HEAD_BYTES,
     Block,
@@ -79,11 +79,9 @@ from acp_proxy.jsontypes import JsonObject, JsonValue
 
 INVALID_REQUEST = -32600
 
-# Issue 10, "bounded memory": defaults of the per-connection bounds (README "Bounds").
-# A frame is parsed only when its estimated parsed size is at most this (see ``parse_cost``).
-DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
-# Requests awaiting an answer, per direction, and the bytes of their ids.
-DEFAULT_MAX_PENDING = 10_000
+# Issue 10, "bounded memory" (README "Bounds"): the parse budget and the pending-request tables
+# (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
+DEFAULT_MAX_PENDING = DEFAULT_MAX_PENDING_REQUESTS
 MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
 # What one parsed container or element costs at least (an empty dict is 64 bytes in CPython).
 _CONTAINER_COST = 64

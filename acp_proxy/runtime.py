@@ -268,6 +268,8 @@ class PumpSession:
             config.build_chain(),
             non_json=config.non_json,
             inspect_all=self._debug,
+            max_parse_bytes=config.max_parse_bytes,
+            max_pending=config.max_pending_requests,
         )
         self._client_rx, self._client_tx = client_rx, client_tx
         self._agent_rx, self._agent_tx = agent_rx, agent_tx

@@ -65,3 +65,58 @@ class NotMiddleware:
 
 def broken_import() -> None:
     """A function, not a class: calling it returns None, which is not a middleware."""
+
+
+class Marker(BaseMiddleware):
+    """Creates the file ``path`` when instantiated: shows whether a command built one."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("built\n")
+
+
+class Duck:
+    """A middleware without BaseMiddleware: a declared ``name`` and a ``__call__``."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self.name = "duck"
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return FORWARD
+
+
+class NoName:
+    """Has a ``__call__`` but declares no ``name``."""
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return FORWARD
+
+
+class Callable:
+    """Its instances are callable; the instance below is not a class."""
+
+    def __call__(self) -> None:
+        return None
+
+
+CALLABLE_OBJECT = Callable()
+
+
+class SelfNamed:
+    """Names itself from its options in ``__init__`` (the class only declares ``name``)."""
+
+    name: str
+
+    def __init__(self, label: str) -> None:
+        self.name = f"self-{label}"
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return FORWARD
+
+
+class FixedName(BaseMiddleware):
+    """A class-level ``name``: known without building an instance."""
+
+    name = "fixed"

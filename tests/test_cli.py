@@ -35,7 +35,7 @@ async def test_help_has_usage_and_examples() -> None:
         "--log-level",
         "--log-format",
         "--log-file FILE",
-        "--max-frame-bytes N",
+        "--max-frame-bytes SIZE",
         "examples:",
         "ACP_PROXY_CONFIG",
     ):
