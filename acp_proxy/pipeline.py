@@ -178,6 +178,28 @@ class FrameInfo:
     update_kind: str | None  # ``params.update.sessionUpdate`` of a ``session/update``
     size: int  # bytes of the frame it came in
     changed_by: tuple[str, ...]
+    # A response: the method of the request it answers (None: no such request was waiting).
+    answers: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One input frame and what the proxy did with it (``observe=True`` only): what recording,
+    metrics and tracing see. One per frame read, after its other notes.
+
+    ``sent`` is ``None`` when the frame left exactly as it came; otherwise the frames written
+    toward the other side instead, in order (``()``: dropped or diverted). ``replies`` are the
+    frames the proxy wrote back to the sender because of it. ``messages`` describes each message
+    of the frame (one for a single message, one per entry of a batch; none for a line that is
+    not a message or was not parsed).
+    """
+
+    direction: Direction
+    raw: bytes
+    sent: tuple[bytes, ...] | None
+    replies: tuple[bytes, ...]
+    messages: tuple[FrameInfo, ...]
+    kind: str  # "message", "batch", "non-json", "oversize", "unparsed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +242,7 @@ Note: TypeAlias = (
     | NotParsed
     | UnusualVersion
     | PendingFull
+    | Observed
 )
 
 
@@ -360,6 +383,7 @@ class Connection:
     """
 
     __slots__ = (
+        "_answers",
         "_bctx_a2c",
         "_bctx_c2a",
         "_chain_on",
@@ -375,6 +399,7 @@ class Connection:
         "_max_pending",
         "_non_json",
         "_not_parsed_seen",
+        "_observe",
         "_pending_agent",
         "_pending_bytes",
         "_pending_client",
@@ -391,8 +416,13 @@ class Connection:
         inspect_all: bool = False,
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
         max_pending: int = DEFAULT_MAX_PENDING,
+        observe: bool = False,
     ) -> None:
         self.chain = chain
+        # Observing needs every frame on its own and parsed: it implies ``inspect_all``.
+        self._observe = observe
+        inspect_all = inspect_all or observe
+        self._answers: dict[JsonValue, str] = {}  # responses of the current frame: id -> method
         self._max_parse = max_parse_bytes
         self._max_pending = max_pending
         self._not_parsed_seen = False
@@ -428,12 +458,46 @@ class Connection:
 
     def handle(self, direction: Direction, event: Line | Oversize) -> Result:
         """Process one event read from the side ``direction`` starts at."""
+        if self._observe:
+            return self._observed(direction, event)
         if type(event) is Line:
             if direction is _A2C:
                 return self._agent_line(event.raw, _UNSET)
             return self._client_line(event.raw, _UNSET)
         assert isinstance(event, Oversize)
         return self._oversize(direction, event)
+
+    def _observed(self, direction: Direction, event: Line | Oversize) -> Result:
+        """``handle`` plus an ``Observed`` note describing the frame and its fate."""
+        self._answers.clear()
+        if type(event) is Line:
+            raw = event.raw
+            if direction is _A2C:
+                res = self._agent_line(raw, _UNSET)
+            else:
+                res = self._client_line(raw, _UNSET)
+        else:
+            assert isinstance(event, Oversize)
+            raw = event.head
+            res = self._oversize(direction, event)
+        infos = tuple(n for n in res.notes if type(n) is FrameInfo)
+        notes = tuple(n for n in res.notes if type(n) is not FrameInfo)
+        if type(event) is Oversize:
+            kind = "oversize"
+        elif any(type(n) is NotParsed for n in notes):
+            kind = "unparsed"
+        elif any(type(n) is NonJson for n in notes) and not infos:
+            kind = "non-json"
+        elif raw.lstrip()[:1] == b"[":
+            kind = "batch"
+        else:
+            kind = "message"
+        sent: tuple[bytes, ...] | None = tuple(f.raw for f in res.forward)
+        if type(event) is Line and sent == (raw,):
+            sent = None  # untouched (the usual case)
+        replies = tuple(f.raw for f in res.reply)
+        observed = Observed(direction, raw, sent, replies, infos, kind)
+        return Result(res.forward, res.reply, (*notes, *infos, observed))
 
     def handle_many(
         self,
@@ -989,14 +1053,12 @@ class Connection:
         self, direction: Direction, message: JsonObject, size: int, changed_by: tuple[str, ...]
     ) -> FrameInfo:
         rid = message.get("id")
-        return FrameInfo(
-            direction,
-            _method_of(message),
-            rid if _is_id(rid) else None,
-            _update_kind(message),
-            size,
-            changed_by,
-        )
+        rid = rid if _is_id(rid) else None
+        method = _method_of(message)
+        answers = None
+        if method is None and ("result" in message or "error" in message):
+            answers = self._answers.get(rid)
+        return FrameInfo(direction, method, rid, _update_kind(message), size, changed_by, answers)
 
     # --- tracking -----------------------------------------------------------------------------
 
@@ -1059,6 +1121,8 @@ class Connection:
         entry = table.pop(rid, None)
         if entry is not None:
             self._pending_bytes -= len(entry[1])
+            if self._inspect_all:
+                self._answers[rid] = entry[0]
 
     def _full_reply(self, id_bytes: bytes) -> OutFrame:
         self.stats.pending_refused += 1

@@ -36,6 +36,7 @@ from acp_proxy.pipeline import (
     MiddlewareFailed,
     NonJson,
     NotParsed,
+    Observed,
     OversizeFrame,
     PipelineStats,
     Result,
@@ -753,3 +754,31 @@ def test_a_frame_over_the_parse_budget_is_forwarded_and_tracked_from_its_head() 
     reply = b'{"jsonrpc":"2.0","id":9,"result":[' + b"{}," * 40_000 + b"{}]}"
     assert wire(conn.handle(C2A, Line(reply)).forward) == [reply]
     assert conn.pending_agent_requests == 0
+
+
+# --- observing (recording, metrics, tracing) --------------------------------------------------
+
+
+def test_observe_describes_every_frame_and_its_fate() -> None:
+    conn = Connection(Chain([Link(Tag())]), observe=True)
+    res = conn.handle(C2A, Line(INIT_REQ))
+    [obs] = [n for n in res.notes if isinstance(n, Observed)]
+    assert (obs.direction, obs.raw, obs.sent, obs.replies, obs.kind) == (
+        C2A,
+        INIT_REQ,
+        None,
+        (),
+        "message",
+    )
+    assert [(m.method, m.id) for m in obs.messages] == [("initialize", 0)]
+    res = conn.handle(A2C, Line(INIT_V2))
+    [obs] = [n for n in res.notes if isinstance(n, Observed)]
+    # A response names the method of the request it answers.
+    assert [(m.method, m.id, m.answers) for m in obs.messages] == [(None, 0, "initialize")]
+    res = conn.handle(A2C, Line(CHUNK))
+    [obs] = [n for n in res.notes if isinstance(n, Observed)]
+    assert obs.sent == tuple(f.raw for f in res.forward) != (CHUNK,)
+    assert obs.messages[0].changed_by == ("Tag",)
+    res = conn.handle(A2C, Line(b"[INFO] hello"))
+    [obs] = [n for n in res.notes if isinstance(n, Observed)]
+    assert (obs.sent, obs.kind, obs.messages) == ((), "non-json", ())
