@@ -35,12 +35,13 @@ PY = sys.executable
 DEFAULT_BASELINE = "5a1562d"
 
 LAUNCHER = """
-import os, resource, sys
+import os, resource, signal, sys
 cap = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 pid = os.fork()
 if pid == 0:
     os.execvp(sys.argv[3], sys.argv[3:])
+signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
 _, status, usage = os.wait4(pid, 0)
 with open(sys.argv[1], "w") as f:
     f.write(f"{usage.ru_maxrss} {status}")
