@@ -26,8 +26,11 @@ The format (see README.md, "Configuration file", for the user-facing reference):
         fail_closed: BOOL       # default false (fail-open)
     v1: {mode: safe | stateful | off, max_entities: INT}
     max_frame_bytes: INT | "64MiB"
+    max_buffer_bytes: INT | "256MiB"   # process-wide, >= max_frame_bytes + 1MiB (default: raised
+                                       # to that when max_frame_bytes needs it)
     non_json: log | forward
-    agent: {env: {NAME: STR}, stderr: passthrough | log, grace_period: SECONDS}
+    agent: {env: {NAME: STR}, stderr: passthrough | log, grace_period: SECONDS,
+            drain_timeout: SECONDS}
     coalesce: {enabled: BOOL, max_queue_messages: INT, max_queue_bytes: INT | "16MiB",
                min_interval_ms: INT}
     listen: tcp://HOST:PORT | unix:///PATH
@@ -73,6 +76,11 @@ from acp_proxy.rules import (
 )
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+# The process-wide bound on bytes held in partial lines and outbound queues (issue 10.3).
+DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
+# The budget must leave room for one whole frame plus a few reads beyond it, so one connection's
+# legal frame can always complete (the runtime keeps max_frame_bytes + one read in reserve).
+BUFFER_SLACK_BYTES = 1024 * 1024
 
 
 class NonJsonPolicy(enum.StrEnum):
@@ -104,6 +112,9 @@ class AgentConfig:
     grace_period_s: float = (
         5.0  # after closing the agent's stdin, before SIGTERM (and again before SIGKILL)
     )
+    # Once the agent exited: how long what it wrote, and the errors owed to the client, may
+    # take to reach a slow or paused client before the rest is discarded (issue 9.4).
+    drain_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +137,7 @@ class Config:
     v1_mode: V1Mode = V1Mode.SAFE
     v1_max_entities: int = 10_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
     non_json: NonJsonPolicy = NonJsonPolicy.LOG
     agent: AgentConfig = field(default_factory=AgentConfig)
     coalesce: CoalesceConfig = field(default_factory=CoalesceConfig)
@@ -206,6 +218,7 @@ TOP_KEYS: Final = (
     "middleware",
     "v1",
     "max_frame_bytes",
+    "max_buffer_bytes",
     "non_json",
     "agent",
     "coalesce",
@@ -220,7 +233,7 @@ MATCH_KEYS: Final = ("direction", "method", "update")
 MIDDLEWARE_KEYS: Final = ("use", "with", "name", "fail_closed")
 RULES_ENTRY_KEYS: Final = ("use", "fail_closed")
 V1_KEYS: Final = ("mode", "max_entities")
-AGENT_KEYS: Final = ("env", "stderr", "grace_period")
+AGENT_KEYS: Final = ("env", "stderr", "grace_period", "drain_timeout")
 COALESCE_KEYS: Final = ("enabled", "max_queue_messages", "max_queue_bytes", "min_interval_ms")
 BUILTIN_RULES: Final = "rules"
 
@@ -860,6 +873,8 @@ class _Parser:
         v1_mode, v1_max = d.v1_mode, d.v1_max_entities
         agent, coalesce = d.agent, d.coalesce
         max_frame_bytes, non_json = d.max_frame_bytes, d.non_json
+        max_buffer_bytes = d.max_buffer_bytes
+        max_buffer_node: Node | None = None
         listen, connect, connect_timeout = d.listen, d.connect, d.connect_timeout_s
         max_connections, allow_remote = d.max_connections, d.allow_remote
         for key, (_, node) in top.items():
@@ -881,6 +896,8 @@ class _Parser:
                 coalesce = self.coalesce(node)
             elif key == "max_frame_bytes":
                 max_frame_bytes = self.size(node, key)
+            elif key == "max_buffer_bytes":
+                max_buffer_bytes, max_buffer_node = self.size(node, key), node
             elif key == "non_json":
                 non_json = self.choice(node, key, NonJsonPolicy)
             elif key == "listen":
@@ -894,6 +911,17 @@ class _Parser:
             else:
                 assert key == "allow_remote"
                 allow_remote = self.boolean(node, key)
+        if max_buffer_node is None:
+            # Not given: never below what one maximal frame needs.
+            max_buffer_bytes = max(max_buffer_bytes, max_frame_bytes + BUFFER_SLACK_BYTES)
+        elif max_buffer_bytes < max_frame_bytes + BUFFER_SLACK_BYTES:
+            # Otherwise one legal frame could wait forever for budget that never frees up.
+            raise self.error(
+                max_buffer_node,
+                "max_buffer_bytes",
+                f"must be at least max_frame_bytes + 1 MiB "
+                f"({max_frame_bytes + BUFFER_SLACK_BYTES} bytes), got {max_buffer_bytes}",
+            )
         rules_factory = _RulesFactory(rules, v1_mode, v1_max)
         specs: list[MiddlewareSpec] = []
         if chain is None:
@@ -929,6 +957,7 @@ class _Parser:
             v1_mode=v1_mode,
             v1_max_entities=v1_max,
             max_frame_bytes=max_frame_bytes,
+            max_buffer_bytes=max_buffer_bytes,
             non_json=non_json,
             agent=agent,
             coalesce=coalesce,
@@ -946,6 +975,7 @@ class _Parser:
         env: dict[str, str] = {}
         stderr = AgentConfig().stderr
         grace = AgentConfig().grace_period_s
+        drain = AgentConfig().drain_timeout_s
         if "env" in entries:
             enode = entries["env"][1]
             if not (isinstance(enode, ScalarNode) and enode.tag == _NULL):
@@ -970,7 +1000,9 @@ class _Parser:
             stderr = self.choice(entries["stderr"][1], "agent.stderr", StderrMode)
         if "grace_period" in entries:
             grace = self.seconds(entries["grace_period"][1], "agent.grace_period", positive=False)
-        return AgentConfig(env=env, stderr=stderr, grace_period_s=grace)
+        if "drain_timeout" in entries:
+            drain = self.seconds(entries["drain_timeout"][1], "agent.drain_timeout", positive=False)
+        return AgentConfig(env=env, stderr=stderr, grace_period_s=grace, drain_timeout_s=drain)
 
     def coalesce(self, node: Node) -> CoalesceConfig:
         entries = self.mapping(node, "coalesce", COALESCE_KEYS)
@@ -1098,8 +1130,11 @@ def explain_config(config: Config) -> str:
         "settings:",
         f"  v1: mode {config.v1_mode.value}, max_entities {config.v1_max_entities}",
         f"  max_frame_bytes: {config.max_frame_bytes} ({_size_text(config.max_frame_bytes)})",
+        f"  max_buffer_bytes: {config.max_buffer_bytes} ({_size_text(config.max_buffer_bytes)}), "
+        "process-wide",
         f"  non_json: {config.non_json.value}",
         f"  agent: stderr {agent.stderr.value}, grace_period {agent.grace_period_s:g} s, "
+        f"drain_timeout {agent.drain_timeout_s:g} s, "
         f"env overrides: {env}",
         f"  coalesce: {'enabled' if co.enabled else 'disabled'}, "
         f"max_queue_messages {co.max_queue_messages}, "

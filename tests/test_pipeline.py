@@ -260,13 +260,18 @@ def test_pending_client_requests_and_abort() -> None:
     # A response whose content mentions "method" (id before it, as every SDK writes it).
     conn.handle(A2C, Line(b'{"jsonrpc":"2.0","id":"two","result":{"text":"\\"method\\""}}'))
     assert conn.pending_client_requests == 2
-    frames = conn.abort_pending("acp-proxy: the agent exited with status 3")
-    assert wire(frames) == [
+    frames = [
+        f
+        for chunk in conn.abort_pending("acp-proxy: the agent exited with status 3")
+        for f in chunk
+    ]
+    assert conn.pending_client_requests == 0
+    assert wire(tuple(frames)) == [
         b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
         b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
     ]
     assert conn.pending_client_requests == 0
-    assert conn.abort_pending("again") == ()
+    assert list(conn.abort_pending("again")) == []
     assert conn.stats.errors_replied == 2
 
 
@@ -281,7 +286,7 @@ def test_pending_agent_requests() -> None:
         C2A, Line(b'{"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"cancelled"}}}')
     )
     assert conn.pending_agent_requests == 1
-    assert wire(conn.abort_agent_requests("client gone")) == [
+    assert [f.raw for chunk in conn.abort_agent_requests("client gone") for f in chunk] == [
         b'{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"client gone"}}'
     ]
     assert conn.pending_agent_requests == 0
