@@ -488,7 +488,8 @@ class PumpSession:
         return {
             "frames": len(box.queue) + len(box.replies) + (1 if box.tail or box.inflight else 0),
             "bytes": box.held(),
-            "errors_not_queued": self._aborts_left,
+            # Owed -32603 errors not queued yet (still tracked, or detached but not built).
+            "errors_not_queued": self._aborts_left + self.connection.pending_client_requests,
             "agent_output_read_to_end": self.agent_output_ended,
             "agent_partial_line_bytes": self._splitters[Direction.AGENT_TO_CLIENT].buffered,
         }

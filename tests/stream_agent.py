@@ -1,12 +1,15 @@
 """A fake agent that streams while (or instead of) reading its stdin, for the flow-control tests.
 
-    stream_agent.py --bytes N [--seed S] [--stdin never|thread] [--record FILE]
-                    [--pending-requests] [--exit-code N]
+    stream_agent.py --bytes N [--seed S] [--pad P] [--stdin never|thread] [--record FILE]
+                    [--requests R] [--done FILE] [--exit-code N]
 
 Writes about N bytes of ``session/update`` notifications (``stream_lines(N, S)``: line sizes and
 pauses drawn from seed S; with seed 0, lines of about 450 bytes and no pauses) to stdout with
 unbuffered writes.
 
+* ``--requests R``: first read R lines from stdin (requests it will never answer).
+* ``--pad P``: with seed 0, each line's text is P bytes (default 300).
+* ``--done FILE``: created once everything is written, right before exiting.
 * ``--stdin never`` (default): never reads stdin; exits once the stream is written (an agent
   that streams without reading its input, as many simple agents do).
 * ``--stdin thread``: a second thread reads stdin to EOF meanwhile (with its own pauses when
@@ -26,7 +29,7 @@ import threading
 import time
 
 
-def stream_lines(total: int, seed: int) -> list[bytes]:
+def stream_lines(total: int, seed: int, pad_bytes: int = 300) -> list[bytes]:
     """The agent's stream: notifications of random sizes adding up to at least ``total`` bytes."""
     rng = random.Random(seed)
     out: list[bytes] = []
@@ -34,7 +37,7 @@ def stream_lines(total: int, seed: int) -> list[bytes]:
     i = 0
     while size < total:
         # Seed 0: small lines of one size (many frames per megabyte, like a token stream).
-        pad = rng.choice((10, 100, 1000, 5000, 30000)) + rng.randrange(50) if seed else 300
+        pad = rng.choice((10, 100, 1000, 5000, 30000)) + rng.randrange(50) if seed else pad_bytes
         line = (
             b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
             b'{"sessionUpdate":"agent_message_chunk","messageId":"m%d","content":'
@@ -56,9 +59,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _write_stream(total: int, seed: int) -> None:
+def _write_stream(total: int, seed: int, pad: int) -> None:
     rng = _pauses(seed, 1)
-    for line in stream_lines(total, seed):
+    for line in stream_lines(total, seed, pad):
         _write_all(1, line)
         if rng is not None and rng.random() < 0.02:
             time.sleep(rng.random() * 0.05)
@@ -84,15 +87,20 @@ def main(argv: list[str]) -> int:
             if rng is not None and rng.random() < 0.05:
                 time.sleep(rng.random() * 0.05)
 
+    for _ in range(int(opts.get("--requests", "0"))):
+        sys.stdin.buffer.readline()
     reader = threading.Thread(target=read_stdin) if stdin_mode == "thread" else None
     if reader is not None:
         reader.start()
-    _write_stream(total, seed)
+    _write_stream(total, seed, int(opts.get("--pad", "300")))
     if reader is not None:
         reader.join()
         if record:
             with open(record, "w") as f:
                 f.write(f"{count[0]} {got.hexdigest()}")
+    if "--done" in opts:
+        with open(opts["--done"], "w") as f:
+            f.write("done")
     return int(opts.get("--exit-code", "0"))
 
 
