@@ -129,21 +129,26 @@ class BufferBudget:
         for event in waiters:
             event.set()
 
-    def _may_read(self, reader: object, mid_line: bool) -> bool:
+    def _may_read(self, reader: object, partial: int) -> bool:
         if self._owner is reader:
             return True
-        if self.held + READ_SIZE <= self.limit - self.reserve:
+        threshold = self.limit - self.reserve
+        if self.held + READ_SIZE <= threshold:
             return True
-        if mid_line and self._owner is None:
+        # The reserve is free and this reader is in the middle of a line: it may finish it,
+        # provided what the others hold leaves room for a whole frame (else wait for them).
+        if partial and self._owner is None and self.held - partial <= threshold:
             self._owner = reader
             return True
         return False
 
-    async def reserve_read(self, reader: object, mid_line: bool) -> None:
-        """Wait until ``reader`` may read one chunk, then reserve ``READ_SIZE`` for it.
+    async def reserve_read(self, reader: object, partial: int) -> int:
+        """Wait until ``reader`` may read, reserve one read (``READ_SIZE``) and return it.
 
-        ``mid_line``: the reader holds a partial line (it may take the reserve)."""
-        while not self._may_read(reader, mid_line):
+        ``partial``: the bytes of the line ``reader`` is in the middle of (0: none); only such a
+        reader may take the reserve.
+        """
+        while not self._may_read(reader, partial):
             event = anyio.Event()
             self._waiters.append(event)
             self.waits += 1
@@ -153,6 +158,7 @@ class BufferBudget:
                 if event in self._waiters:
                     self._waiters.remove(event)
         self.add(READ_SIZE)
+        return READ_SIZE
 
     def release_owner(self, reader: object) -> None:
         """``reader`` finished its line (or stopped): the reserve is free for another."""
@@ -558,11 +564,10 @@ class PumpSession:
                         await forward.wait_room()
                     if not back.has_reply_room():
                         await back.wait_reply_room()
-                    await budget.reserve_read(splitter, splitter.buffered > 0)
-                    reserved = READ_SIZE
+                    reserved = await budget.reserve_read(splitter, splitter.buffered)
                     receiving[direction] = time.monotonic()
                     try:
-                        chunk = await rx.receive(READ_SIZE)
+                        chunk = await rx.receive(reserved)
                     except _STREAM_ERRORS:
                         break
                     finally:
