@@ -17,9 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.abc
+import orjson
 import pytest
-from proxy_harness import REPO, TESTS, proxy_env
+from proxy_harness import REPO, TESTS, Lines, proxy_env, request
 from stream_agent import stream_lines
+
+from acp_proxy.config import Config
+from acp_proxy.runtime import REPLY_QUEUE_FRAMES, PumpSession
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +182,76 @@ def _tiny_queues(tmp_path: Path) -> Path:
         encoding="utf-8",
     )
     return path
+
+
+# --- replies the proxy owes a sender -----------------------------------------------------------
+
+
+class _MemoryByteStream(anyio.abc.ByteStream):
+    def __init__(
+        self,
+        send: anyio.abc.ObjectSendStream[bytes],
+        receive: anyio.abc.ObjectReceiveStream[bytes],
+    ) -> None:
+        self._send, self._receive = send, receive
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            return await self._receive.receive()
+        except anyio.ClosedResourceError:
+            raise anyio.EndOfStream from None
+
+    async def send(self, item: bytes) -> None:
+        await self._send.send(item)
+
+    async def send_eof(self) -> None:
+        await self._send.aclose()
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+def _pipe_pair() -> tuple[_MemoryByteStream, _MemoryByteStream]:
+    a_send, b_receive = anyio.create_memory_object_stream[bytes](4)
+    b_send, a_receive = anyio.create_memory_object_stream[bytes](4)
+    return _MemoryByteStream(a_send, a_receive), _MemoryByteStream(b_send, b_receive)
+
+
+async def test_replies_a_client_leaves_unread_stop_reading_that_client_only() -> None:
+    """A client sends 5,000 requests the proxy answers itself (each over the frame limit: -32600)
+    and reads nothing. The replies wait in their own bounded queue; once it is full the proxy
+    stops reading the client, while the agent's output still goes through to the client's queue.
+    When the client reads, every answer arrives, in order."""
+    n = 5000
+    config = Config(max_frame_bytes=64)
+    client_side, proxy_client = _pipe_pair()
+    proxy_agent, agent_side = _pipe_pair()
+    session = PumpSession(config, proxy_client, proxy_client, proxy_agent, proxy_agent)
+    sent = 0
+
+    async def client() -> None:
+        nonlocal sent
+        for i in range(n):
+            await client_side.send(request(i, "session/prompt", {"pad": "x" * 64}))
+            sent += 1
+
+    with anyio.fail_after(HANG):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session.run)
+            tg.start_soon(client)
+            await agent_side.send(b'{"jsonrpc":"2.0","method":"n","params":{}}\n')
+            await anyio.wait_all_tasks_blocked()
+            # Stopped reading the client: the replies stay within their bound (plus what the
+            # memory streams buffer), and the agent's notification was still read.
+            assert sent < n
+            assert len(session.to_client.replies) <= REPLY_QUEUE_FRAMES
+            assert session.connection.stats.agent_to_client_in == 1
+            got = Lines(client_side)
+            lines = [await got.line() for _ in range(n + 1)]
+            await agent_side.send_eof()
+    assert sent == n
+    assert lines.count(b'{"jsonrpc":"2.0","method":"n","params":{}}\n') == 1
+    errors = [line for line in lines if b'"error"' in line]
+    assert [orjson.loads(line)["id"] for line in errors] == list(range(n))
+    assert {orjson.loads(line)["error"]["code"] for line in errors} == {-32600}
