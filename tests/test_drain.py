@@ -105,11 +105,10 @@ async def run_with_paused_client(
             while proxy.poll() is None or cat.poll() is None:
                 await anyio.sleep(0.05)
     finally:
-        for proc in (proxy, cat):
+        for proc in (proxy, cat):  # only after a failure: never leave them behind
             if proc.poll() is None:
-                proc.kill()
+                proc.kill()  # SIGKILL also ends a stopped process
                 proc.wait()
-        cat.send_signal(signal.SIGCONT) if cat.poll() is None else None
         proxy.stdin.close()
     events = [orjson.loads(line) for line in log_file.read_bytes().splitlines() if line]
     return proxy.returncode, received.read_bytes(), events
