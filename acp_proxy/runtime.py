@@ -7,10 +7,21 @@ never parses JSON itself and never decides what a message becomes (style.md habi
 
 Shape (style.md habit 6, issue 6): per direction one reader task that reads large chunks and runs
 the whole chunk through the core synchronously, and per side one writer task that takes every
-ready frame and writes them in ONE ``send``. No task, thread hop or write per message. Queues are
-bounded: when the queue toward a side is full, the reader feeding it waits (backpressure), so a
-side that stops reading stops the proxy reading from the other side. Order per direction is the
-order of arrival.
+ready frame and writes them in ONE ``send``. No task, thread hop or write per message. Order per
+direction is the order of arrival.
+
+Bounds (README "Bounds"):
+
+* Backpressure in one direction stops reading *from the sender of that direction* only (issue
+  9.3): when the queue toward a side is full, the reader feeding it waits. Replies the proxy owes
+  a sender go into that sender's own small reply queue, written first; a reader never waits for
+  the other direction's traffic, so an agent that streams without reading its stdin (or a client
+  that reads only after it sent everything) works as it does without the proxy.
+* All sessions of the process share a ``BufferBudget`` (issue 10.3): partial lines, queues and
+  one reserved read per reader, summed, stay within ``max_buffer_bytes``.
+* Errors owed for requests in flight are built and queued in chunks (issue 10.2).
+* After the agent exited, its last output and the errors reach a slow client for up to
+  ``agent.drain_timeout``; a cut-off is logged with what was discarded (issue 9.4).
 
 ``pump_session`` is transport-agnostic (any anyio byte streams: pipes, stdio, TCP, Unix); the
 agent process lifecycle is plugged in by ``run_proxy`` through two hooks.
@@ -96,10 +107,14 @@ class BufferBudget:
     stays below ``limit - reserve``; otherwise it waits until another session releases bytes.
 
     ``reserve`` (one maximal frame plus one read) is kept for a single reader at a time, the
-    *owner*: a reader in the middle of a line may take it when it is free, so one legal frame
-    can always complete however full the budget is (a budget of partial lines alone would
-    otherwise deadlock: every reader waits for the others to finish their lines). The owner
-    gives it back once its pending line is complete. So the total never exceeds ``limit``.
+    *owner*: a reader in the middle of a line may take it when it is free and what the others
+    hold leaves room for a whole frame, so one legal frame can always complete (a budget full
+    of partial lines would otherwise deadlock: every reader waits for the others to finish
+    their lines). The owner gives it back once its pending line is complete. Normal reads keep
+    the total below ``limit - reserve`` and the owner adds at most one frame and one read, so
+    the total never exceeds ``limit`` (bytes a stream returns beyond ``READ_SIZE`` aside).
+
+    Not thread-safe: all sessions sharing it run on one event loop.
     """
 
     __slots__ = ("_owner", "_waiters", "held", "limit", "peak", "reserve", "waits")
