@@ -39,8 +39,11 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     max_frame_bytes: INT | "64MiB"
     max_parse_bytes: INT | "32MiB"
     max_pending_requests: INT
+    max_buffer_bytes: INT | "256MiB"   # process-wide, >= max_frame_bytes + 1MiB (default: raised
+                                       # to that when max_frame_bytes needs it)
     non_json: log | forward
-    agent: {env: {NAME: STR}, stderr: passthrough | log, grace_period: SECONDS}
+    agent: {env: {NAME: STR}, stderr: passthrough | log, grace_period: SECONDS,
+            drain_timeout: SECONDS}
     coalesce: {enabled: BOOL, max_queue_messages: INT, max_queue_bytes: INT | "16MiB",
                min_interval_ms: INT}
     listen: tcp://HOST:PORT | unix:///PATH
@@ -94,6 +97,11 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # size is at most this; requests awaiting an answer are at most this many per direction.
 DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
+# The process-wide bound on bytes held in partial lines and outbound queues (issue 10.3).
+DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
+# The budget must leave room for one whole frame plus a few reads beyond it, so one connection's
+# legal frame can always complete (the runtime keeps max_frame_bytes + one read in reserve).
+BUFFER_SLACK_BYTES = 1024 * 1024
 
 
 class NonJsonPolicy(enum.StrEnum):
@@ -125,6 +133,9 @@ class AgentConfig:
     grace_period_s: float = (
         5.0  # after closing the agent's stdin, before SIGTERM (and again before SIGKILL)
     )
+    # Once the agent exited: how long what it wrote, and the errors owed to the client, may
+    # take to reach a slow or paused client before the rest is discarded (issue 9.4).
+    drain_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +160,7 @@ class Config:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
     non_json: NonJsonPolicy = NonJsonPolicy.LOG
     agent: AgentConfig = field(default_factory=AgentConfig)
     coalesce: CoalesceConfig = field(default_factory=CoalesceConfig)
@@ -324,6 +336,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         attr="max_frame_bytes",
     ),
     Setting(
+        "max_buffer_bytes",
+        Kind.SIZE,
+        "Bytes all connections of the process together may hold in partial lines and outbound "
+        "queues (see [Bounds](#bounds)). At least `max_frame_bytes` + 1 MiB; when not given, "
+        "raised to that if `max_frame_bytes` needs it.",
+        attr="max_buffer_bytes",
+    ),
+    Setting(
         "max_parse_bytes",
         Kind.SIZE,
         "Parse budget: a frame whose parse would take more memory than this (estimated from "
@@ -371,6 +391,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "Seconds between closing the agent's stdin and SIGTERM, and between SIGTERM "
                 "and SIGKILL.",
                 attr="grace_period_s",
+            ),
+            Setting(
+                "drain_timeout",
+                Kind.SECONDS,
+                "After the agent exited: seconds a slow or paused client has to read what the "
+                "agent wrote and the errors owed to it, before the rest is discarded (logged).",
+                attr="drain_timeout_s",
             ),
         ),
     ),
@@ -1369,6 +1396,7 @@ class _Parser:
                     changes[setting.attr] = self.setting(node, key, setting)
             if setting.kind is Kind.MIDDLEWARE and len(self.errors) > before:
                 middleware_ok = False
+        self._buffer_bound(top, changes, d)
         rules_factory = _RulesFactory(
             rules,
             changes.get("v1_mode", d.v1_mode),
@@ -1413,6 +1441,23 @@ class _Parser:
             lines={k: key_node.start_mark.line + 1 for k, (key_node, _) in top.items()},
             **changes,
         )
+
+    def _buffer_bound(self, top: Any, changes: dict[str, Any], d: Config) -> None:
+        """``max_buffer_bytes`` leaves room for one whole frame and a few reads (issue 10): the
+        runtime keeps ``max_frame_bytes`` + one read in reserve, so a legal frame always
+        completes. Not given: raised to that minimum; given below it: an error."""
+        frame = changes.get("max_frame_bytes", d.max_frame_bytes)
+        if "max_buffer_bytes" not in changes:
+            changes["max_buffer_bytes"] = max(d.max_buffer_bytes, frame + BUFFER_SLACK_BYTES)
+        elif changes["max_buffer_bytes"] < frame + BUFFER_SLACK_BYTES:
+            self.errors.append(
+                self.error(
+                    top["max_buffer_bytes"][1],
+                    "max_buffer_bytes",
+                    f"must be at least max_frame_bytes + 1 MiB "
+                    f"({frame + BUFFER_SLACK_BYTES} bytes), got {changes['max_buffer_bytes']}",
+                )
+            )
 
     def env(self, node: Node, path: str) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -1985,8 +2030,11 @@ def explain_config(config: Config) -> str:
         "settings:",
         f"  v1: mode {config.v1_mode.value}, max_entities {config.v1_max_entities}",
         f"  max_frame_bytes: {config.max_frame_bytes} ({_size_text(config.max_frame_bytes)})",
+        f"  max_buffer_bytes: {config.max_buffer_bytes} ({_size_text(config.max_buffer_bytes)}), "
+        "process-wide",
         f"  non_json: {config.non_json.value}",
         f"  agent: stderr {agent.stderr.value}, grace_period {agent.grace_period_s:g} s, "
+        f"drain_timeout {agent.drain_timeout_s:g} s, "
         f"env overrides: {env}",
         f"  coalesce: {'enabled' if co.enabled else 'disabled'}, "
         f"max_queue_messages {co.max_queue_messages}, "

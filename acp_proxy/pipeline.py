@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import TypeAlias
 
@@ -278,6 +278,10 @@ class PipelineStats:
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# Error responses built per step when answering requests left in flight (``abort_pending``).
+ABORT_CHUNK = 1000
 
 
 def _is_id(value: object) -> bool:
@@ -661,24 +665,25 @@ class Connection:
         else:
             forward.extend([OutFrame(raw, None, version) for raw in run])
 
-    def abort_pending(self, message: str) -> tuple[OutFrame, ...]:
+    def abort_pending(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response (``message``) per client request still awaiting the agent.
 
         For when the agent is gone (issue 3: "every client request still awaiting a response gets
         a JSON-RPC error response (code -32603, message naming the exit status)"). The requests
-        are no longer tracked afterwards.
+        are no longer tracked from the call on; their responses are built lazily, in chunks of
+        ``ABORT_CHUNK`` in arrival order, as the caller iterates (issue 10.2: 400,000 responses
+        built at once took 1.9 GB), so the shell can write each chunk before the next is made.
         """
-        frames = self._errors_for(self._pending_client, message)
-        self._pending_client.clear()
-        self.stats.errors_replied += len(frames)
-        return frames
+        pending, self._pending_client = self._pending_client, {}
+        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
+        return self._errors_for(pending, message)
 
-    def abort_agent_requests(self, message: str) -> tuple[OutFrame, ...]:
-        """One -32603 error response per agent request still awaiting the client (client gone)."""
-        frames = self._errors_for(self._pending_agent, message)
-        self._pending_agent.clear()
-        self.stats.errors_replied += len(frames)
-        return frames
+    def abort_agent_requests(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
+        """One -32603 error response per agent request still awaiting the client (client gone),
+        lazily in chunks like ``abort_pending``."""
+        pending, self._pending_agent = self._pending_agent, {}
+        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
+        return self._errors_for(pending, message)
 
     # --- agent -> client ----------------------------------------------------------------------
 
@@ -1208,14 +1213,23 @@ class Connection:
 
     def _errors_for(
         self, pending: dict[JsonValue, tuple[str, bytes]], message: str
-    ) -> tuple[OutFrame, ...]:
-        out = []
-        for rid, (_method, id_bytes) in pending.items():
-            response = error_response(rid, INTERNAL_ERROR, message)
-            data = error_frame_bytes(id_bytes, INTERNAL_ERROR, message)
-            out.append(OutFrame(data, response, self.version))
-        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
-        return tuple(out)
+    ) -> Iterator[tuple[OutFrame, ...]]:
+        version = self.version
+        stats = self.stats
+        chunk: list[OutFrame] = []
+        for _method, id_bytes in pending.values():
+            # Only the bytes are kept (no decoded message): an error response is a barrier for
+            # the outbound queue, which never needs to parse it. The id is echoed as it was sent.
+            chunk.append(
+                OutFrame(error_frame_bytes(id_bytes, INTERNAL_ERROR, message), None, version)
+            )
+            if len(chunk) == ABORT_CHUNK:
+                stats.errors_replied += len(chunk)
+                yield tuple(chunk)
+                chunk = []
+        if chunk:
+            stats.errors_replied += len(chunk)
+            yield tuple(chunk)
 
     # --- oversize -----------------------------------------------------------------------------
 

@@ -7,10 +7,21 @@ never parses JSON itself and never decides what a message becomes (style.md habi
 
 Shape (style.md habit 6, issue 6): per direction one reader task that reads large chunks and runs
 the whole chunk through the core synchronously, and per side one writer task that takes every
-ready frame and writes them in ONE ``send``. No task, thread hop or write per message. Queues are
-bounded: when the queue toward a side is full, the reader feeding it waits (backpressure), so a
-side that stops reading stops the proxy reading from the other side. Order per direction is the
-order of arrival.
+ready frame and writes them in ONE ``send``. No task, thread hop or write per message. Order per
+direction is the order of arrival.
+
+Bounds (README "Bounds"):
+
+* Backpressure in one direction stops reading *from the sender of that direction* only (issue
+  9.3): when the queue toward a side is full, the reader feeding it waits. Replies the proxy owes
+  a sender go into that sender's own small reply queue, written first; a reader never waits for
+  the other direction's traffic, so an agent that streams without reading its stdin (or a client
+  that reads only after it sent everything) works as it does without the proxy.
+* All sessions of the process share a ``BufferBudget`` (issue 10.3): partial lines, queues and
+  one reserved read per reader, summed, stay within ``max_buffer_bytes``.
+* Errors owed for requests in flight are built and queued in chunks (issue 10.2).
+* After the agent exited, its last output and the errors reach a slow client for up to
+  ``agent.drain_timeout``; a cut-off is logged with what was discarded (issue 9.4).
 
 ``pump_session`` is transport-agnostic (any anyio byte streams: pipes, stdio, TCP, Unix); the
 agent process lifecycle is plugged in by ``run_proxy`` through two hooks.
@@ -20,7 +31,8 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,14 +93,126 @@ class SessionStats:
     agent_eof: bool = False
 
 
+# Replies the proxy itself owes a sender (error responses, middleware replies) wait in a small
+# queue of their own per outbox, written ahead of forwarded frames: they never wait behind, nor
+# make a reader wait for, the other direction's traffic (issue 9.3). Only when replies one
+# sender provoked pile up unread beyond these bounds does the proxy stop reading that sender.
+REPLY_QUEUE_FRAMES = 1024
+REPLY_QUEUE_BYTES = 1024 * 1024
+
+
+class BufferBudget:
+    """The process-wide bound on bytes held by all sessions' buffers (issue 10.3).
+
+    Counts what every session holds in its ``LineSplitter`` partial lines and its outbound
+    queues (queued frames, replies, unwritten tails, the write in flight), plus one read
+    (``READ_SIZE``) reserved by each reader before it reads. A reader reads only while the total
+    stays below ``limit - reserve``; otherwise it waits until another session releases bytes.
+
+    ``reserve`` (one maximal frame plus one read) is kept for a single reader at a time, the
+    *owner*: a reader in the middle of a line may take it when it is free and what the others
+    hold leaves room for a whole frame, so one legal frame can always complete (a budget full
+    of partial lines would otherwise deadlock: every reader waits for the others to finish
+    their lines). The owner gives it back once its pending line is complete. Normal reads keep
+    the total below ``limit - reserve`` and the owner adds at most one frame and one read, so
+    the total never exceeds ``limit`` (bytes a stream returns beyond ``READ_SIZE`` aside).
+
+    Not thread-safe: all sessions sharing it run on one event loop.
+    """
+
+    __slots__ = ("_owner", "_waiters", "held", "limit", "peak", "reserve", "waits")
+
+    def __init__(self, limit: int, reserve: int) -> None:
+        """Raises ``ValueError`` unless ``limit`` leaves room for ``reserve`` and two reads."""
+        if limit < reserve + 2 * READ_SIZE:
+            raise ValueError(f"a buffer budget of {limit} bytes cannot hold {reserve} + 2 reads")
+        self.limit = limit
+        self.reserve = reserve
+        self.held = 0  # bytes held and reserved right now, by all sessions
+        self.peak = 0  # the largest ``held`` seen
+        self.waits = 0  # times a reader had to wait for the budget
+        self._owner: object | None = None  # the reader allowed into the reserve
+        self._waiters: list[anyio.Event] = []
+
+    def add(self, delta: int) -> None:
+        """Account for ``delta`` more (or, negative, fewer) bytes held."""
+        self.held += delta
+        if delta > 0:
+            self.peak = max(self.peak, self.held)
+        elif delta < 0 and self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.set()
+
+    def _may_read(self, reader: object, partial: int) -> bool:
+        if self._owner is reader:
+            return True
+        threshold = self.limit - self.reserve
+        if self.held + READ_SIZE <= threshold:
+            return True
+        # The reserve is free and this reader is in the middle of a line: it may finish it,
+        # provided what the others hold leaves room for a whole frame (else wait for them).
+        if partial and self._owner is None and self.held - partial <= threshold:
+            self._owner = reader
+            return True
+        return False
+
+    async def reserve_read(self, reader: object, partial: int) -> int:
+        """Wait until ``reader`` may read, reserve one read (``READ_SIZE``) and return it.
+
+        ``partial``: the bytes of the line ``reader`` is in the middle of (0: none); only such a
+        reader may take the reserve.
+        """
+        while not self._may_read(reader, partial):
+            event = anyio.Event()
+            self._waiters.append(event)
+            self.waits += 1
+            try:
+                await event.wait()
+            finally:
+                if event in self._waiters:
+                    self._waiters.remove(event)
+        self.add(READ_SIZE)
+        return READ_SIZE
+
+    def release_owner(self, reader: object) -> None:
+        """``reader`` finished its line (or stopped): the reserve is free for another."""
+        if self._owner is reader:
+            self._owner = None
+            self._wake()
+
+    def owned_by(self, reader: object) -> bool:
+        return self._owner is reader
+
+
+_BUDGETS: dict[tuple[int, int], BufferBudget] = {}
+
+
+def process_budget(config: Config) -> BufferBudget:
+    """The budget every session of this process with these settings shares (one per process in
+    practice: all sessions of a listener use one config). Never below what one maximal frame
+    needs, even for a ``Config`` built in code without the file's validation."""
+    reserve = config.max_frame_bytes + READ_SIZE
+    limit = max(config.max_buffer_bytes, reserve + 2 * READ_SIZE)
+    budget = _BUDGETS.get((limit, reserve))
+    if budget is None:
+        budget = _BUDGETS[(limit, reserve)] = BufferBudget(limit, reserve)
+    return budget
+
+
 class _Outbox:
     """The bounded queue toward one side, its writer's state, and the wake-ups between them.
 
-    Writes happen in two places, never at the same time: the writer task, and (the fast path)
-    the reader task right after it queued frames, when the writer is idle and the stream can
-    write without waiting (``try_send``). Either way everything ready is written in ONE call,
-    and whatever the kernel did not take (``tail``) is written first by the writer task, so order
-    is kept.
+    Two queues: ``queue`` for frames forwarded from the other side (coalescing, bounded by the
+    config) and ``replies`` for frames the proxy answers this side with (bounded by the
+    ``REPLY_QUEUE_*`` constants), which the writer serves first. Writes happen in two places,
+    never at the same time: the writer task, and (the fast path) the reader task right after it
+    queued frames, when the writer is idle and the stream can write without waiting
+    (``try_send``). Either way everything ready is written in ONE call, and whatever the kernel
+    did not take (``tail``) is written first by the writer task, so no frame is split.
     """
 
     __slots__ = (
@@ -97,7 +221,11 @@ class _Outbox:
         "broken",
         "busy",
         "closed",
+        "finished",
+        "inflight",
         "queue",
+        "replies",
+        "reply_bytes",
         "stats",
         "tail",
         "try_send",
@@ -121,15 +249,35 @@ class _Outbox:
         # What the kernel did not take yet of a direct write, in order (views, not copies: a
         # 10 MB frame is not duplicated when the pipe takes only part of it).
         self.tail: list[bytes | memoryview] = []
+        self.replies: deque[bytes] = deque()  # frames (without newline) owed to this side
+        self.reply_bytes = 0
+        self.inflight = 0  # bytes inside the writer's current send()
         self.busy = False  # the writer task is inside tx.send()
         self.broken = False  # the peer stopped reading: frames are discarded
         self.closed = False
+        self.finished = anyio.Event()  # the writer task ended
         self._ready = anyio.Event()
         self._space = anyio.Event()
 
     def idle(self) -> bool:
         """Nothing waits to be written to this peer and no write is in flight."""
-        return not self.busy and not self.tail and not self.broken and len(self.queue) == 0
+        return (
+            not self.busy
+            and not self.tail
+            and not self.broken
+            and not self.replies
+            and len(self.queue) == 0
+        )
+
+    def held(self) -> int:
+        """Bytes this outbox keeps in memory (for the buffer budget)."""
+        tail = 0
+        for part in self.tail:
+            tail += len(part)
+        return self.queue.pending_bytes + self.reply_bytes + self.inflight + tail
+
+    def has_reply_room(self) -> bool:
+        return len(self.replies) < REPLY_QUEUE_FRAMES and self.reply_bytes < REPLY_QUEUE_BYTES
 
     def wake_writer(self) -> None:
         self._ready.set()
@@ -140,7 +288,8 @@ class _Outbox:
     def push(self, frames: tuple[OutFrame, ...], now: float) -> bool:
         """Queue ``frames`` in order (the reader waited for room before reading them).
 
-        False when the outbox is already closed (its writer is gone): the frames are dropped.
+        False when the frames need no flush: written at once, or dropped because the outbox is
+        already closed (its writer is gone).
         """
         if self.closed:
             return False
@@ -149,6 +298,7 @@ class _Outbox:
             and not self.busy
             and not self.tail
             and not self.broken
+            and not self.replies
             and len(self.queue) == 0
             and not self.queue.rate_limited
         ):
@@ -161,6 +311,24 @@ class _Outbox:
         for frame in frames:
             push(frame, now)
         return True
+
+    def push_reply(self, frames: tuple[OutFrame, ...]) -> None:
+        """Queue replies owed to this side, ahead of forwarded frames (never merged)."""
+        if self.closed:
+            return
+        if (
+            self.try_send is not None
+            and not self.busy
+            and not self.tail
+            and not self.broken
+            and not self.replies
+        ):
+            self._write_direct(frames)
+            return
+        for frame in frames:
+            self.replies.append(frame.raw)
+            self.reply_bytes += len(frame.raw) + 1
+        self._ready.set()
 
     def _write_direct(self, frames: tuple[OutFrame, ...]) -> None:
         assert self.try_send is not None
@@ -199,7 +367,7 @@ class _Outbox:
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""
         try_send = self.try_send
-        if try_send is None or self.busy or self.tail or self.broken:
+        if try_send is None or self.busy or self.tail or self.broken or self.replies:
             self._ready.set()
             return
         frames, deadline = self.queue.take(now)
@@ -218,12 +386,24 @@ class _Outbox:
         if deadline is not None:
             self._ready.set()  # the writer sleeps until the queue's deadline
 
+    async def _wait_space(self) -> None:
+        # Both readers may wait on one outbox (one for queue room, the other for reply room):
+        # they share the event, which is only replaced once it fired.
+        if self._space.is_set():
+            self._space = anyio.Event()
+        space = self._space
+        self._ready.set()
+        await space.wait()
+
     async def wait_room(self) -> None:
         """Backpressure: wait until the writer made room (the queue is below its bounds)."""
         while not self.closed and not self.queue.has_room():
-            self._ready.set()
-            self._space = anyio.Event()
-            await self._space.wait()
+            await self._wait_space()
+
+    async def wait_reply_room(self) -> None:
+        """Wait until the replies owed to this side are below their bounds."""
+        while not self.closed and not self.has_reply_room():
+            await self._wait_space()
 
     async def wait_ready(self, deadline: float | None) -> None:
         """Park the writer until something is pushed, the outbox closes, or ``deadline``."""
@@ -246,6 +426,7 @@ class PumpSession:
     -32603 errors for client requests still in flight (``Connection.abort_pending``).
     ``on_agent_input_closed`` is called once the agent's input was flushed and closed (client
     EOF or ``stop_client_input``): the process layer starts its shutdown ladder there.
+    ``budget`` is the buffer budget shared with other sessions (default: ``process_budget``).
     """
 
     def __init__(
@@ -260,6 +441,7 @@ class PumpSession:
         agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
         on_agent_input_closed: Callable[[], None] | None = None,
         connection: Connection | None = None,
+        budget: BufferBudget | None = None,
     ) -> None:
         self.config = config
         self.log = log if log is not None else get_logger()
@@ -284,8 +466,21 @@ class PumpSession:
         self.to_client = _Outbox(
             OutboundQueue(config.coalesce, coalesce=True), client_tx, self.stats.to_client
         )
+        self.budget = budget if budget is not None else process_budget(config)
+        self._held = 0  # what this session counts in the budget
+        self._splitters = {
+            Direction.CLIENT_TO_AGENT: LineSplitter(config.max_frame_bytes),
+            Direction.AGENT_TO_CLIENT: LineSplitter(config.max_frame_bytes),
+        }
         self._stopping = {Direction.CLIENT_TO_AGENT: False, Direction.AGENT_TO_CLIENT: False}
         self._recv_scopes: dict[Direction, anyio.CancelScope] = {}
+        # When each reader started waiting in receive() (None: it is not in receive()).
+        self._receiving: dict[Direction, float | None] = {
+            Direction.CLIENT_TO_AGENT: None,
+            Direction.AGENT_TO_CLIENT: None,
+        }
+        self.agent_output_ended = False  # the agent reader stopped (EOF or stop_agent_output)
+        self._aborts_left = 0  # -32603 errors owed to the client and not queued yet
 
     # -- control --------------------------------------------------------------------------
 
@@ -307,16 +502,53 @@ class PumpSession:
     def bytes_to_client(self) -> int:
         return self.stats.to_client.bytes
 
+    def agent_receive_idle_s(self, now: float) -> float | None:
+        """How long the agent reader has been waiting in receive() (None: it is not there, e.g.
+        it waits for the client to make room)."""
+        since = self._receiving[Direction.AGENT_TO_CLIENT]
+        return None if since is None else now - since
+
+    def undelivered(self) -> dict[str, Any]:
+        """What the client has not received yet (for the log when the session is cut short)."""
+        box = self.to_client
+        return {
+            "frames": len(box.queue) + len(box.replies) + (1 if box.tail or box.inflight else 0),
+            "bytes": box.held(),
+            # Owed -32603 errors not queued yet (still tracked, or detached but not built).
+            "errors_not_queued": self._aborts_left + self.connection.pending_client_requests,
+            "agent_output_read_to_end": self.agent_output_ended,
+            "agent_partial_line_bytes": self._splitters[Direction.AGENT_TO_CLIENT].buffered,
+        }
+
     # -- tasks ----------------------------------------------------------------------------
 
     async def run(self) -> SessionStats:
         """Pump until the agent's output ended and everything owed to the client was written."""
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._writer, self.to_agent, True)
-            tg.start_soon(self._writer, self.to_client, False)
-            tg.start_soon(self._client_reader)
-            await self._agent_reader()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer, self.to_agent, True)
+                tg.start_soon(self._writer, self.to_client, False)
+                tg.start_soon(self._client_reader)
+                await self._agent_reader()
+        finally:
+            # Whatever is left is garbage once the session ends: give the budget back.
+            self.budget.add(-self._held)
+            self._held = 0
         return self.stats
+
+    def _account(self) -> None:
+        """Report this session's buffered bytes to the shared budget."""
+        splitters = self._splitters
+        held = (
+            splitters[Direction.CLIENT_TO_AGENT].buffered
+            + splitters[Direction.AGENT_TO_CLIENT].buffered
+            + self.to_agent.held()
+            + self.to_client.held()
+        )
+        delta = held - self._held
+        if delta:
+            self._held = held
+            self.budget.add(delta)
 
     async def _read_loop(
         self,
@@ -328,55 +560,96 @@ class PumpSession:
         # The whole chunk goes through the core in one call, and its frames are queued without
         # awaiting: the queue may overshoot its bound by one chunk's frames, which keeps memory
         # bounded (read size + one maximal frame) and the hot path free of per-frame awaits.
-        splitter = LineSplitter(self.config.max_frame_bytes)
+        #
+        # Before each read it waits for three things only (issue 9.3: backpressure in one
+        # direction stops reading *from the sender of that direction* only): room in the queue
+        # toward the receiver, room for the replies this sender provoked, and the buffer budget.
+        # Never for the other direction's forwarded traffic.
+        splitter = self._splitters[direction]
         handle_many = self.connection.handle_many
         dispatch = self._dispatch
-        # One cancel scope for the whole loop (``stop_*`` cancels it): the only awaits are
-        # ``wait_room`` and ``receive``, and a cancelled receive consumes nothing, while each
+        budget = self.budget
+        receiving = self._receiving
+        reserved = 0
+        # One cancel scope for the whole loop (``stop_*`` cancels it): the only awaits are the
+        # waits for room and ``receive``, and a cancelled receive consumes nothing, while each
         # chunk is dispatched synchronously, so stopping never loses or splits a frame.
         with anyio.CancelScope() as scope:
             self._recv_scopes[direction] = scope
             if self._stopping[direction]:
                 scope.cancel()
-            while True:
-                if not forward.queue.has_room():
-                    await forward.wait_room()
-                if not back.queue.has_room():
-                    await back.wait_room()
-                try:
-                    chunk = await rx.receive(READ_SIZE)
-                except _STREAM_ERRORS:
-                    break
-                # No backlog toward the peer (nothing queued, no write in flight): the complete
-                # lines of the chunk may travel as one block (``Connection._block``), forwarded
-                # whole unless a line needs parsing. With a backlog, frames stay one per line so
-                # the outbound queue can coalesce them (issue 4).
-                if forward.idle():
-                    events = splitter.feed_blocks(chunk)
-                    if events:
-                        dispatch(
-                            direction, handle_many(direction, events, join=True), forward, back
-                        )
-                else:
-                    lines = splitter.feed(chunk)
-                    if lines:
-                        dispatch(direction, handle_many(direction, lines), forward, back)
+            try:
+                while True:
+                    if not forward.queue.has_room():
+                        await forward.wait_room()
+                    if not back.has_reply_room():
+                        await back.wait_reply_room()
+                    reserved = await budget.reserve_read(splitter, splitter.buffered)
+                    receiving[direction] = time.monotonic()
+                    try:
+                        chunk = await rx.receive(reserved)
+                    except _STREAM_ERRORS:
+                        break
+                    finally:
+                        receiving[direction] = None
+                    # No backlog toward the peer (nothing queued, no write in flight): the
+                    # complete lines of the chunk may travel as one block
+                    # (``Connection._block``), forwarded whole unless a line needs parsing.
+                    # With a backlog, frames stay one per line so the outbound queue can
+                    # coalesce them (issue 4).
+                    if forward.idle():
+                        events: list[Any] = splitter.feed_blocks(chunk)
+                        if events:
+                            dispatch(
+                                direction,
+                                handle_many(direction, events, join=True),
+                                forward,
+                                back,
+                            )
+                    else:
+                        events = splitter.feed(chunk)
+                        if events:
+                            dispatch(direction, handle_many(direction, events), forward, back)
+                    self._account()
+                    budget.add(-reserved)
+                    reserved = 0
+                    if (events or not splitter.buffered) and budget.owned_by(splitter):
+                        budget.release_owner(splitter)  # its line is complete
+            finally:
+                if reserved:
+                    budget.add(-reserved)
+                budget.release_owner(splitter)
         del self._recv_scopes[direction]
         if not scope.cancel_called:  # real EOF: a last line without its newline still counts
             tail = splitter.end()
             if tail:
                 dispatch(direction, handle_many(direction, tail), forward, back)
+        self._account()
 
     def _dispatch(
         self, direction: Direction, result: Result, forward: _Outbox, back: _Outbox
     ) -> None:
-        now = time.monotonic()
-        if result.forward and forward.push(result.forward, now):
-            forward.flush_now(now)
-        if result.reply and back.push(result.reply, now):
-            back.flush_now(now)
+        if result.forward:
+            now = time.monotonic()
+            if forward.push(result.forward, now):
+                forward.flush_now(now)
+        if result.reply:
+            back.push_reply(result.reply)
         if result.notes:
             self._log_notes(result.notes)
+
+    async def _queue_all(self, outbox: _Outbox, chunks: Iterator[tuple[OutFrame, ...]]) -> None:
+        """Queue generated frames chunk by chunk, waiting for room between chunks, so they are
+        never all in memory at once (issue 10.2)."""
+        for chunk in chunks:
+            if not outbox.queue.has_room():
+                await outbox.wait_room()
+            now = time.monotonic()
+            if outbox.push(chunk, now):
+                outbox.flush_now(now)
+            if outbox is self.to_client:
+                self._aborts_left -= len(chunk)
+            self._account()
 
     async def _client_reader(self) -> None:
         await self._read_loop(
@@ -386,15 +659,18 @@ class PumpSession:
         if self.stats.client_eof:
             self.log.info("client closed its input")
         # The agent's own requests to the client can no longer be answered by it.
-        aborted = self.connection.abort_agent_requests("acp-proxy: the client disconnected")
-        if aborted:
-            self.to_agent.push(aborted, time.monotonic())
+        if self.connection.pending_agent_requests:
+            await self._queue_all(
+                self.to_agent,
+                self.connection.abort_agent_requests("acp-proxy: the client disconnected"),
+            )
         self.to_agent.close()
 
     async def _agent_reader(self) -> None:
         await self._read_loop(
             Direction.AGENT_TO_CLIENT, self._agent_rx, self.to_client, self.to_agent
         )
+        self.agent_output_ended = True
         self.stats.agent_eof = True
         reason = "agent closed its output"
         if self._agent_exit_reason is not None:
@@ -403,13 +679,20 @@ class PumpSession:
         # request the agent saw is either answered or in abort_pending (issue 3: "every client
         # request still awaiting a response gets a JSON-RPC error response").
         self.stop_client_input()
-        aborted = self.connection.abort_pending(reason)
-        if aborted:
-            self.log.warning("answering requests left in flight", count=len(aborted), reason=reason)
-            self.to_client.push(aborted, time.monotonic())
+        count = self.connection.pending_client_requests
+        if count:
+            self.log.warning("answering requests left in flight", count=count, reason=reason)
+            self._aborts_left = count
+            await self._queue_all(self.to_client, self.connection.abort_pending(reason))
         self.to_client.close()
 
     async def _writer(self, outbox: _Outbox, to_agent: bool) -> None:
+        try:
+            await self._write_loop(outbox, to_agent)
+        finally:
+            outbox.finished.set()
+
+    async def _write_loop(self, outbox: _Outbox, to_agent: bool) -> None:
         queue = outbox.queue
         stats = outbox.stats
         tx = outbox.tx
@@ -417,6 +700,20 @@ class PumpSession:
             if outbox.tail:
                 data: bytes | memoryview = outbox.tail.pop(0)
                 count = 0
+            elif outbox.replies:
+                # Replies first: they answer this side's own messages and must not wait behind
+                # (or for) the other side's traffic.
+                replies = list(outbox.replies)
+                outbox.replies.clear()
+                outbox.reply_bytes = 0
+                outbox.wake_reader()
+                count = len(replies)
+                if outbox.broken:
+                    stats.discarded += count
+                    self._account()
+                    continue
+                data = b"\n".join(replies) + b"\n"
+                stats.writes += 1
             else:
                 frames, deadline = queue.take(time.monotonic())
                 if not frames:
@@ -428,12 +725,14 @@ class PumpSession:
                 count = len(frames)
                 if outbox.broken:
                     stats.discarded += count
+                    self._account()
                     continue
                 data = frames[0] if count == 1 else b"".join(frames)
                 stats.writes += 1
             if outbox.broken:
                 continue
             outbox.busy = True
+            outbox.inflight = len(data)
             try:
                 # A memoryview only comes from a tail, and tails only from try_send streams
                 # (FdStream), whose send() takes any buffer.
@@ -445,6 +744,8 @@ class PumpSession:
                 continue
             finally:
                 outbox.busy = False
+                outbox.inflight = 0
+                self._account()
             stats.bytes += len(data)
         if to_agent:
             # Client input is over and flushed: EOF to the agent starts its shutdown.
@@ -707,6 +1008,7 @@ async def run_agent_session(
     caller owns the client streams.
     """
     grace = config.agent.grace_period_s
+    drain_timeout = config.agent.drain_timeout_s
     returncode: int | None = None
     input_closed = anyio.Event()
     shutdown_requested = anyio.Event()
@@ -763,19 +1065,41 @@ async def run_agent_session(
         returncode = await agent.wait()
         agent.reap_group()
         log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
-        # Its output is normally at EOF now; if a process outside the group still holds the
-        # pipe, or the client stopped reading, do not wait forever: give up once nothing moved
-        # for a while.
-        last = -1
-        while True:
-            await anyio.sleep(STDOUT_LINGER_S)
-            progress = session.bytes_to_client
-            if progress == last:
+        # Issue 9.4: everything the agent wrote, and the errors owed to the client, reach even a
+        # slow or paused client, for up to ``drain_timeout`` after the exit; then the rest is
+        # discarded, and the log says what.
+        deadline = time.monotonic() + drain_timeout
+        # Its output is normally at EOF now. A reader that waits in receive() for a whole
+        # linger means the pipe is empty yet open: a process outside the group still holds it.
+        # (A reader waiting for the client to make room is not that: the client is slow.)
+        while not session.agent_output_ended:
+            now = time.monotonic()
+            if now >= deadline:
                 break
-            last = progress
-        log.warning("session did not finish after the agent exited; closing it")
-        session.stop_agent_output()
-        await anyio.sleep(STDOUT_LINGER_S)
+            idle = session.agent_receive_idle_s(now)
+            if idle is not None and idle >= STDOUT_LINGER_S:
+                log.warning(
+                    "the agent exited but its output is still open (held by a process outside "
+                    "its group); no longer reading it"
+                )
+                session.stop_agent_output()
+                break
+            wait = STDOUT_LINGER_S - idle if idle is not None else STDOUT_LINGER_S / 4
+            await anyio.sleep(min(max(wait, 0.01), deadline - now))
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            await session.to_client.finished.wait()
+            # The client has everything; only the writer toward the dead agent can still be
+            # stuck (its input held open by a process outside its group).
+            await anyio.sleep(STDOUT_LINGER_S)
+            log.warning("session did not finish after the agent exited; closing it")
+            cancel.cancel()
+            return
+        log.warning(
+            "the client did not take everything the agent wrote within agent.drain_timeout; "
+            "discarding the rest",
+            drain_timeout_s=drain_timeout,
+            **session.undelivered(),
+        )
         cancel.cancel()
 
     try:

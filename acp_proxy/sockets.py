@@ -158,6 +158,8 @@ HTTP_OPENINGS: Final = (
     b"PRI * HTTP/2",
 )
 _LONGEST_OPENING: Final = max(len(token) for token in HTTP_OPENINGS)
+# At most this much of a first line is held before the session starts (README "Bounds").
+OPENING_HOLD_BYTES: Final = 64 * 1024
 # What framing.LineSplitter counts as whitespace (bytes.isspace): such lines carry no message.
 _BLANK: Final = re.compile(rb"[ \t\n\r\x0b\x0c]*")
 
@@ -214,6 +216,11 @@ class OpeningReader:
         if any(token.startswith(head) for token in HTTP_OPENINGS):
             return Opening.MORE  # e.g. "PO": could still become "POST "
         if self.buffer.find(b"\n", self._scanned) >= 0 or len(self.buffer) > self._limit:
+            return Opening.FRAME
+        if len(self.buffer) - self._text_at > OPENING_HOLD_BYTES:
+            # Not HTTP, and a long first line: hand it over now rather than hold it here, where
+            # the process-wide buffer budget does not see it (12 clients x 15 MiB first lines
+            # held 180 MiB outside the budget).
             return Opening.FRAME
         self._scanned = len(self.buffer)
         return Opening.MORE

@@ -28,9 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
-    "rules, middleware, v1, max_frame_bytes, max_parse_bytes, max_pending_requests, non_json, "
-    "agent, coalesce, listen, connect, connect_timeout, max_connections, handshake_timeout, "
-    "allow_remote"
+    "rules, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
+    "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
+    "max_connections, handshake_timeout, allow_remote"
 )
 KINDS = (
     "agent_message, agent_message_chunk, agent_thought, agent_thought_chunk, "
@@ -112,7 +112,7 @@ ERRORS: list[tuple[str, str, str]] = [
         "unknown-agent-key",
         "agent:\n  environment: {}\n",
         'rules.yaml:2: agent.environment: unknown key "environment". '
-        "Valid keys: env, stderr, grace_period",
+        "Valid keys: env, stderr, grace_period, drain_timeout",
     ),
     (
         "duplicate-key",
@@ -878,8 +878,9 @@ middleware chain (in order):
 settings:
   v1: mode stateful, max_entities 5
   max_frame_bytes: 1048576 (1 MiB)
+  max_buffer_bytes: 268435456 (256 MiB), process-wide
   non_json: forward
-  agent: stderr log, grace_period 0.5 s, env overrides: EMPTY, PORT, RUST_LOG
+  agent: stderr log, grace_period 0.5 s, drain_timeout 60 s, env overrides: EMPTY, PORT, RUST_LOG
   coalesce: disabled, max_queue_messages 10, max_queue_bytes 2048 (2 KiB), min_interval_ms 100
   listen: unix:///run/acp.sock
   connect: tcp://[::1]:7777, connect_timeout 3 s
@@ -898,8 +899,9 @@ def test_explain_pass_through() -> None:
         "settings:\n"
         "  v1: mode safe, max_entities 10000\n"
         "  max_frame_bytes: 67108864 (64 MiB)\n"
+        "  max_buffer_bytes: 268435456 (256 MiB), process-wide\n"
         "  non_json: log\n"
-        "  agent: stderr passthrough, grace_period 5 s, env overrides: none\n"
+        "  agent: stderr passthrough, grace_period 5 s, drain_timeout 60 s, env overrides: none\n"
         "  coalesce: enabled, max_queue_messages 4096, max_queue_bytes 16777216 (16 MiB), "
         "min_interval_ms 0\n"
         "  listen: (stdio)\n"

@@ -261,13 +261,18 @@ def test_pending_client_requests_and_abort() -> None:
     # A response whose content mentions "method" (id before it, as every SDK writes it).
     conn.handle(A2C, Line(b'{"jsonrpc":"2.0","id":"two","result":{"text":"\\"method\\""}}'))
     assert conn.pending_client_requests == 2
-    frames = conn.abort_pending("acp-proxy: the agent exited with status 3")
-    assert wire(frames) == [
+    frames = [
+        f
+        for chunk in conn.abort_pending("acp-proxy: the agent exited with status 3")
+        for f in chunk
+    ]
+    assert conn.pending_client_requests == 0
+    assert wire(tuple(frames)) == [
         b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
         b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
     ]
     assert conn.pending_client_requests == 0
-    assert conn.abort_pending("again") == ()
+    assert list(conn.abort_pending("again")) == []
     assert conn.stats.errors_replied == 2
 
 
@@ -282,7 +287,7 @@ def test_pending_agent_requests() -> None:
         C2A, Line(b'{"jsonrpc":"2.0","id":"p1","result":{"outcome":{"outcome":"cancelled"}}}')
     )
     assert conn.pending_agent_requests == 1
-    assert wire(conn.abort_agent_requests("client gone")) == [
+    assert [f.raw for chunk in conn.abort_agent_requests("client gone") for f in chunk] == [
         b'{"jsonrpc":"2.0","id":7,"error":{"code":-32603,"message":"client gone"}}'
     ]
     assert conn.pending_agent_requests == 0
@@ -744,7 +749,7 @@ def test_a_frame_over_the_parse_budget_is_forwarded_and_tracked_from_its_head() 
     [note] = res.notes
     assert isinstance(note, NotParsed) and note.reason.startswith("over the parse budget")
     assert conn.pending_client_requests == 1
-    [error] = conn.abort_pending("agent gone")
+    [[error]] = list(conn.abort_pending("agent gone"))
     assert (
         error.raw
         == b'{"jsonrpc":"2.0","id":18446744073709551616,"error":{"code":-32603,"message":"agent gone"}}'

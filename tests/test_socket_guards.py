@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from proxy_harness import FAKE_AGENT, Lines, init_response, request, run, write_config
 from test_sockets import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 
-from acp_proxy.sockets import Opening, OpeningReader, http_forbidden
+from acp_proxy.sockets import OPENING_HOLD_BYTES, Opening, OpeningReader, http_forbidden
 
 INIT = request(1, "initialize", {"protocolVersion": 2})
 FORBIDDEN = (
@@ -430,3 +430,12 @@ async def test_handshake_timeout_usage_errors(argv: list[str], message: str) -> 
     ran = await run([*PROXY, "--listen", "tcp://127.0.0.1:0", *argv, "--", *TINY])
     assert (ran.rc, ran.stdout) == (2, b"")
     assert message in ran.stderr.decode()
+
+
+def test_a_long_first_line_is_handed_over_without_being_held_whole() -> None:
+    # Held first lines are outside the process-wide buffer budget: never more than
+    # OPENING_HOLD_BYTES of one is held (found by the budget test with 12 x 15 MiB first lines).
+    reader = OpeningReader(64 * 1024 * 1024)
+    assert reader.feed(b'{"jsonrpc":"2.0","method":"x","params":{"a":"') is Opening.MORE
+    assert reader.feed(b"a" * OPENING_HOLD_BYTES) is Opening.FRAME
+    assert len(reader.buffer) <= 2 * OPENING_HOLD_BYTES

@@ -1,0 +1,145 @@
+"""The agent's last output reaches a slow or paused client (issue 9.4).
+
+The client is a real process (``cat``) reading the proxy's stdout, stopped with SIGSTOP while the
+agent writes a few MB, exits, and leaves requests unanswered. Before the fix the proxy gave up on
+its session about 4 to 6 seconds after the agent exited and discarded most of the output and the
+-32603 errors it owed. Now the client gets every byte for up to ``agent.drain_timeout``, and a
+cut-off is logged with what was discarded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+from proxy_harness import REPO, TESTS, error_line, proxy_env, request, write_config
+from stream_agent import stream_lines
+
+pytestmark = pytest.mark.anyio
+
+STREAM_AGENT = TESTS / "stream_agent.py"
+REQUESTS = 50
+# What the proxy can hold while the client is stopped: its stdout pipe (enlarged to 1 MiB), one
+# write in flight and the queue (64 KiB bound, plus one 256 KiB read): 1.1 to 1.7 MiB. With the
+# agent's 1 MiB stdout pipe on top, 1.95 MB (1.86 MiB) is always written whole (the agent exits)
+# and never all read by the proxy (part of it is still in the agent's pipe when it exits).
+TOTAL = 1_950_000
+CONFIG = "coalesce: {enabled: false, max_queue_bytes: 64KiB}\n"
+PAD = 20_000
+# Longer than the old give-up time after the agent's exit (two or three 2 s lingers).
+OLD_GIVE_UP_S = 7.0
+
+
+async def _wait_for(path: Path) -> None:
+    with anyio.fail_after(60):
+        while not path.exists():
+            await anyio.sleep(0.05)
+
+
+async def run_with_paused_client(
+    tmp_path: Path, config_text: str, pause_until_proxy_exits: bool
+) -> tuple[int, bytes, list[dict[str, object]]]:
+    """Run the proxy with ``cat`` as the client's reader; stop ``cat`` before the agent writes,
+    resume it ``OLD_GIVE_UP_S`` after the agent exited (or once the proxy exited). Returns the
+    proxy's exit code, what ``cat`` received, and the proxy's JSON log events."""
+    config = write_config(tmp_path / "c.yaml", config_text)
+    done = tmp_path / "agent_done"
+    received = tmp_path / "received"
+    log_file = tmp_path / "proxy.log"
+    read_end, write_end = os.pipe()
+    with received.open("wb") as out:
+        cat = subprocess.Popen(["cat"], stdin=read_end, stdout=out)
+    os.close(read_end)
+    cat.send_signal(signal.SIGSTOP)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "acp_proxy",
+            "--config",
+            config,
+            "--log-format",
+            "json",
+            "--log-file",
+            str(log_file),
+            "--",
+            sys.executable,
+            str(STREAM_AGENT),
+            "--requests",
+            str(REQUESTS),
+            "--bytes",
+            str(TOTAL),
+            "--pad",
+            str(PAD),
+            "--done",
+            str(done),
+            "--exit-code",
+            "3",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=write_end,
+        env=proxy_env(),
+        cwd=str(REPO),
+    )
+    os.close(write_end)
+    assert proxy.stdin is not None
+    try:
+        # Requests the agent reads and never answers; stdin stays open, as an editor's does.
+        proxy.stdin.write(b"".join(request(i, "session/prompt", {}) for i in range(REQUESTS)))
+        proxy.stdin.flush()
+        await _wait_for(done)
+        if pause_until_proxy_exits:
+            with anyio.fail_after(60):
+                while proxy.poll() is None:
+                    await anyio.sleep(0.05)
+        else:
+            await anyio.sleep(OLD_GIVE_UP_S)
+        cat.send_signal(signal.SIGCONT)
+        with anyio.fail_after(60):
+            while proxy.poll() is None or cat.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        for proc in (proxy, cat):  # only after a failure: never leave them behind
+            if proc.poll() is None:
+                proc.kill()  # SIGKILL also ends a stopped process
+                proc.wait()
+        proxy.stdin.close()
+    events = [orjson.loads(line) for line in log_file.read_bytes().splitlines() if line]
+    return proxy.returncode, received.read_bytes(), events
+
+
+def expected_output() -> bytes:
+    errors = b"".join(error_line(i, -32603, "agent exited with status 3") for i in range(REQUESTS))
+    return b"".join(stream_lines(TOTAL, 0, PAD)) + errors
+
+
+async def test_paused_client_gets_everything_after_the_agent_exits(tmp_path: Path) -> None:
+    rc, received, events = await run_with_paused_client(tmp_path, CONFIG, False)
+    assert rc == 3
+    assert received == expected_output()
+    assert [e for e in events if "discard" in str(e["event"])] == []
+
+
+async def test_a_short_drain_timeout_discards_and_logs_what(tmp_path: Path) -> None:
+    rc, received, events = await run_with_paused_client(
+        tmp_path,
+        CONFIG + "agent: {drain_timeout: 1}\n",
+        True,
+    )
+    assert rc == 3
+    expected = expected_output()
+    assert len(received) < len(expected)
+    assert expected.startswith(received)
+    [cut] = [e for e in events if "discarding the rest" in str(e["event"])]
+    assert cut["drain_timeout_s"] == 1.0
+    assert cut["level"] == "warning"
+    # The errors were never queued: the agent's output was not read to its end.
+    assert (cut["errors_not_queued"], cut["agent_output_read_to_end"]) == (REQUESTS, False)
+    assert isinstance(cut["frames"], int) and cut["frames"] > 0
+    assert isinstance(cut["bytes"], int) and cut["bytes"] > 0
