@@ -182,7 +182,7 @@ def _socket_options(
 ) -> Config:
     """The config with the socket flags applied (the command line wins over the file), the
     addresses checked (usage error, exit 2, before anything is spawned or bound)."""
-    from acp_proxy.sockets import AddressError, parse_address
+    from acp_proxy.shell.sockets import AddressError, parse_address
 
     changes: dict[str, object] = {}
     for flag, key in (
@@ -247,7 +247,7 @@ def _run_checks(config: Config) -> list[str]:
     applies them so that a file it accepts also starts (issue 14)."""
     import socket
 
-    from acp_proxy.sockets import AddressError, is_loopback_ip, parse_address
+    from acp_proxy.shell.sockets import AddressError, is_loopback_ip, parse_address
 
     def where(key: str) -> str:
         line = config.lines.get(key)
@@ -399,7 +399,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if config.connect is None and not agent_argv:
         parser.error("missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
 
-    from acp_proxy.logsetup import configure_logging
+    from acp_proxy.shell.logsetup import configure_logging
 
     try:
         configure_logging(args.log_level, args.log_format, args.log_file)
@@ -409,27 +409,27 @@ def _main(argv: Sequence[str] | None) -> int:
 
     if config_path is not None:
         from acp_proxy.config import writable_by_others
-        from acp_proxy.logsetup import get_logger
+        from acp_proxy.shell.logsetup import get_logger
 
         for warning in writable_by_others(config_path):
             get_logger().warning(f"config file {_WRITABLE_HINT}", detail=warning)
 
     import anyio
 
-    from acp_proxy.process import enable_supervision, run_supervised
+    from acp_proxy.shell.process import enable_supervision, run_supervised
 
     # No orphans (issue 10): from here on, descendants that leave the agent's session are
     # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
     enable_supervision()
     if config.listen is not None:
-        from acp_proxy.sockets import run_listen
+        from acp_proxy.shell.sockets import run_listen
 
         return anyio.run(run_supervised, run_listen, config, agent_argv)
     if config.connect is not None:
-        from acp_proxy.sockets import run_connect
+        from acp_proxy.shell.sockets import run_connect
 
         return anyio.run(run_supervised, run_connect, config)
 
-    from acp_proxy.runtime import run_proxy
+    from acp_proxy.shell.runtime import run_proxy
 
     return anyio.run(run_supervised, run_proxy, config, agent_argv)

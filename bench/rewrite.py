@@ -38,9 +38,14 @@ import json, sys, time
 import orjson
 sys.path.insert(0, sys.argv[1])
 from acp_proxy.config import load_config
-from acp_proxy.chain import Direction
-from acp_proxy.framing import Line
-from acp_proxy.pipeline import Connection
+try:  # the layout of issue 14
+    from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.framing import Line
+    from acp_proxy.wire.pipeline import Connection
+except ImportError:  # an older tree (the baseline)
+    from acp_proxy.chain import Direction
+    from acp_proxy.framing import Line
+    from acp_proxy.pipeline import Connection
 case, n = sys.argv[2], int(sys.argv[3])
 
 def frame(i, text, pretty):

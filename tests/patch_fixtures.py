@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
-from acp_proxy.registry import UPSERT_KINDS
+from acp_proxy.meta.registry import UPSERT_KINDS
 
 # Test data is typed loosely: tests index into nested messages freely.
 Msg = dict[str, Any]

@@ -27,7 +27,8 @@ from patch_fixtures import (
     with_meta,
 )
 
-from acp_proxy.annotate import (
+from acp_proxy.jsontypes import OMITTED
+from acp_proxy.meta.annotate import (
     AnnotateStatus,
     Annotation,
     V1MetaStore,
@@ -36,9 +37,8 @@ from acp_proxy.annotate import (
     annotate_message,
     followup_fields,
 )
-from acp_proxy.jsontypes import OMITTED
-from acp_proxy.registry import UPSERT_KINDS, find_upsert
-from acp_proxy.state import ClientModel
+from acp_proxy.meta.registry import UPSERT_KINDS, find_upsert
+from acp_proxy.meta.state import ClientModel
 
 ROUTE = Annotation(set={"proxy.dev/route": "edge"}, remove=("secret.dev/token",))
 TCU: Msg = {"sessionUpdate": "tool_call_update", "toolCallId": "call_001"}

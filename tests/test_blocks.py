@@ -10,7 +10,9 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_proxy.chain import (
+from acp_proxy.config import NonJsonPolicy
+from acp_proxy.jsontypes import JsonObject
+from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
     Chain,
@@ -20,10 +22,8 @@ from acp_proxy.chain import (
     Replace,
     Verdict,
 )
-from acp_proxy.config import NonJsonPolicy
-from acp_proxy.framing import Block, Line, LineSplitter
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.pipeline import Connection, Result
+from acp_proxy.wire.framing import Block, Line, LineSplitter
+from acp_proxy.wire.pipeline import Connection, Result
 
 A2C = Direction.AGENT_TO_CLIENT
 C2A = Direction.CLIENT_TO_AGENT

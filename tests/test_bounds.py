@@ -16,11 +16,11 @@ import anyio.abc
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, Lines, error_line, proxy_env
 
-from acp_proxy.chain import Chain, Direction
 from acp_proxy.config import Config, ConfigError, parse_config
-from acp_proxy.framing import Line
-from acp_proxy.pipeline import ABORT_CHUNK, Connection
-from acp_proxy.runtime import READ_SIZE, BufferBudget, PumpSession, process_budget
+from acp_proxy.shell.runtime import READ_SIZE, BufferBudget, PumpSession, process_budget
+from acp_proxy.wire.chain import Chain, Direction
+from acp_proxy.wire.framing import Line
+from acp_proxy.wire.pipeline import ABORT_CHUNK, Connection
 
 pytestmark = pytest.mark.anyio
 

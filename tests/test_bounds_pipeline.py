@@ -25,7 +25,7 @@ from proxy_harness import (
     request,
 )
 
-from acp_proxy.pipeline import DEFAULT_MAX_PENDING
+from acp_proxy.wire.pipeline import DEFAULT_MAX_PENDING
 
 pytestmark = pytest.mark.anyio
 

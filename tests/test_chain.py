@@ -1,11 +1,12 @@
-"""Tests for acp_proxy.chain: verdicts, the flat-map of replacements, failure isolation, the
+"""Tests for acp_proxy.wire.chain: verdicts, the flat-map of replacements, failure isolation, the
 needle prefilter and its escape rule, and rule names in ``changed_by``."""
 
 from __future__ import annotations
 
 import pytest
 
-from acp_proxy.chain import (
+from acp_proxy.jsontypes import JsonObject
+from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
     Chain,
@@ -21,7 +22,6 @@ from acp_proxy.chain import (
     error_response,
     needle_escapes,
 )
-from acp_proxy.jsontypes import JsonObject
 
 CTX = MessageContext(Direction.AGENT_TO_CLIENT, 2)
 REQ: JsonObject = {"jsonrpc": "2.0", "id": 7, "method": "x/do", "params": {}}

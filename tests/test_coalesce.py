@@ -1,4 +1,5 @@
-"""Tests of acp_proxy.coalesce: the outbound queue coalescing session/updates under backpressure.
+"""Tests of acp_proxy.wire.coalesce: the outbound queue coalescing session/updates under
+backpressure.
 
 Table-driven cases assert the exact bytes written; a hypothesis property checks, for generated v1
 and v2 streams and consumption schedules, that the client state reduced from the output equals
@@ -21,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from acp_proxy.coalesce import OutboundQueue, OutFrame
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.registry import entity_key
-from acp_proxy.state import ClientModel
+from acp_proxy.meta.registry import entity_key
+from acp_proxy.meta.state import ClientModel
+from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 
 CFG = CoalesceConfig()
 

@@ -21,7 +21,7 @@ import orjson
 import pytest
 from proxy_harness import measured_cmd
 
-from acp_proxy.state import ClientModel
+from acp_proxy.meta.state import ClientModel
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "tests" / "fake_coalesce_agent.py"

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from acp_proxy.annotate import V1Mode
-from acp_proxy.chain import Direction, MessageContext, Replace
 from acp_proxy.config import (
     AgentConfig,
     CoalesceConfig,
@@ -21,8 +19,10 @@ from acp_proxy.config import (
     load_config,
     parse_config,
 )
+from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.jsontypes import JsonObject
-from acp_proxy.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.wire.chain import Direction, MessageContext, Replace
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -335,7 +335,7 @@ ERRORS: list[tuple[str, str, str]] = [
         "middleware-not-callable",
         "middleware:\n  - use: custom_middleware:NOT_CALLABLE\n",
         'rules.yaml:2: middleware[0].use: "custom_middleware:NOT_CALLABLE" is not a class '
-        "(it is int): expected a middleware class (subclass acp_proxy.chain.BaseMiddleware)",
+        "(it is int): expected a middleware class (subclass acp_proxy.middleware.BaseMiddleware)",
     ),
     (
         "middleware-bad-options",
@@ -356,7 +356,7 @@ ERRORS: list[tuple[str, str, str]] = [
         # Issue 10: refused from the class itself, before it is called.
         'rules.yaml:2: middleware[0].use: "custom_middleware:NotMiddleware" is a class without '
         "a `__call__(message, ctx)` method: expected a middleware class "
-        "(subclass acp_proxy.chain.BaseMiddleware)",
+        "(subclass acp_proxy.middleware.BaseMiddleware)",
     ),
     (
         "middleware-bad-use",

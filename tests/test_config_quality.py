@@ -361,7 +361,7 @@ GOOD = [
     "agent: {env: {A: x, B: 2}, stderr: log, grace_period: 0}\n",
     "rules:\n  - remove_meta: [traceparent]\n    match: {update: upserts}\n",
     "middleware:\n  - use: rules\n    fail_closed: true\n"
-    "  - use: acp_proxy.chain:BaseMiddleware\n    with: {}\n",
+    "  - use: acp_proxy.wire.chain:BaseMiddleware\n    with: {}\n",
 ]
 BAD = [
     ("unknown-top-key", "rule: []\n"),

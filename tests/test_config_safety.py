@@ -74,7 +74,7 @@ def test_os_system_is_refused_before_it_runs(tmp_path: Path) -> None:
     both_refuse(
         path,
         f'{path}:2: middleware[0].use: "os:system" is a built-in function: expected a '
-        "middleware class (subclass acp_proxy.chain.BaseMiddleware)",
+        "middleware class (subclass acp_proxy.middleware.BaseMiddleware)",
     )
     assert not marker.exists()
 
@@ -100,7 +100,7 @@ def test_only_middleware_classes_are_accepted(use: str, what: str) -> None:
         parse_config(f"middleware:\n  - use: {use}\n", "c.yaml", {})
     assert str(info.value) == (
         f'c.yaml:2: middleware[0].use: "{use}" is {what}: expected a middleware class '
-        "(subclass acp_proxy.chain.BaseMiddleware)"
+        "(subclass acp_proxy.middleware.BaseMiddleware)"
     )
 
 

@@ -27,20 +27,20 @@ from patch_fixtures import (
     with_meta,
 )
 
-from acp_proxy.annotate import (
+from acp_proxy.config import CoalesceConfig
+from acp_proxy.jsontypes import OMITTED, JsonObject
+from acp_proxy.meta.annotate import (
     AnnotateStatus,
     Annotation,
     V1MetaStore,
     V1Mode,
     annotate_message,
 )
-from acp_proxy.coalesce import OutboundQueue, OutFrame
-from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import OMITTED, JsonObject
-from acp_proxy.patch import apply_meta_patches, apply_meta_update, compose
-from acp_proxy.registry import UPSERT_KINDS, find_upsert
-from acp_proxy.state import ClientModel
-from acp_proxy.updates import merge_updates
+from acp_proxy.meta.patch import apply_meta_patches, apply_meta_update, compose
+from acp_proxy.meta.registry import UPSERT_KINDS, find_upsert
+from acp_proxy.meta.state import ClientModel
+from acp_proxy.meta.updates import merge_updates
+from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 
 APPLIED = AnnotateStatus.APPLIED
 UNCHANGED = AnnotateStatus.UNCHANGED

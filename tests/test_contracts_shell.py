@@ -37,8 +37,8 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.chain import FORWARD, Chain, Direction, Link, MessageContext, Replace, Verdict
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.wire.chain import FORWARD, Chain, Direction, Link, MessageContext, Replace, Verdict
 
 pytestmark = pytest.mark.anyio
 
@@ -369,7 +369,7 @@ async def test_fail_closed_middleware_answers_the_requester_and_drops(tmp_path: 
 
 
 RESPONSE_BOOM = '''
-from acp_proxy.chain import FORWARD, BaseMiddleware, MessageContext, Verdict
+from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Verdict
 from acp_proxy.jsontypes import JsonObject
 
 
@@ -614,7 +614,7 @@ async def test_connect_timeout_from_the_config_file(tmp_path: Path) -> None:
 
 
 COUNTER = '''
-from acp_proxy.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
+from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
 from acp_proxy.jsontypes import JsonObject
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from acp_schema import validate_v2, validate_v2_message
 
-from acp_proxy import demo_agent
 from acp_proxy.demo import Frame, SessionRecord, pair_updates
+from acp_proxy.demo import agent as demo_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RULES = ROOT / "acp_proxy" / "data" / "default.yaml"
@@ -187,7 +187,7 @@ def test_text_report_of_the_bundled_run() -> None:
         "acp-proxy demo: a scripted ACP v2 client and agent, acp-proxy in between",
         "  rules  acp_proxy/data/default.yaml",
         "  run    acp-proxy --config acp_proxy/data/default.yaml -- "
-        "python -m acp_proxy.demo_agent --pace-ms 20",
+        "python -m acp_proxy.demo.agent --pace-ms 20",
     ]
     assert f"    client+ {json.dumps(FOLLOW_UP, separators=(',', ':'))}" in lines
     route = '"example.dev/route":"edge","example.dev/host":"demo-host"'
@@ -388,7 +388,7 @@ def test_agent_answers_unknown_methods_and_bad_prompts() -> None:
 
 def test_agent_parse_error_over_a_pipe() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "acp_proxy.demo_agent"],
+        [sys.executable, "-m", "acp_proxy.demo.agent"],
         input=b"not json\n\n",
         capture_output=True,
         env=_env(),

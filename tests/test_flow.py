@@ -24,7 +24,7 @@ from proxy_harness import REPO, TESTS, Lines, proxy_env, request
 from stream_agent import stream_lines
 
 from acp_proxy.config import Config
-from acp_proxy.runtime import REPLY_QUEUE_FRAMES, PumpSession
+from acp_proxy.shell.runtime import REPLY_QUEUE_FRAMES, PumpSession
 
 pytestmark = pytest.mark.anyio
 

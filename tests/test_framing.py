@@ -1,4 +1,4 @@
-"""Tests for acp_proxy.framing: newline framing with a bounded line size, and head id reading."""
+"""Tests for acp_proxy.wire.framing: newline framing with a bounded line size, and head id reading."""
 
 # ruff: noqa: E501 - wire bytes and their tables read best on one line each
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_proxy.framing import (
+from acp_proxy.jsontypes import JsonValue
+from acp_proxy.wire.framing import (
     HEAD_BYTES,
     HeadInfo,
     Line,
@@ -20,7 +21,6 @@ from acp_proxy.framing import (
     read_response_id,
     scan_head,
 )
-from acp_proxy.jsontypes import JsonValue
 
 Event = Line | Oversize
 

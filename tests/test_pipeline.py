@@ -1,4 +1,4 @@
-"""Tests for acp_proxy.pipeline: a synchronous "playbook" of frames in, exact bytes out."""
+"""Tests for acp_proxy.wire.pipeline: a synchronous "playbook" of frames in, exact bytes out."""
 
 # ruff: noqa: E501 - wire bytes and their tables read best on one line each
 
@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_proxy.chain import (
+from acp_proxy.config import NonJsonPolicy
+from acp_proxy.jsontypes import JsonObject
+from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
     Chain,
@@ -25,11 +27,9 @@ from acp_proxy.chain import (
     Verdict,
     error_response,
 )
-from acp_proxy.coalesce import OutFrame
-from acp_proxy.config import NonJsonPolicy
-from acp_proxy.framing import HEAD_BYTES, Line, LineSplitter, Oversize
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.pipeline import (
+from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
+from acp_proxy.wire.pipeline import (
     Connection,
     Dropped,
     FrameInfo,

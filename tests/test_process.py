@@ -25,7 +25,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.process import describe_status, exit_code_of
+from acp_proxy.shell.process import describe_status, exit_code_of
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Lossless JSON (``acp_proxy.rawjson``): exact parsing and splicing, as properties (issue 9).
+"""Lossless JSON (``acp_proxy.wire.rawjson``): exact parsing and splicing, as properties (issue 9).
 
 The generator writes JSON the way hostile or merely unusual peers do: random whitespace, big and
 negative integers, odd number spellings (``1E+2``, ``-0.0``, ``1e400``), every escape including
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acp_proxy import rawjson
-from acp_proxy.chain import Chain, Direction, Link
-from acp_proxy.framing import Line
-from acp_proxy.pipeline import Connection
-from acp_proxy.rules import Rule, RuleDirection, RulesMiddleware
+from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
+from acp_proxy.wire import rawjson
+from acp_proxy.wire.chain import Chain, Direction, Link
+from acp_proxy.wire.framing import Line
+from acp_proxy.wire.pipeline import Connection
 
 # --- a generator of unusual but valid JSON text -----------------------------------------------
 

@@ -20,7 +20,7 @@ from patch_fixtures import (
     session_update,
 )
 
-from acp_proxy.registry import (
+from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     EVENT_KINDS,
     REMOVAL_KINDS,

@@ -1,4 +1,5 @@
-"""Tests for acp_proxy.rules: matching, message-level edits, entity annotation, order, needles."""
+"""Tests for acp_proxy.config.rules: matching, message-level edits, entity annotation, order,
+needles."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from typing import Any, cast
 import pytest
 from acp_schema import schema_defs, validate_v1_message, validate_v2_message
 
-from acp_proxy.annotate import V1Mode
-from acp_proxy.chain import (
+from acp_proxy.config.rules import (
+    KNOWN_UPDATE_KINDS,
+    Rule,
+    RuleDirection,
+    RulesMiddleware,
+    RuleTarget,
+    edit_params_meta,
+    rules_needles,
+)
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.wire.chain import (
     FORWARD,
     Chain,
     Direction,
@@ -18,16 +29,6 @@ from acp_proxy.chain import (
     Middleware,
     Replace,
     Verdict,
-)
-from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.rules import (
-    KNOWN_UPDATE_KINDS,
-    Rule,
-    RuleDirection,
-    RulesMiddleware,
-    RuleTarget,
-    edit_params_meta,
-    rules_needles,
 )
 
 A2C = Direction.AGENT_TO_CLIENT

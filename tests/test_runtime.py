@@ -31,7 +31,7 @@ from proxy_harness import (
 )
 
 from acp_proxy.config import Config
-from acp_proxy.runtime import PumpSession, pump_session
+from acp_proxy.shell.runtime import PumpSession, pump_session
 
 pytestmark = pytest.mark.anyio
 

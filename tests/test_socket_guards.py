@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from proxy_harness import FAKE_AGENT, Lines, init_response, request, run, write_config
 from test_sockets import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 
-from acp_proxy.sockets import OPENING_HOLD_BYTES, Opening, OpeningReader, http_forbidden
+from acp_proxy.shell.sockets import OPENING_HOLD_BYTES, Opening, OpeningReader, http_forbidden
 
 INIT = request(1, "initialize", {"protocolVersion": 2})
 FORBIDDEN = (

@@ -31,7 +31,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.sockets import Address, AddressError, is_loopback_ip, parse_address
+from acp_proxy.shell.sockets import Address, AddressError, is_loopback_ip, parse_address
 
 PROXY = [sys.executable, "-m", "acp_proxy", "--log-format", "json"]
 TINY = [sys.executable, "-S", str(TESTS / "tiny_agent.py")]

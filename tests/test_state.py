@@ -26,7 +26,7 @@ from patch_fixtures import (
 )
 
 from acp_proxy.jsontypes import OMITTED
-from acp_proxy.state import ClientModel
+from acp_proxy.meta.state import ClientModel
 
 VECTORS = Path(__file__).parent / "vectors" / "meta_patches.json"
 TC_KEY = ("tool_call", SID, "call_001")

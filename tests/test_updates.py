@@ -22,9 +22,9 @@ from patch_fixtures import (
 )
 
 from acp_proxy.jsontypes import OMITTED
-from acp_proxy.registry import UPSERT_KINDS
-from acp_proxy.state import ClientModel
-from acp_proxy.updates import merge_updates
+from acp_proxy.meta.registry import UPSERT_KINDS
+from acp_proxy.meta.state import ClientModel
+from acp_proxy.meta.updates import merge_updates
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

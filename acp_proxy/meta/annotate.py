@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
-from acp_proxy.patch import as_patch
-from acp_proxy.registry import (
+from acp_proxy.meta.patch import as_patch
+from acp_proxy.meta.registry import (
     REQUEST_PERMISSION,
     SESSION_UPDATE,
     SUPPORTED_VERSIONS,
@@ -97,7 +97,7 @@ class AnnotateResult:
 class V1MetaStore:
     """Bounded LRU of each v1 entity's metadata as the client holds it, for ``V1Mode.STATEFUL``.
 
-    It follows the v1 receiver model of ``acp_proxy.registry`` (object replaces whole, ``null``
+    It follows the v1 receiver model of ``acp_proxy.meta.registry`` (object replaces whole, ``null``
     clears, omission keeps; ``tool_call`` creates). ``annotate_message`` in stateful mode records
     every v1 upsert it is given (its output, annotated or not). A caller must also ``observe``
     every other v1 message it forwards to the client (for example upserts no rule matched), or

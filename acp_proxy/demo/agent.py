@@ -1,4 +1,4 @@
-"""A scripted ACP v2 agent for ``acp-proxy demo``: ``python -m acp_proxy.demo_agent``.
+"""A scripted ACP v2 agent for ``acp-proxy demo``: ``python -m acp_proxy.demo.agent``.
 
 Contract: speaks newline-delimited JSON-RPC 2.0 on stdin/stdout and plays one fixed script that
 exercises every case of the v2 Metadata Patches RFD a proxy must get right. It never reads a
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     never under backpressure and shows each update on its own; without it, the burst of updates
     may be coalesced by the proxy (issue 4), which ends in the same client state.
     """
-    parser = argparse.ArgumentParser(prog="python -m acp_proxy.demo_agent")
+    parser = argparse.ArgumentParser(prog="python -m acp_proxy.demo.agent")
     parser.add_argument("--pace-ms", type=float, default=0.0, metavar="N")
     args = parser.parse_args(argv)
     agent = DemoAgent()

@@ -21,8 +21,8 @@ receiver may replace the whole stored object and may store null values literally
 object replaces the entity's metadata whole (``null`` values kept as data), ``_meta: null``
 clears it, omission or a non-object leaves it unchanged; v1 ``tool_call`` (re)creates the entity
 from its fields and `_meta` alone. v1 fields apply like v2's (a ``null`` clears): the v1 merge in
-``acp_proxy.updates`` never relies on this reading, so coalescing checks stay valid for receivers
-that read ``null`` as "unchanged".
+``acp_proxy.meta.updates`` never relies on this reading, so coalescing checks stay valid for
+receivers that read ``null`` as "unchanged".
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
-from acp_proxy.patch import apply_meta_update
-from acp_proxy.registry import (
+from acp_proxy.meta.patch import apply_meta_update
+from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     EVENT_KINDS,
     REMOVAL_KINDS,

@@ -39,7 +39,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import AgentConfig, StderrMode
-from acp_proxy.transports import FdStream, enlarge_pipe
+from acp_proxy.shell.transports import FdStream, enlarge_pipe
 
 # Shell conventions (POSIX "Command Search and Execution").
 EXIT_NOT_FOUND = 127

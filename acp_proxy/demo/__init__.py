@@ -1,10 +1,11 @@
 """``acp-proxy demo``: the bundled rules between a scripted ACP v2 client and a scripted agent.
 
 Contract: owns the demo's scripted client and its report. It plays one session twice with the
-scripted agent (``acp_proxy.demo_agent``): once directly, to record what the agent sends, and once
-through the real CLI (``python -m acp_proxy --config <rules> -- python -m acp_proxy.demo_agent``),
+scripted agent (``acp_proxy.demo.agent``): once directly, to record what the agent sends, and once
+through the real CLI (``python -m acp_proxy --config <rules> -- python -m acp_proxy.demo.agent``),
 to record what a client receives. It pairs the updates of the two runs, shows what the proxy
-changed or inserted, and reduces both streams with the client model (``acp_proxy.state``) to the
+changed or inserted, and reduces both streams with the client model (``acp_proxy.meta.state``)
+to the
 metadata a client stores per entity, next to what a client would store if ``_meta`` objects
 replaced the stored metadata whole (the rule before the v2 Metadata Patches RFD). It never
 changes anything on disk and always ends its child processes (timeouts everywhere).
@@ -31,8 +32,8 @@ import orjson
 import acp_proxy
 from acp_proxy import __version__
 from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue
-from acp_proxy.registry import EntityKey, UpsertSite, find_upsert
-from acp_proxy.state import ClientModel
+from acp_proxy.meta.registry import EntityKey, UpsertSite, find_upsert
+from acp_proxy.meta.state import ClientModel
 
 PROTOCOL_VERSION: Final = 2
 CLIENT_INFO: Final[JsonObject] = {
@@ -509,7 +510,7 @@ def _upserts(record: SessionRecord) -> Iterator[tuple[JsonObject, UpsertSite]]:
 def final_meta(record: SessionRecord) -> dict[str, JsonValue]:
     """The metadata a v2 client stores per entity after this stream (RFD patch rule).
 
-    Reduces every received message with the client model ``acp_proxy.state.ClientModel``.
+    Reduces every received message with the client model ``acp_proxy.meta.state.ClientModel``.
     Entities are named as ``entity_of`` names them; ``None`` means no stored metadata (RFD:
     "Stored metadata with no keys is the same as no metadata").
     """
@@ -688,7 +689,7 @@ def render_text(report: JsonObject, color: bool) -> str:
                 f"            {s.yellow('^ inserted by the proxy: its keys, after the kept clear')}"
             )
     add("")
-    add(s.bold("Stored _meta per entity") + " (client model: acp_proxy.state.ClientModel)")
+    add(s.bold("Stored _meta per entity") + " (client model: acp_proxy.meta.state.ClientModel)")
     final = _obj(report["final_meta"])
     direct = _obj(report["direct_meta"])
     naive = _obj(report["naive_meta"])
@@ -854,7 +855,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; 0 on success, 1 when the proxy or the agent failed (message on stderr)."""
     args = _parser().parse_args(argv)
-    agent = [sys.executable, "-m", "acp_proxy.demo_agent", "--pace-ms", str(args.pace_ms)]
+    agent = [sys.executable, "-m", "acp_proxy.demo.agent", "--pace-ms", str(args.pace_ms)]
     env = _child_env()
     try:
         with contextlib.ExitStack() as stack:

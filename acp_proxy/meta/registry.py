@@ -3,7 +3,7 @@
 Contract: this module owns the knowledge of message *shapes*: which `session/update` kinds are
 upserts (and where their entity key and `_meta` live), which are chunks appended to an entity,
 which are whole snapshots, and which fields each upsert kind has. It never interprets `_meta`
-values (that is ``acp_proxy.patch``) and never mutates a message. Pure: no I/O.
+values (that is ``acp_proxy.meta.patch``) and never mutates a message. Pure: no I/O.
 
 v2 (RFD "v2 Metadata Patches", "The rule applies to the top-level `_meta` of"): the top-level
 `_meta` of ``tool_call_update`` (also the ``toolCall`` of a ``session/request_permission`` whose
@@ -44,7 +44,7 @@ SUPPORTED_VERSIONS: Final = (1, 2)
 class MetaRule(enum.StrEnum):
     """How a receiver applies an upsert's top-level `_meta`."""
 
-    PATCH = "patch"  # v2: the RFD's key-wise patch (acp_proxy.patch.apply_meta_update)
+    PATCH = "patch"  # v2: the RFD's key-wise patch (acp_proxy.meta.patch.apply_meta_update)
     REPLACE = "replace"  # v1 model: object replaces whole, null clears, omitted unchanged
     CREATE = "create"  # v1 tool_call: (re)creates the entity; its `_meta` is the whole metadata
 

@@ -12,8 +12,8 @@ updates (a chunk appended in between would change the meaning of a combined ``co
 from __future__ import annotations
 
 from acp_proxy.jsontypes import OMITTED, JsonObject
-from acp_proxy.patch import compose
-from acp_proxy.registry import SNAPSHOT_KINDS, UPSERT_KINDS, MetaRule, SnapshotKind, UpsertKind
+from acp_proxy.meta.patch import compose
+from acp_proxy.meta.registry import SNAPSHOT_KINDS, UPSERT_KINDS, MetaRule, SnapshotKind, UpsertKind
 
 META = "_meta"
 KIND = "sessionUpdate"

@@ -53,8 +53,10 @@ from typing import TypeAlias
 
 import orjson
 
-from acp_proxy import rawjson
-from acp_proxy.chain import (
+from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire import rawjson
+from acp_proxy.wire.chain import (
     INTERNAL_ERROR,
     Chain,
     Direction,
@@ -64,9 +66,8 @@ from acp_proxy.chain import (
     error_response,
     needle_escapes,
 )
-from acp_proxy.coalesce import OutFrame
-from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.framing import (
+from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.framing import (
     HEAD_BYTES,
     Block,
     Line,
@@ -75,7 +76,6 @@ from acp_proxy.framing import (
     read_response_id,
     scan_head,
 )
-from acp_proxy.jsontypes import JsonObject, JsonValue
 
 INVALID_REQUEST = -32600
 

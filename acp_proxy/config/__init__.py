@@ -18,7 +18,7 @@ aliases, nesting) and only the core tags are accepted; the file must be a regula
 
 The format (see README.md, "Configuration file", for the user-facing reference)::
 
-    rules:                      # the built-in annotation rules, in file order (acp_proxy.rules)
+    rules:                      # the built-in annotation rules, in file order (config.rules)
       - name: STR               # optional, unique; shown in logs (default "rules[I]")
         match:                  # optional; every present condition must hold
           direction: agent_to_client | client_to_agent | both     # default both
@@ -78,10 +78,7 @@ import orjson
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from acp_proxy.annotate import V1Mode
-from acp_proxy.chain import BaseMiddleware, Chain, Link, MessageContext, Middleware, Verdict
-from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.rules import (
+from acp_proxy.config.rules import (
     KNOWN_UPDATE_KINDS,
     UPSERTS,
     W3C_TRACE_KEYS,
@@ -91,6 +88,9 @@ from acp_proxy.rules import (
     RuleTarget,
     is_glob,
 )
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.wire.chain import BaseMiddleware, Chain, Link, MessageContext, Middleware, Verdict
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Issue 10, "bounded memory" (README "Bounds"): a frame is parsed only when its estimated parsed
@@ -1222,7 +1222,7 @@ class _Parser:
                 unode,
                 upath,
                 f'"{use}" is {problem}: expected a middleware class '
-                "(subclass acp_proxy.chain.BaseMiddleware)",
+                "(subclass acp_proxy.middleware.BaseMiddleware)",
             )
         assert isinstance(target, type)
         kwargs: dict[str, JsonValue] = {}
@@ -1287,7 +1287,7 @@ class _Parser:
                 unode,
                 upath,
                 f"{use} did not build a middleware: it needs a str `name` and "
-                "`__call__(message, ctx)` (subclass acp_proxy.chain.BaseMiddleware)",
+                "`__call__(message, ctx)` (subclass acp_proxy.middleware.BaseMiddleware)",
             )
         own_name = getattr(instance, "name", None)
         if not isinstance(own_name, str):

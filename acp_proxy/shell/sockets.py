@@ -38,15 +38,15 @@ import anyio.lowlevel
 import orjson
 
 from acp_proxy.config import Config
-from acp_proxy.logsetup import get_logger
-from acp_proxy.process import (
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     SpawnError,
     describe_status,
     exit_code_of,
     spawn_agent,
 )
-from acp_proxy.transports import FdStream
+from acp_proxy.shell.transports import FdStream
 
 EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
 EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
@@ -720,7 +720,7 @@ class _Server:
         return None, "closed at shutdown before a request"
 
     async def _session(self, conn: _Conn, client: socket.socket, peer: str) -> None:
-        from acp_proxy.runtime import run_agent_session, run_remote_agent_session
+        from acp_proxy.shell.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
         stream = SocketStream(client)
@@ -897,8 +897,8 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     1 when the connection could not be made or was lost (in-flight requests were answered with
     -32603 first), 2 for a bad address.
     """
-    from acp_proxy.runtime import run_remote_agent_session, shutdown_on_signals
-    from acp_proxy.transports import stdio_stream
+    from acp_proxy.shell.runtime import run_remote_agent_session, shutdown_on_signals
+    from acp_proxy.shell.transports import stdio_stream
 
     assert config.connect is not None
     log = get_logger()

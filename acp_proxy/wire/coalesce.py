@@ -56,10 +56,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from acp_proxy import rawjson
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.registry import (
+from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     SESSION_UPDATE,
     SNAPSHOT_KINDS,
@@ -70,7 +69,8 @@ from acp_proxy.registry import (
     entity_key,
     upsert_entity_key,
 )
-from acp_proxy.updates import merge_updates
+from acp_proxy.meta.updates import merge_updates
+from acp_proxy.wire import rawjson
 
 _NEEDLE = b'"session/update"'
 # An estimate of a re-encoded entry's size may drift up to this factor (plus slack) from its last

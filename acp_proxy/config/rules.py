@@ -20,16 +20,23 @@ from typing import Final
 
 import orjson
 
-from acp_proxy import registry
-from acp_proxy.annotate import (
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.meta import registry
+from acp_proxy.meta.annotate import (
     AnnotateStatus,
     Annotation,
     V1MetaStore,
     V1Mode,
     annotate_message,
 )
-from acp_proxy.chain import FORWARD, BaseMiddleware, Direction, MessageContext, Replace, Verdict
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire.chain import (
+    FORWARD,
+    BaseMiddleware,
+    Direction,
+    MessageContext,
+    Replace,
+    Verdict,
+)
 
 # Every ``sessionUpdate`` kind the registry knows, v1 and v2 together (the same list as the
 # official schemas ``acp-schema/v{1,2}/schema.unstable.json``, TypeScript SDK 2.4.0): a rule's

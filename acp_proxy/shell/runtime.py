@@ -39,12 +39,22 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from acp_proxy.chain import Direction
-from acp_proxy.coalesce import OutboundQueue, OutFrame
 from acp_proxy.config import Config
-from acp_proxy.framing import LineSplitter
-from acp_proxy.logsetup import debug_enabled, get_logger
-from acp_proxy.pipeline import (
+from acp_proxy.shell.logsetup import debug_enabled, get_logger
+from acp_proxy.shell.process import (
+    STDOUT_LINGER_S,
+    AgentProcess,
+    SpawnError,
+    describe_status,
+    drain_stderr,
+    exit_code_of,
+    spawn_agent,
+    spawn_error_exit,
+)
+from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
+from acp_proxy.wire.framing import LineSplitter
+from acp_proxy.wire.pipeline import (
     Connection,
     Dropped,
     FrameInfo,
@@ -58,16 +68,6 @@ from acp_proxy.pipeline import (
     Rewritten,
     UnusualVersion,
     VersionNegotiated,
-)
-from acp_proxy.process import (
-    STDOUT_LINGER_S,
-    AgentProcess,
-    SpawnError,
-    describe_status,
-    drain_stderr,
-    exit_code_of,
-    spawn_agent,
-    spawn_error_exit,
 )
 
 READ_SIZE = 256 * 1024
@@ -935,7 +935,7 @@ async def run_proxy(
     ``client_stream`` defaults to the proxy's own stdin/stdout. Returns the agent's exit code
     (128 + N when signal N ended it), or 127/126 when it cannot be spawned.
     """
-    from acp_proxy.transports import stdio_stream
+    from acp_proxy.shell.transports import stdio_stream
 
     log = get_logger()
     log.info(
@@ -986,7 +986,7 @@ async def run_proxy(
 
 # -- one spawned agent's session, for stdio and the socket transports ----------------------------
 # ``run_proxy`` above is the stdio entry point and owns the process's signals; the socket
-# listener (``acp_proxy.sockets``) runs many sessions in one process and owns the signals
+# listener (``acp_proxy.shell.sockets``) runs many sessions in one process and owns the signals
 # itself. Both drive a session through ``run_agent_session`` with a ``shutdown`` event, so the
 # ladder is the same everywhere (issue 5: "the same lifecycle rules as stdio").
 

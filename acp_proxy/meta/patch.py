@@ -2,7 +2,7 @@
 
 Contract: this module owns the RFD "v2 Metadata Patches" rule for the *top-level* `_meta` of a v2
 upsert, and nothing else: which messages carry such a patch is the registry's business
-(``acp_proxy.registry``). Pure: no I/O, never mutates its arguments. Results may share nested
+(``acp_proxy.meta.registry``). Pure: no I/O, never mutates its arguments. Results may share nested
 values with the inputs (values below the top level are opaque data and never modified).
 
 The rule (RFD "What we propose to do about it"):

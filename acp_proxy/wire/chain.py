@@ -1,0 +1,294 @@
+"""The middleware chain: the interface every middleware implements and how a message passes it.
+
+Contract: this module owns the middleware interface (what a middleware receives, what it may
+return) and the fold of an ordered list of middleware into one chain. It never does I/O and never
+logs: a middleware that raises becomes a ``MiddlewareFailure`` value in the outcome, and the shell
+decides how to report it (style.md, habits 1 and 3; mitmproxy's isolated addons).
+
+Writing a middleware (see README "Middleware interface")::
+
+    class Tag(BaseMiddleware):
+        needles = (b'"session/update"',)       # optional byte prefilter, see below
+
+        def __init__(self, value: str = "x") -> None:   # `with:` from the YAML file
+            self.value = value
+
+        def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+            if message.get("method") != "session/update":
+                return FORWARD
+            params = dict(message["params"]); params["_meta"] = {"example.dev/tag": self.value}
+            return Replace((dict(message, params=params),))
+
+Rules of the interface:
+
+* A middleware receives one JSON-RPC message (never a batch: batches are split entry by entry by
+  the pipeline and reassembled in order) and a ``MessageContext``. It must not mutate
+  ``message``: build new dicts for what it changes (values, not mutation).
+* It returns a ``Verdict``: ``FORWARD`` (unchanged; the original bytes leave the proxy),
+  ``Replace(messages)`` (send these instead: the first takes the original's place, inside its batch
+  if it was in one; the others follow as separate frames right after, never wrapped into a batch
+  the sender did not send), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
+  forwarding, e.g. a JSON-RPC error response).
+* ``needles`` (optional): byte strings of which at least one must occur in the raw frame for the
+  middleware to be called. ``None`` (the default) means "call me for every message". It lets the
+  proxy skip parsing frames no middleware can need. Frames containing a JSON escape that could
+  hide a needle (``\\u``, and ``\\/`` when a needle contains ``/``) are always parsed.
+* ``last_changed_by`` (optional): a tuple of names the middleware sets during ``__call__`` to say
+  which of its parts changed the message (the rules middleware names its rules); the chain then
+  reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
+* Instances are created per connection, so a middleware may keep per-connection state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from acp_proxy.jsontypes import JsonObject
+
+
+class Direction(enum.StrEnum):
+    """Which way a message travels through the proxy."""
+
+    AGENT_TO_CLIENT = "agent_to_client"
+    CLIENT_TO_AGENT = "client_to_agent"
+
+    @property
+    def reverse(self) -> Direction:
+        """The opposite direction (where replies to this direction's sender go)."""
+        if self is Direction.AGENT_TO_CLIENT:
+            return Direction.CLIENT_TO_AGENT
+        return Direction.AGENT_TO_CLIENT
+
+
+@dataclass(frozen=True, slots=True)
+class MessageContext:
+    """What a middleware knows about a message besides its content."""
+
+    direction: Direction
+    # The protocol version negotiated on this connection (``result.protocolVersion`` of the
+    # ``initialize`` response), or ``None`` before it is known.
+    protocol_version: int | None
+    # True when the message is an entry of a JSON-RPC batch (a JSON array frame).
+    in_batch: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Forward the message unchanged."""
+
+
+FORWARD = Forward()
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Send ``messages`` instead of the original, in order (see the module docstring)."""
+
+    messages: tuple[JsonObject, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Do not forward the message."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Do not forward the message; send ``message`` back to its sender instead."""
+
+    message: JsonObject
+
+
+Verdict: TypeAlias = Forward | Replace | Drop | Reply
+
+
+@runtime_checkable
+class Middleware(Protocol):
+    """A link of the chain. ``needles`` is optional (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict: ...
+
+
+class BaseMiddleware:
+    """Convenience base class: a default ``name`` (the class name) and no prefilter."""
+
+    needles: tuple[bytes, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return FORWARD
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A middleware in its place in the chain, with its failure policy."""
+
+    middleware: Middleware
+    # fail-closed: if the middleware raises, the message is dropped (a request is answered with a
+    # JSON-RPC error; a response becomes an error for its id). Default fail-open: the message
+    # continues unchanged.
+    fail_closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MiddlewareFailure:
+    """A middleware raised while handling a message."""
+
+    middleware: str
+    error: str
+    fail_closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the chain decided for one message."""
+
+    # Messages to forward, in order; () when dropped. When ``changed`` is False this is
+    # ``(original,)`` and the pipeline forwards the original bytes.
+    messages: tuple[JsonObject, ...]
+    # Messages to send back to the sender.
+    replies: tuple[JsonObject, ...] = ()
+    changed: bool = False
+    changed_by: tuple[str, ...] = ()
+    dropped_by: str | None = None
+    failures: tuple[MiddlewareFailure, ...] = ()
+
+
+INTERNAL_ERROR = -32603
+
+
+def error_response(request_id: object, code: int, message: str) -> JsonObject:
+    """A JSON-RPC 2.0 error response for ``request_id``."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,  # type: ignore[dict-item]
+        "error": {"code": code, "message": message},
+    }
+
+
+def _needles_of(middleware: Middleware) -> tuple[bytes, ...] | None:
+    needles = getattr(middleware, "needles", None)
+    if needles is None:
+        return None
+    return tuple(needles)
+
+
+def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, ...]:
+    """The JSON escapes that could hide one of ``needles`` in a raw frame.
+
+    Any character may be written ``\\uXXXX``; ``/`` may also be written ``\\/``, which only
+    matters when a needle contains a ``/`` (a method name; ``sessionUpdate`` kinds have none).
+    Scanning for an escape that cannot hide anything would cost a pass over every frame.
+    """
+    slash = any(b"/" in needle for group in needles if group for needle in group)
+    return (b"\\u", b"\\/") if slash else (b"\\u",)
+
+
+class Chain:
+    """An ordered list of links, built once per connection and run per message."""
+
+    __slots__ = ("_escapes", "_links", "_needles")
+
+    def __init__(self, links: Sequence[Link]) -> None:
+        self._links = tuple(links)
+        self._needles = tuple(_needles_of(link.middleware) for link in self._links)
+        self._escapes = needle_escapes(self._needles)
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return self._links
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    def interested(self, raw: bytes) -> tuple[bool, ...]:
+        """For each link, whether it may act on the frame ``raw`` (its needle prefilter)."""
+        escaped = any(e in raw for e in self._escapes)
+        return tuple(
+            n is None or escaped or any(needle in raw for needle in n) for n in self._needles
+        )
+
+    def wants(self, raw: bytes) -> bool:
+        """True if any link may act on the frame ``raw``; False means forward it unparsed."""
+        return any(self.interested(raw))
+
+    def run(
+        self,
+        message: JsonObject,
+        ctx: MessageContext,
+        interested: tuple[bool, ...] | None = None,
+    ) -> Outcome:
+        """Pass ``message`` through every interested link in order.
+
+        A ``Replace`` feeds each of its messages to the remaining links (flat-map), so later
+        links see what earlier ones produced. ``Drop`` and ``Reply`` stop the chain for that
+        message only (its siblings go on). A link that raises is skipped (fail-open) or drops the
+        message (fail-closed): a request is answered with a JSON-RPC internal error, and a
+        response is replaced by one for its id, so its request does not hang.
+        """
+        if interested is None:
+            interested = tuple(True for _ in self._links)
+        current: list[JsonObject] = [message]
+        replies: list[JsonObject] = []
+        changed_by: list[str] = []
+        failures: list[MiddlewareFailure] = []
+        changed = False
+        dropped_by: str | None = None
+        for link, wanted in zip(self._links, interested, strict=True):
+            if not wanted:
+                continue
+            mw = link.middleware
+            following: list[JsonObject] = []
+            # Each message is handled on its own: dropping or answering one of several (after a
+            # Replace) never stops its siblings, and they still pass every later link.
+            for msg in current:
+                try:
+                    verdict = mw(msg, ctx)
+                except Exception as exc:  # isolate the failure; the shell logs it
+                    failures.append(
+                        MiddlewareFailure(mw.name, f"{type(exc).__name__}: {exc}", link.fail_closed)
+                    )
+                    if not link.fail_closed:
+                        following.append(msg)
+                        continue
+                    changed = True
+                    dropped_by = dropped_by or mw.name
+                    error = f"acp-proxy: middleware {mw.name} failed"
+                    if "id" in msg and "method" in msg:  # a request: answer its sender
+                        replies.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                    elif "id" in msg and ("result" in msg or "error" in msg):
+                        # A response: its request must not hang; the receiver gets an error for
+                        # the same id instead of the response the middleware choked on.
+                        following.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                    continue
+                if isinstance(verdict, Forward):
+                    following.append(msg)
+                    continue
+                changed = True
+                if isinstance(verdict, Replace):
+                    following.extend(verdict.messages)
+                    # A middleware may name the parts of it that acted (the rules middleware
+                    # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
+                    parts = getattr(mw, "last_changed_by", None) or ()
+                    for name in [f"{mw.name}:{p}" for p in parts] or [mw.name]:
+                        if name not in changed_by:
+                            changed_by.append(name)
+                else:
+                    dropped_by = dropped_by or mw.name
+                    if isinstance(verdict, Reply):
+                        replies.append(verdict.message)
+            current = following
+        return Outcome(
+            tuple(current), tuple(replies), changed, tuple(changed_by), dropped_by, tuple(failures)
+        )
