@@ -32,6 +32,8 @@ from proxy_harness import (
 
 from acp_proxy.config import Config
 from acp_proxy.shell.runtime import PumpSession, pump_session
+from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.pipeline import Note, Observed
 
 pytestmark = pytest.mark.anyio
 
@@ -585,3 +587,59 @@ async def test_pump_session_over_memory_streams() -> None:
     assert reasons == ["asked"]
     assert session.connection.version == 2
     assert session.stats.to_client.writes >= 1
+
+
+class _Recorder:
+    """A SessionObserver that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, bytes, tuple[bytes, ...] | None]] = []
+        self.generated: list[tuple[str, tuple[bytes, ...]]] = []
+        self.ended = 0
+
+    def on_notes(self, notes: tuple[Note, ...], now: float) -> None:
+        for note in notes:
+            if isinstance(note, Observed):
+                self.frames.append((str(note.direction), note.raw, note.sent))
+
+    def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
+        self.generated.append((str(direction), frames))
+
+    def on_end(self, session: PumpSession, now: float) -> None:
+        self.ended += 1
+
+
+async def test_observers_see_every_frame_and_what_the_proxy_generated() -> None:
+    client_side, proxy_client = _pipe_pair()
+    proxy_agent, agent_side = _pipe_pair()
+
+    async def agent() -> None:
+        lines = Lines(agent_side)
+        await lines.line()
+        await agent_side.send(init_response(1))
+        await lines.line()
+        await agent_side.send_eof()
+
+    recorder = _Recorder()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(agent)
+            await client_side.send(request(1, "initialize", {}))
+            await client_side.send(request(2, "hang"))
+            await pump_session(
+                Config(),
+                proxy_client,
+                proxy_client,
+                proxy_agent,
+                proxy_agent,
+                observers=[recorder],
+            )
+    assert recorder.frames == [
+        ("client_to_agent", request(1, "initialize", {})[:-1], None),
+        ("client_to_agent", request(2, "hang")[:-1], None),
+        ("agent_to_client", init_response(1)[:-1], None),
+    ]
+    assert recorder.generated == [
+        ("agent_to_client", (error_line(2, -32603, "agent closed its output")[:-1],))
+    ]
+    assert recorder.ended == 1

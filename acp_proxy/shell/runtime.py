@@ -32,9 +32,9 @@ from __future__ import annotations
 import signal
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -419,6 +419,28 @@ class _Outbox:
         self._ready.set()
 
 
+class SessionObserver(Protocol):
+    """What recording, metrics and tracing see of one session (issues 11 and 12).
+
+    A ``PumpSession`` with observers runs its ``Connection`` in observe mode: every frame read
+    comes with an ``Observed`` note (the raw frame, what was sent instead, the replies, each
+    message's method / id / the method a response answers). Observers run on the session's task,
+    synchronously, so they must be quick and must never raise (a failing observer would stop the
+    session); heavy work (files, exporters) goes behind a bounded buffer of their own.
+    """
+
+    def on_notes(self, notes: tuple[Note, ...], now: float) -> None:
+        """The notes of one read (``Observed`` per frame, ``VersionNegotiated``, warnings...);
+        ``now`` is ``time.monotonic()``."""
+
+    def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
+        """Frames the proxy wrote on its own toward ``direction``'s receiver (the -32603 errors
+        owed when a peer is gone), without their newlines."""
+
+    def on_end(self, session: PumpSession, now: float) -> None:
+        """The session is over (``session.summary()`` has its counts)."""
+
+
 class PumpSession:
     """One session between a client stream pair and an agent stream pair.
 
@@ -442,16 +464,19 @@ class PumpSession:
         on_agent_input_closed: Callable[[], None] | None = None,
         connection: Connection | None = None,
         budget: BufferBudget | None = None,
+        observers: Sequence[SessionObserver] = (),
     ) -> None:
         self.config = config
         self.log = log if log is not None else get_logger()
         self._debug = debug_enabled()
+        self.observers = tuple(observers)
         self.connection = connection or Connection(
             config.build_chain(),
             non_json=config.non_json,
             inspect_all=self._debug,
             max_parse_bytes=config.max_parse_bytes,
             max_pending=config.max_pending_requests,
+            observe=bool(self.observers),
         )
         self._client_rx, self._client_tx = client_rx, client_tx
         self._agent_rx, self._agent_tx = agent_rx, agent_tx
@@ -534,6 +559,10 @@ class PumpSession:
             # Whatever is left is garbage once the session ends: give the budget back.
             self.budget.add(-self._held)
             self._held = 0
+            if self.observers:
+                now = time.monotonic()
+                for observer in self.observers:
+                    observer.on_end(self, now)
         return self.stats
 
     def _account(self) -> None:
@@ -637,14 +666,23 @@ class PumpSession:
             back.push_reply(result.reply)
         if result.notes:
             self._log_notes(result.notes)
+            if self.observers:
+                now = time.monotonic()
+                for observer in self.observers:
+                    observer.on_notes(result.notes, now)
 
     async def _queue_all(self, outbox: _Outbox, chunks: Iterator[tuple[OutFrame, ...]]) -> None:
         """Queue generated frames chunk by chunk, waiting for room between chunks, so they are
         never all in memory at once (issue 10.2)."""
+        toward = (
+            Direction.AGENT_TO_CLIENT if outbox is self.to_client else Direction.CLIENT_TO_AGENT
+        )
         for chunk in chunks:
             if not outbox.queue.has_room():
                 await outbox.wait_room()
             now = time.monotonic()
+            for observer in self.observers:
+                observer.on_generated(toward, tuple(f.raw for f in chunk), now)
             if outbox.push(chunk, now):
                 outbox.flush_now(now)
             if outbox is self.to_client:
@@ -884,6 +922,7 @@ async def pump_session(
     log: Any = None,
     agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
     on_agent_input_closed: Callable[[], None] | None = None,
+    observers: Sequence[SessionObserver] = (),
 ) -> PumpSession:
     """Run one session to its end (see ``PumpSession``) and return it (stats, summary)."""
     session = PumpSession(
@@ -895,6 +934,7 @@ async def pump_session(
         log=log,
         agent_exit_reason=agent_exit_reason,
         on_agent_input_closed=on_agent_input_closed,
+        observers=observers,
     )
     await session.run()
     return session
@@ -999,6 +1039,7 @@ async def run_agent_session(
     *,
     log: Any,
     shutdown: anyio.Event,
+    observers: Sequence[SessionObserver] = (),
 ) -> tuple[int, PumpSession]:
     """Pump one client stream pair to/from a spawned ``agent`` and take it down with the ladder.
 
@@ -1027,6 +1068,7 @@ async def run_agent_session(
         log=log,
         agent_exit_reason=exit_reason,
         on_agent_input_closed=input_closed.set,
+        observers=observers,
     )
 
     async def ladder() -> None:
@@ -1147,6 +1189,7 @@ async def run_remote_agent_session(
     log: Any,
     shutdown: anyio.Event,
     agent_label: str,
+    observers: Sequence[SessionObserver] = (),
 ) -> tuple[bool, PumpSession]:
     """Pump one client stream pair to/from an agent reached over a socket (``--connect``).
 
@@ -1177,6 +1220,7 @@ async def run_remote_agent_session(
         log=log,
         agent_exit_reason=exit_reason,
         on_agent_input_closed=input_closed.set,
+        observers=observers,
     )
 
     async def on_shutdown() -> None:
