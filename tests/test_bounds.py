@@ -20,7 +20,8 @@ from acp_proxy.config import Config, ConfigError, parse_config
 from acp_proxy.shell.runtime import READ_SIZE, BufferBudget, PumpSession, process_budget
 from acp_proxy.wire.chain import Chain, Direction
 from acp_proxy.wire.framing import Line
-from acp_proxy.wire.pipeline import ABORT_CHUNK, Connection
+from acp_proxy.wire.pipeline import Connection
+from acp_proxy.wire.tracking import ABORT_CHUNK
 
 pytestmark = pytest.mark.anyio
 

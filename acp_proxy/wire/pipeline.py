@@ -31,8 +31,11 @@ Rules (issue 3, "Streaming behaviour"):
    semantics), otherwise one frame each. An array whose entries are unchanged leaves as its
    original bytes; a changed array is re-encoded whole (its unchanged entries included).
 5. Tracking. Client requests awaiting the agent's response, and agent requests awaiting the
-   client's, keyed by id (str, int, float or null); a response removes its id. ``abort_pending``
-   answers the client's open requests when the agent dies (issue 3, "The agent process").
+   client's, are kept by ``acp_proxy.wire.tracking.RequestTracker`` (bounded; a request past the
+   bound is answered with an error instead of forwarded); a response removes its id.
+   ``abort_pending`` answers the client's open requests when the agent dies (issue 3, "The agent
+   process"), lazily, echoing each id's bytes. The notes this module returns are the values of
+   ``acp_proxy.wire.notes``.
 6. Non-JSON agent output (issue 3): diverted to the log (``NonJson`` note, ``first_of_kind`` so the
    shell warns once per kind and then counts) or forwarded as is, per ``NonJsonPolicy``. A line
    that is an ANSI escape sequence followed by a JSON message is split: the escape prefix is
@@ -48,8 +51,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
-from typing import TypeAlias
+from dataclasses import dataclass
 
 import orjson
 
@@ -76,13 +78,33 @@ from acp_proxy.wire.framing import (
     read_response_id,
     scan_head,
 )
+from acp_proxy.wire.notes import (
+    EMPTY,
+    Dropped,
+    FrameInfo,
+    MiddlewareFailed,
+    NonJson,
+    Note,
+    NotParsed,
+    Observed,
+    OversizeFrame,
+    PendingFull,
+    PipelineStats,
+    Result,
+    Rewritten,
+    UnusualVersion,
+    VersionNegotiated,
+)
+from acp_proxy.wire.tracking import (
+    RequestTracker,
+    error_frame_bytes,
+)
 
 INVALID_REQUEST = -32600
 
 # Issue 10, "bounded memory" (README "Bounds"): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
 DEFAULT_MAX_PENDING = DEFAULT_MAX_PENDING_REQUESTS
-MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
 # What one parsed container or element costs at least (an empty dict is 64 bytes in CPython).
 _CONTAINER_COST = 64
 _NESTING_SLACK = 1024  # values not after a comma: at most one per nesting level (see parse_cost)
@@ -112,178 +134,6 @@ _ANSI_PREFIX = re.compile(
 )
 
 
-# --- Notes: what the shell logs ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class VersionNegotiated:
-    """The ``initialize`` response fixed the connection's protocol version."""
-
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class NonJson:
-    """An agent stdout line that is not a JSON-RPC message (or an escape prefix before one)."""
-
-    kind: str  # KIND_ANSI or KIND_TEXT
-    size: int  # bytes of the diverted (or forwarded) part
-    sample: bytes  # its first SAMPLE_BYTES bytes
-    first_of_kind: bool  # the first line of this kind on this connection: warn; later ones: count
-    forwarded: bool = False  # NonJsonPolicy.FORWARD: it was forwarded, not diverted
-
-
-@dataclass(frozen=True, slots=True)
-class OversizeFrame:
-    """A frame over the size limit was discarded."""
-
-    size: int
-    request_id: JsonValue  # the id of the request (or of the answered request); None if unknown
-    replied: bool = False  # the sender got a JSON-RPC error for ``request_id``
-    answered: bool = False  # it was a response: the receiver got an error for ``request_id``
-    limit: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class MiddlewareFailed:
-    """A middleware raised; the chain isolated it (fail-open or fail-closed)."""
-
-    failure: MiddlewareFailure
-
-
-@dataclass(frozen=True, slots=True)
-class Rewritten:
-    """Middleware changed a message (``method`` is ``None`` for a response); with
-    ``inspect_all`` only (it feeds debug logging; ``stats.rewritten`` always counts)."""
-
-    method: str | None
-    changed_by: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    """A middleware dropped a message (or answered it with a ``Reply``)."""
-
-    method: str | None
-    dropped_by: str
-
-
-@dataclass(frozen=True, slots=True)
-class FrameInfo:
-    """Per-message debug information (only with ``inspect_all``); one per batch entry."""
-
-    direction: Direction
-    method: str | None
-    id: JsonValue  # None also when the message has no id
-    update_kind: str | None  # ``params.update.sessionUpdate`` of a ``session/update``
-    size: int  # bytes of the frame it came in
-    changed_by: tuple[str, ...]
-    # A response: the method of the request it answers (None: no such request was waiting).
-    answers: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """One input frame and what the proxy did with it (``observe=True`` only): what recording,
-    metrics and tracing see. One per frame read, after its other notes.
-
-    ``sent`` is ``None`` when the frame left exactly as it came; otherwise the frames written
-    toward the other side instead, in order (``()``: dropped or diverted). ``replies`` are the
-    frames the proxy wrote back to the sender because of it. ``messages`` describes each message
-    of the frame (one for a single message, one per entry of a batch; none for a line that is
-    not a message or was not parsed).
-    """
-
-    direction: Direction
-    raw: bytes
-    sent: tuple[bytes, ...] | None
-    replies: tuple[bytes, ...]
-    messages: tuple[FrameInfo, ...]
-    kind: str  # "message", "batch", "non-json", "oversize", "unparsed"
-
-
-@dataclass(frozen=True, slots=True)
-class NotParsed:
-    """A frame something needed to parse was forwarded untouched instead (never dropped): it is
-    over the parse budget, or neither parser can read it (``reason`` says which)."""
-
-    direction: Direction
-    size: int
-    reason: str
-    first_of_kind: bool  # the first such frame on this connection: warn; later ones: count
-
-
-@dataclass(frozen=True, slots=True)
-class UnusualVersion:
-    """The ``initialize`` response's ``protocolVersion`` is not a positive integer."""
-
-    value: str  # its JSON text
-    action: str  # what the proxy does about it
-
-
-@dataclass(frozen=True, slots=True)
-class PendingFull:
-    """A request was answered with an error instead of being forwarded: the table of requests
-    awaiting an answer in its direction is full (``limit`` requests or their id bytes)."""
-
-    direction: Direction
-    method: str
-    limit: int
-
-
-Note: TypeAlias = (
-    VersionNegotiated
-    | NonJson
-    | OversizeFrame
-    | MiddlewareFailed
-    | Rewritten
-    | Dropped
-    | FrameInfo
-    | NotParsed
-    | UnusualVersion
-    | PendingFull
-    | Observed
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What to do with one input frame."""
-
-    forward: tuple[OutFrame, ...] = ()  # toward the other side, in order
-    reply: tuple[OutFrame, ...] = ()  # back to the sender, in order
-    notes: tuple[Note, ...] = ()  # for the shell to log
-
-
-EMPTY = Result()
-
-
-@dataclass(slots=True)
-class PipelineStats:
-    """Counters for the exit summary (the shell reads them; only this module writes them)."""
-
-    client_to_agent_in: int = 0  # frames (and oversize lines) received from the client
-    client_to_agent_out: int = 0  # frames forwarded to the agent
-    agent_to_client_in: int = 0
-    agent_to_client_out: int = 0
-    rewritten: int = 0  # messages changed by middleware
-    dropped: int = 0  # messages dropped or answered by middleware
-    diverted: int = 0  # non-JSON agent lines (or prefixes) sent to the log
-    oversize: int = 0  # frames over the size limit
-    middleware_failures: int = 0
-    replies: int = 0  # frames the proxy sent back to a sender
-    errors_replied: int = 0  # JSON-RPC error responses the proxy generated (replies and aborts)
-    not_parsed: int = 0  # frames forwarded untouched because they could not be parsed
-    pending_refused: int = 0  # requests answered with an error: too many in flight
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-# Error responses built per step when answering requests left in flight (``abort_pending``).
-ABORT_CHUNK = 1000
-
-
 def _is_id(value: object) -> bool:
     # ACP digest §8.1: a RequestId is a string, an integer or null (JSON-RPC: also a number).
     return value is None or type(value) in (str, int, float)
@@ -295,22 +145,6 @@ def _encode(value: JsonObject | list[JsonValue]) -> bytes | None:
         return rawjson.encode_value(value)
     except rawjson.Unencodable:
         return None
-
-
-def error_frame_bytes(id_bytes: bytes, code: int, message: str) -> bytes:
-    """A JSON-RPC error response whose ``id`` is ``id_bytes`` exactly as the request spelled it
-    (issue 9: "error replies the proxy writes echo the request id's original bytes")."""
-    return b"".join(
-        (
-            b'{"jsonrpc":"2.0","id":',
-            id_bytes,
-            b',"error":{"code":',
-            str(code).encode(),
-            b',"message":',
-            orjson.dumps(message),
-            b"}}",
-        )
-    )
 
 
 def parse_cost(raw: bytes, budget: int) -> int:
@@ -400,13 +234,10 @@ class Connection:
         "_kinds_seen",
         "_link_needles",
         "_max_parse",
-        "_max_pending",
         "_non_json",
         "_not_parsed_seen",
         "_observe",
-        "_pending_agent",
-        "_pending_bytes",
-        "_pending_client",
+        "_tracker",
         "chain",
         "stats",
         "version",
@@ -428,7 +259,6 @@ class Connection:
         inspect_all = inspect_all or observe
         self._answers: dict[JsonValue, str] = {}  # responses of the current frame: id -> method
         self._max_parse = max_parse_bytes
-        self._max_pending = max_pending
         self._not_parsed_seen = False
         self.version: int | None = None
         self.stats = PipelineStats()
@@ -438,12 +268,8 @@ class Connection:
         self._chain_on = False  # links exist and the version is known: run the chain
         self._link_needles = tuple(_needles_of(link.middleware) for link in chain.links)
         self._escapes = needle_escapes(self._link_needles)  # same rule as Chain.interested
-        # id -> (method, the id's bytes as the sender wrote them), in arrival order
-        # (abort_pending answers in that order). Bounded: ``max_pending`` entries per direction
-        # and MAX_PENDING_ID_BYTES of ids for both (issue 10, "bounded memory").
-        self._pending_client: dict[JsonValue, tuple[str, bytes]] = {}
-        self._pending_agent: dict[JsonValue, tuple[str, bytes]] = {}
-        self._pending_bytes = 0
+        # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``).
+        self._tracker = RequestTracker(max_pending)
         self._init_ids: set[JsonValue] = set()  # ids of the client's ``initialize`` requests
         self._kinds_seen: set[str] = set()
         self._set_contexts()
@@ -453,12 +279,12 @@ class Connection:
     @property
     def pending_client_requests(self) -> int:
         """Client requests forwarded to the agent and not answered yet."""
-        return len(self._pending_client)
+        return self._tracker.waiting(_C2A)
 
     @property
     def pending_agent_requests(self) -> int:
         """Agent requests forwarded to the client and not answered yet."""
-        return len(self._pending_agent)
+        return self._tracker.waiting(_A2C)
 
     def handle(self, direction: Direction, event: Line | Oversize) -> Result:
         """Process one event read from the side ``direction`` starts at."""
@@ -674,16 +500,25 @@ class Connection:
         ``ABORT_CHUNK`` in arrival order, as the caller iterates (issue 10.2: 400,000 responses
         built at once took 1.9 GB), so the shell can write each chunk before the next is made.
         """
-        pending, self._pending_client = self._pending_client, {}
-        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
-        return self._errors_for(pending, message)
+        return self._abort(_C2A, message)
 
     def abort_agent_requests(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response per agent request still awaiting the client (client gone),
         lazily in chunks like ``abort_pending``."""
-        pending, self._pending_agent = self._pending_agent, {}
-        self._pending_bytes -= sum(len(v[1]) for v in pending.values())
-        return self._errors_for(pending, message)
+        return self._abort(_A2C, message)
+
+    def _abort(self, direction: Direction, message: str) -> Iterator[tuple[OutFrame, ...]]:
+        chunks = self._tracker.abort(direction, message)  # detached now, built lazily
+        version, stats = self.version, self.stats
+
+        def frames() -> Iterator[tuple[OutFrame, ...]]:
+            for chunk, n in chunks:
+                stats.errors_replied += n
+                # Only the bytes (no decoded message): an error response is a barrier for the
+                # outbound queue, which never needs to parse it.
+                yield tuple(OutFrame(data, None, version) for data in chunk)
+
+        return frames()
 
     # --- agent -> client ----------------------------------------------------------------------
 
@@ -1107,27 +942,16 @@ class Connection:
         self, direction: Direction, rid: JsonValue, method: str, id_bytes: bytes
     ) -> OutFrame | None:
         """Track a request being forwarded; when its table is full, an error reply instead."""
-        table = self._pending_client if direction is _C2A else self._pending_agent
-        if rid not in table and (
-            len(table) >= self._max_pending
-            or self._pending_bytes + len(id_bytes) > MAX_PENDING_ID_BYTES
-        ):
-            return self._full_reply(id_bytes)
-        previous = table.pop(rid, None)  # a reused id: the newest request is the one answered
-        if previous is not None:
-            self._pending_bytes -= len(previous[1])
-        table[rid] = (method, id_bytes)
-        self._pending_bytes += len(id_bytes)
-        return None
+        if self._tracker.admit(direction, rid, method, id_bytes):
+            return None
+        return self._full_reply(id_bytes)
 
-    def _answered(self, direction: Direction, rid: JsonValue) -> None:
+    def _answered(self, direction: Direction, rid: JsonValue) -> tuple[str, bytes] | None:
         """A response travelling ``direction`` answers the request with id ``rid``."""
-        table = self._pending_client if direction is _A2C else self._pending_agent
-        entry = table.pop(rid, None)
-        if entry is not None:
-            self._pending_bytes -= len(entry[1])
-            if self._inspect_all:
-                self._answers[rid] = entry[0]
+        entry = self._tracker.answer(direction.reverse, rid)
+        if entry is not None and self._inspect_all:
+            self._answers[rid] = entry[0]
+        return entry
 
     def _full_reply(self, id_bytes: bytes) -> OutFrame:
         self.stats.pending_refused += 1
@@ -1136,28 +960,23 @@ class Connection:
         data = error_frame_bytes(
             id_bytes,
             INTERNAL_ERROR,
-            f"acp-proxy: too many requests awaiting an answer (limit {self._max_pending}); "
+            f"acp-proxy: too many requests awaiting an answer (limit {self._tracker.max_pending}); "
             "not forwarded",
         )
         return OutFrame(data, None, self.version)
 
     def _full_note(self, direction: Direction, message: JsonObject | str) -> PendingFull:
         method = message if isinstance(message, str) else _method_of(message) or "?"
-        return PendingFull(direction, method, self._max_pending)
-
-    def _table_full(self, direction: Direction) -> bool:
-        table = self._pending_client if direction is _C2A else self._pending_agent
-        return len(table) >= self._max_pending or self._pending_bytes >= MAX_PENDING_ID_BYTES
+        return PendingFull(direction, method, self._tracker.max_pending)
 
     def _refuse_if_full(
         self, direction: Direction, raw: bytes, message: JsonObject
     ) -> OutFrame | None:
         """An error reply for the request ``message`` if its table has no room, else ``None``."""
-        if not self._table_full(direction):
+        if not self._tracker.full(direction):
             return None
         rid = message["id"]
-        table = self._pending_client if direction is _C2A else self._pending_agent
-        if not _is_id(rid) or rid in table:
+        if not _is_id(rid) or self._tracker.knows(direction, rid):
             return None
         try:
             id_bytes = rawjson.member_bytes(raw, "id") or b"null"
@@ -1167,10 +986,7 @@ class Connection:
 
     def _would_overflow(self, direction: Direction, entries: list[JsonValue]) -> bool:
         """Whether the requests of a batch may not all fit in their table."""
-        table = self._pending_client if direction is _C2A else self._pending_agent
-        room = self._max_pending - len(table)
-        if self._pending_bytes >= MAX_PENDING_ID_BYTES:
-            room = 0
+        room = self._tracker.room(direction)
         requests = 0
         for entry in entries:
             if isinstance(entry, dict) and "id" in entry and "method" in entry:
@@ -1211,26 +1027,6 @@ class Connection:
         self._bctx_a2c = MessageContext(_A2C, self.version, True)
         self._bctx_c2a = MessageContext(_C2A, self.version, True)
 
-    def _errors_for(
-        self, pending: dict[JsonValue, tuple[str, bytes]], message: str
-    ) -> Iterator[tuple[OutFrame, ...]]:
-        version = self.version
-        stats = self.stats
-        chunk: list[OutFrame] = []
-        for _method, id_bytes in pending.values():
-            # Only the bytes are kept (no decoded message): an error response is a barrier for
-            # the outbound queue, which never needs to parse it. The id is echoed as it was sent.
-            chunk.append(
-                OutFrame(error_frame_bytes(id_bytes, INTERNAL_ERROR, message), None, version)
-            )
-            if len(chunk) == ABORT_CHUNK:
-                stats.errors_replied += len(chunk)
-                yield tuple(chunk)
-                chunk = []
-        if chunk:
-            stats.errors_replied += len(chunk)
-            yield tuple(chunk)
-
     # --- oversize -----------------------------------------------------------------------------
 
     def _oversize(self, direction: Direction, event: Oversize) -> Result:
@@ -1256,10 +1052,9 @@ class Connection:
         is_response, rid = read_response_id(head)
         # The sender of a response is the receiver of its request: the request's sender is on the
         # other side, and it only gets an error if we know it is waiting for this id.
-        pending = self._pending_client if direction is _A2C else self._pending_agent
-        if is_response and rid in pending:
-            _method, id_bytes = pending[rid]
-            self._answered(direction, rid)
+        entry = self._answered(direction, rid) if is_response else None
+        if entry is not None:
+            id_bytes = entry[1]
             text = f"acp-proxy: the response was {event.size} bytes, over {limit}; dropped"
             response = error_response(rid, INTERNAL_ERROR, text)
             stats.errors_replied += 1
@@ -1357,3 +1152,31 @@ def _unencodable(name: str) -> MiddlewareFailure:
     return MiddlewareFailure(
         name, "TypeError: the middleware's message is not JSON-serializable", False
     )
+
+
+# The notes live in ``acp_proxy.wire.notes``; importing them from here keeps working.
+__all__ = [
+    "DEFAULT_MAX_PENDING",
+    "EMPTY",
+    "INVALID_REQUEST",
+    "KIND_ANSI",
+    "KIND_TEXT",
+    "SAMPLE_BYTES",
+    "Connection",
+    "Dropped",
+    "FrameInfo",
+    "MiddlewareFailed",
+    "NonJson",
+    "NotParsed",
+    "Note",
+    "Observed",
+    "OversizeFrame",
+    "PendingFull",
+    "PipelineStats",
+    "Result",
+    "Rewritten",
+    "UnusualVersion",
+    "VersionNegotiated",
+    "error_frame_bytes",
+    "parse_cost",
+]
