@@ -1,0 +1,92 @@
+"""``acp-proxy check-config``'s explanation of a valid config, in plain words.
+
+Contract: a pure function from ``Config`` to text.
+"""
+
+from __future__ import annotations
+
+from acp_proxy.config.model import Config, _json_text, _size_text
+from acp_proxy.config.rules import (
+    UPSERTS,
+    Rule,
+    RuleTarget,
+    is_glob,
+)
+from acp_proxy.config.schema import BUILTIN_RULES
+
+# --- explain -------------------------------------------------------------------------------------
+
+
+def _explain_match(rule: Rule) -> str:
+    parts = [f"direction {rule.direction.value}"]
+    if rule.method is not None:
+        parts.append(f"method {rule.method}" + (" (glob)" if is_glob(rule.method) else ""))
+    else:
+        parts.append("any method")
+    if rule.has_update_filter:
+        kinds = list(rule.update_kinds or ())
+        if rule.update_upserts:
+            kinds.insert(0, UPSERTS)
+        parts.append("update " + ", ".join(kinds))
+    return ", ".join(parts)
+
+
+def explain_config(config: Config) -> str:
+    """A human-readable summary of ``config`` for ``acp-proxy check-config`` (no final newline)."""
+    lines = [f"config: {config.source or '(none: pure pass-through)'}"]
+    if config.rules:
+        lines.append(f"rules ({len(config.rules)}, applied in this order; every match applies):")
+        for i, rule in enumerate(config.rules, 1):
+            where = f" (line {rule.line})" if rule.line is not None else ""
+            lines.append(f"  {i}. {rule.name}{where}")
+            lines.append(f"     match: {_explain_match(rule)}")
+            target = (
+                "entity _meta (metadata patch; v1 per the v1 mode)"
+                if rule.target is RuleTarget.ENTITY
+                else "message params._meta (plain object)"
+            )
+            lines.append(f"     target: {target}; overwrite: {'yes' if rule.overwrite else 'no'}")
+            for key, value in rule.set_meta.items():
+                lines.append(f"     set    {key} = {_json_text(value)}")
+            for key in rule.remove_meta:
+                lines.append(f"     remove {key}")
+    else:
+        lines.append("rules: none")
+    if config.middleware:
+        lines.append("middleware chain (in order):")
+        for i, spec in enumerate(config.middleware, 1):
+            policy = "fail-closed" if spec.fail_closed else "fail-open"
+            if spec.use == BUILTIN_RULES:
+                desc = f"rules (built-in, {len(config.rules)} rules)"
+            else:
+                desc = f"{spec.name} = {spec.use}"
+                if spec.options:
+                    desc += f" with {_json_text(dict(spec.options))}"
+            lines.append(f"  {i}. {desc}; {policy}")
+    else:
+        lines.append("middleware chain: empty (pure pass-through)")
+    agent = config.agent
+    env = ", ".join(sorted(agent.env)) if agent.env else "none"
+    co = config.coalesce
+    lines += [
+        "settings:",
+        f"  v1: mode {config.v1_mode.value}, max_entities {config.v1_max_entities}",
+        f"  max_frame_bytes: {config.max_frame_bytes} ({_size_text(config.max_frame_bytes)})",
+        f"  max_buffer_bytes: {config.max_buffer_bytes} ({_size_text(config.max_buffer_bytes)}), "
+        "process-wide",
+        f"  non_json: {config.non_json.value}",
+        f"  agent: stderr {agent.stderr.value}, grace_period {agent.grace_period_s:g} s, "
+        f"drain_timeout {agent.drain_timeout_s:g} s, "
+        f"env overrides: {env}",
+        f"  coalesce: {'enabled' if co.enabled else 'disabled'}, "
+        f"max_queue_messages {co.max_queue_messages}, "
+        f"max_queue_bytes {co.max_queue_bytes} ({_size_text(co.max_queue_bytes)}), "
+        f"min_interval_ms {co.min_interval_ms}",
+        f"  listen: {config.listen or '(stdio)'}",
+        f"  connect: {config.connect or '(spawn the agent command)'}, "
+        f"connect_timeout {config.connect_timeout_s:g} s",
+        f"  max_connections: {config.max_connections}, "
+        f"handshake_timeout {config.handshake_timeout_s:g} s, "
+        f"allow_remote: {'yes' if config.allow_remote else 'no'}",
+    ]
+    return "\n".join(lines)

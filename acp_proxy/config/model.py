@@ -1,0 +1,207 @@
+"""The configuration as values: the settings' types and defaults, the error type, the
+middleware factories.
+
+Contract: frozen dataclasses and enums that the rest of the proxy reads (the hot path only ever
+sees these), ``ConfigError`` (``FILE:LINE: PATH: REASON``, several at once), and the per-connection
+factories of the chain's middleware. No parsing, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import orjson
+
+from acp_proxy.config.rules import (
+    Rule,
+    RulesMiddleware,
+)
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
+
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+# Issue 10, "bounded memory" (README "Bounds"): a frame is parsed only when its estimated parsed
+# size is at most this; requests awaiting an answer are at most this many per direction.
+DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_PENDING_REQUESTS = 10_000
+# The process-wide bound on bytes held in partial lines and outbound queues (issue 10.3).
+DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
+# The budget must leave room for one whole frame plus a few reads beyond it, so one connection's
+# legal frame can always complete (the runtime keeps max_frame_bytes + one read in reserve).
+BUFFER_SLACK_BYTES = 1024 * 1024
+
+
+class NonJsonPolicy(enum.StrEnum):
+    """What to do with agent stdout lines that are not JSON."""
+
+    LOG = "log"  # divert to the log with a warning (once per kind, then counted)
+    FORWARD = "forward"  # forward them to the client as they are
+
+
+class StderrMode(enum.StrEnum):
+    """Where the agent's stderr goes (it is always drained)."""
+
+    PASSTHROUGH = "passthrough"  # copied to the proxy's stderr
+    LOG = "log"  # each line becomes a structured log event
+
+
+@dataclass(frozen=True, slots=True)
+class CoalesceConfig:
+    enabled: bool = True
+    max_queue_messages: int = 4096
+    max_queue_bytes: int = 16 * 1024 * 1024
+    min_interval_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    env: Mapping[str, str] = field(default_factory=dict)  # overrides on top of the inherited env
+    stderr: StderrMode = StderrMode.PASSTHROUGH
+    grace_period_s: float = (
+        5.0  # after closing the agent's stdin, before SIGTERM (and again before SIGKILL)
+    )
+    # Once the agent exited: how long what it wrote, and the errors owed to the client, may
+    # take to reach a slow or paused client before the rest is discarded (issue 9.4).
+    drain_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class MiddlewareSpec:
+    """One entry of the ``middleware:`` list, ready to instantiate per connection."""
+
+    name: str
+    factory: Callable[[], Middleware]
+    fail_closed: bool = False
+    # What the file said, for ``explain_config``: "rules" or "pkg.module:Class", and ``with:``.
+    use: str = ""
+    options: Mapping[str, JsonValue] = field(default_factory=dict)
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    source: str | None = None  # the file it came from; None for the built-in default
+    middleware: tuple[MiddlewareSpec, ...] = ()
+    v1_mode: V1Mode = V1Mode.SAFE
+    v1_max_entities: int = 10_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES
+    max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
+    max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES
+    non_json: NonJsonPolicy = NonJsonPolicy.LOG
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    coalesce: CoalesceConfig = field(default_factory=CoalesceConfig)
+    listen: str | None = None  # tcp://host:port or unix:///path (issue 5)
+    connect: str | None = None
+    connect_timeout_s: float = 10.0
+    max_connections: int = 64
+    # --listen: a connection whose first line has not arrived by then is closed (issue 10).
+    handshake_timeout_s: float = 30.0
+    allow_remote: bool = False
+    rule_names: tuple[str, ...] = ()  # for the start-up log line
+    rules: tuple[Rule, ...] = ()  # the validated rules, in file order
+    # The line of each top-level key the file sets (for check-config's run checks).
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False)
+
+    def build_chain(self) -> Chain:
+        """A fresh chain (new middleware instances) for one connection."""
+        return Chain([Link(spec.factory(), spec.fail_closed) for spec in self.middleware])
+
+
+class ConfigError(Exception):
+    """A bad config file: ``str()`` is ``FILE:LINE: PATH: REASON`` (LINE/PATH when known).
+
+    A file with several mistakes raises one ``ConfigError`` for all of them: ``errors`` holds
+    each (in file order), its fields are the first one's, and ``str()`` has one line per error.
+    """
+
+    def __init__(self, file: str | None, line: int | None, path: str | None, reason: str) -> None:
+        self.file, self.line, self.path, self.reason = file, line, path, reason
+        where = file or "<config>"
+        if line is not None:
+            where += f":{line}"
+        self.message = f"{where}: {path}: {reason}" if path else f"{where}: {reason}"
+        self.errors: tuple[ConfigError, ...] = (self,)
+        super().__init__(self.message)
+
+    @classmethod
+    def all_of(cls, errors: Sequence[ConfigError]) -> ConfigError:
+        """One error standing for ``errors`` (sorted by line; at least one)."""
+        ordered = sorted(errors, key=lambda e: (e.line is None, e.line or 0))
+        if len(ordered) == 1:
+            return ordered[0]
+        first = ordered[0]
+        combined = cls(first.file, first.line, first.path, first.reason)
+        combined.errors = tuple(ordered)
+        combined.args = ("\n".join(e.message for e in ordered),)
+        return combined
+
+    def messages(self) -> list[str]:
+        """One ``FILE:LINE: PATH: REASON`` line per error."""
+        return [e.message for e in self.errors]
+
+
+# --- middleware instances --------------------------------------------------------------------
+
+
+class NamedMiddleware:
+    """A user middleware shown under the ``name:`` its config entry gives it."""
+
+    def __init__(self, inner: Middleware, name: str) -> None:
+        self.inner = inner
+        self.name = name
+        self.needles: tuple[bytes, ...] | None = getattr(inner, "needles", None)
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return self.inner(message, ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class _RulesFactory:
+    rules: tuple[Rule, ...]
+    v1_mode: V1Mode
+    v1_max_entities: int
+
+    def __call__(self) -> Middleware:
+        # cast: chain.Middleware declares ``name`` as a settable attribute, BaseMiddleware (and so
+        # RulesMiddleware) as a read-only property; both satisfy it at run time.
+        return cast(
+            Middleware,
+            RulesMiddleware(self.rules, v1_mode=self.v1_mode, v1_max_entities=self.v1_max_entities),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _ImportedFactory:
+    target: Callable[..., object]
+    kwargs: Mapping[str, JsonValue]
+    rename: str | None
+
+    def __call__(self) -> Middleware:
+        # A deep copy per connection: a constructor that keeps (and mutates) its options must
+        # not share them with other connections.
+        instance = self.target(**copy.deepcopy(dict(self.kwargs)))
+        assert isinstance(instance, Middleware)  # checked at load time
+        if self.rename is not None:
+            return NamedMiddleware(instance, self.rename)
+        return instance
+
+
+def _quote(text: str) -> str:
+    return orjson.dumps(text).decode()
+
+
+def _size_text(n: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor} {unit}"
+    return f"{n} bytes"
+
+
+def _json_text(value: JsonValue) -> str:
+    return orjson.dumps(value).decode()

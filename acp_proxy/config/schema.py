@@ -1,0 +1,528 @@
+"""The one declarative description of the config file (issue 14).
+
+Contract: ``SETTINGS`` (every top-level setting and section, with its kind, default, bounds and
+help), ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS``; and what is generated from them: the JSON Schema
+(``json_schema``, ``acp-proxy schema``, ``config/acp-proxy.schema.json``) and the README's settings
+table (``settings_table``). The parser (``config.parser``) validates from the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+from acp_proxy.config.model import (
+    Config,
+    MiddlewareSpec,
+    NonJsonPolicy,
+    StderrMode,
+    _json_text,
+    _RulesFactory,
+    _size_text,
+)
+from acp_proxy.config.rules import (
+    W3C_TRACE_KEYS,
+    Rule,
+    RuleDirection,
+    RuleTarget,
+)
+from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.meta.annotate import V1Mode
+
+# --- the schema --------------------------------------------------------------------------------
+
+
+class Kind(enum.Enum):
+    """What a setting holds; picks its validation, its JSON schema and its README default."""
+
+    BOOL = "bool"
+    INT = "int"
+    SIZE = "size"  # bytes: an integer or "64MiB"
+    SECONDS = "seconds"
+    CHOICE = "choice"  # one value of an enum
+    ADDRESS = "address"  # tcp://HOST:PORT or unix:///PATH
+    ENV = "env"  # a mapping of environment variable names to strings
+    SECTION = "section"  # a mapping of further settings
+    RULES = "rules"  # the rules list (validated by _Parser.rules)
+    MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
+    # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
+    STRING = "string"  # a non-empty string
+    UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
+    META_MAP = "meta_map"  # metadata keys to JSON values (not null)
+    META_LIST = "meta_list"  # a list of metadata keys
+    OPTIONS = "options"  # keyword arguments (any JSON mapping)
+    USE = "use"  # "rules" or "package.module:Class"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One key of the config file, declared once (issue 14): the parser validates it from this,
+    ``json_schema()`` describes it, and ``settings_table()`` is the README's Settings table."""
+
+    key: str
+    kind: Kind
+    doc: str  # the README's "meaning" column and the schema's description
+    # The dataclass field it fills: on Config, or on the section's dataclass (a section with no
+    # attr, like v1, fills Config's fields directly).
+    attr: str | None = None
+    minimum: int = 0  # INT
+    positive: bool = False  # SECONDS: > 0 instead of >= 0
+    choices: type[enum.StrEnum] | None = None  # CHOICE
+    listen: bool = False  # ADDRESS: port 0 allowed
+    children: tuple[Setting, ...] = ()  # SECTION
+    default_doc: str | None = None  # README default where the value itself says little
+
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting("rules", Kind.RULES, "The annotation rules (see Rules above)."),
+    Setting("middleware", Kind.MIDDLEWARE, "The middleware chain (see Middleware interface)."),
+    Setting(
+        "v1",
+        Kind.SECTION,
+        "v1 annotation policy.",
+        children=(
+            Setting(
+                "mode",
+                Kind.CHOICE,
+                "v1 annotation policy (above): `safe`, `stateful` or `off`.",
+                attr="v1_mode",
+                choices=V1Mode,
+            ),
+            Setting(
+                "max_entities",
+                Kind.INT,
+                "With `stateful`: entities per connection whose metadata is kept (least "
+                "recently used forgotten).",
+                attr="v1_max_entities",
+                minimum=1,
+            ),
+        ),
+    ),
+    Setting(
+        "max_frame_bytes",
+        Kind.SIZE,
+        "Longest accepted line. A byte count or a size with a unit (see below).",
+        attr="max_frame_bytes",
+    ),
+    Setting(
+        "max_buffer_bytes",
+        Kind.SIZE,
+        "Bytes all connections of the process together may hold in partial lines and outbound "
+        "queues (see [Bounds](#bounds)). At least `max_frame_bytes` + 1 MiB; when not given, "
+        "raised to that if `max_frame_bytes` needs it.",
+        attr="max_buffer_bytes",
+    ),
+    Setting(
+        "max_parse_bytes",
+        Kind.SIZE,
+        "Parse budget: a frame whose parse would take more memory than this (estimated from "
+        "its size and commas) is forwarded untouched, no rule applied, with a warning.",
+        attr="max_parse_bytes",
+    ),
+    Setting(
+        "max_pending_requests",
+        Kind.INT,
+        "Requests awaiting an answer, per direction; past it a request is answered with a "
+        "JSON-RPC error instead of being forwarded.",
+        attr="max_pending_requests",
+        minimum=1,
+    ),
+    Setting(
+        "non_json",
+        Kind.CHOICE,
+        "Agent stdout lines that are not JSON: `log` (diverted to the log) or `forward`.",
+        attr="non_json",
+        choices=NonJsonPolicy,
+    ),
+    Setting(
+        "agent",
+        Kind.SECTION,
+        "The agent process.",
+        attr="agent",
+        children=(
+            Setting(
+                "env",
+                Kind.ENV,
+                "Variables added to the inherited environment of the agent.",
+                attr="env",
+            ),
+            Setting(
+                "stderr",
+                Kind.CHOICE,
+                "The agent's stderr: `passthrough` (to the proxy's stderr) or `log` "
+                "(structured log).",
+                attr="stderr",
+                choices=StderrMode,
+            ),
+            Setting(
+                "grace_period",
+                Kind.SECONDS,
+                "Seconds between closing the agent's stdin and SIGTERM, and between SIGTERM "
+                "and SIGKILL.",
+                attr="grace_period_s",
+            ),
+            Setting(
+                "drain_timeout",
+                Kind.SECONDS,
+                "After the agent exited: seconds a slow or paused client has to read what the "
+                "agent wrote and the errors owed to it, before the rest is discarded (logged).",
+                attr="drain_timeout_s",
+            ),
+        ),
+    ),
+    Setting(
+        "coalesce",
+        Kind.SECTION,
+        "Coalescing under backpressure.",
+        attr="coalesce",
+        children=(
+            Setting(
+                "enabled",
+                Kind.BOOL,
+                "Merge queued updates only under backpressure.",
+                attr="enabled",
+            ),
+            Setting(
+                "max_queue_messages",
+                Kind.INT,
+                "Bound of the outbound queue, in messages.",
+                attr="max_queue_messages",
+                minimum=1,
+            ),
+            Setting(
+                "max_queue_bytes",
+                Kind.SIZE,
+                "Bound of the outbound queue, in bytes (a size, like `max_frame_bytes`).",
+                attr="max_queue_bytes",
+            ),
+            Setting(
+                "min_interval_ms",
+                Kind.INT,
+                "Minimum interval between updates of one entity (0: off).",
+                attr="min_interval_ms",
+            ),
+        ),
+    ),
+    Setting(
+        "listen",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: accept clients on a socket. The command line wins.",
+        attr="listen",
+        listen=True,
+        default_doc="stdio",
+    ),
+    Setting(
+        "connect",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: reach the agent over a socket. The command line "
+        "wins.",
+        attr="connect",
+        default_doc="spawn",
+    ),
+    Setting(
+        "connect_timeout",
+        Kind.SECONDS,
+        "Seconds to wait for the agent's address with `connect`.",
+        attr="connect_timeout_s",
+        positive=True,
+    ),
+    Setting(
+        "max_connections",
+        Kind.INT,
+        "Concurrent clients with `listen`.",
+        attr="max_connections",
+        minimum=1,
+    ),
+    Setting(
+        "handshake_timeout",
+        Kind.SECONDS,
+        "With `listen`: seconds a client has to send its first line before it is closed.",
+        attr="handshake_timeout_s",
+        positive=True,
+    ),
+    Setting(
+        "allow_remote",
+        Kind.BOOL,
+        "Allow `listen` on a non-loopback address.",
+        attr="allow_remote",
+    ),
+)
+_BY_KEY: Final = {s.key: s for s in SETTINGS}
+
+# The fields of one rules: entry and one middleware: entry. Their defaults come from Rule and
+# MiddlewareSpec (``attr``); the checks across keys are the parser's.
+RULE_FIELDS: Final[tuple[Setting, ...]] = (
+    Setting("name", Kind.STRING, "Shown in logs; unique. Default rules[I]."),
+    Setting(
+        "match",
+        Kind.SECTION,
+        "Every condition given must hold.",
+        children=(
+            Setting(
+                "direction",
+                Kind.CHOICE,
+                "agent_to_client, client_to_agent or both.",
+                attr="direction",
+                choices=RuleDirection,
+            ),
+            Setting(
+                "method", Kind.STRING, "The JSON-RPC method: an exact name or a glob (session/*)."
+            ),
+            Setting(
+                "update",
+                Kind.UPDATE,
+                'sessionUpdate kinds of a session/update, or "upserts".',
+            ),
+        ),
+    ),
+    Setting(
+        "target",
+        Kind.CHOICE,
+        "entity: the entity's own _meta (a metadata patch); message: params._meta.",
+        attr="target",
+        choices=RuleTarget,
+    ),
+    Setting(
+        "set_meta",
+        Kind.META_MAP,
+        "Metadata keys to set (namespaced, or a W3C trace key), with any JSON value but null.",
+    ),
+    Setting("remove_meta", Kind.META_LIST, "Metadata keys to remove."),
+    Setting(
+        "overwrite",
+        Kind.BOOL,
+        "Replace a value the message already carries for a key of set_meta.",
+        attr="overwrite",
+    ),
+)
+MIDDLEWARE_FIELDS: Final[tuple[Setting, ...]] = (
+    Setting(
+        "use",
+        Kind.USE,
+        'The built-in "rules", or "package.module:Class": a middleware class, imported at '
+        "start-up (a config file is as trusted as code).",
+    ),
+    Setting("with", Kind.OPTIONS, "Keyword arguments of the class's constructor."),
+    Setting("name", Kind.STRING, "Shown in logs; unique. Default: the instance's name."),
+    Setting(
+        "fail_closed",
+        Kind.BOOL,
+        "If it raises: drop the message (a request gets an error) instead of forwarding it.",
+        attr="fail_closed",
+    ),
+)
+
+TOP_KEYS: Final = tuple(s.key for s in SETTINGS)
+RULE_KEYS: Final = tuple(f.key for f in RULE_FIELDS)
+MATCH_KEYS: Final = tuple(c.key for c in RULE_FIELDS[1].children)
+MIDDLEWARE_KEYS: Final = tuple(f.key for f in MIDDLEWARE_FIELDS)
+RULES_ENTRY_KEYS: Final = ("use", "fail_closed")
+V1_KEYS: Final = tuple(c.key for c in _BY_KEY["v1"].children)
+AGENT_KEYS: Final = tuple(c.key for c in _BY_KEY["agent"].children)
+COALESCE_KEYS: Final = tuple(c.key for c in _BY_KEY["coalesce"].children)
+BUILTIN_RULES: Final = "rules"
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
+_TAG_NAMES: Final = {
+    _STR: "a string",
+    _INT: "an integer",
+    _FLOAT: "a number",
+    _BOOL: "a boolean",
+    _TIMESTAMP: "a date",
+}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+# Sizes: a byte count with an optional unit, in any case and with or without a space ("64MiB",
+# "64mb", "64 MB", "64k"). KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024, and the
+# one-letter k/m/g mean KiB/MiB/GiB as in most command-line tools.
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
+_SIZE_UNITS: Final = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+SIZE_HELP: Final = (
+    'a size in bytes: a positive integer or a string such as "64MiB" (units B, KB, KiB, MB, '
+    "MiB, GB, GiB, or k, m, g for KiB, MiB, GiB; any case)"
+)
+# The same grammar for the JSON schema (ECMAScript regex, no flags).
+SIZE_PATTERN: Final = r"^\s*[0-9]+\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"
+
+
+# --- the JSON schema and the README table, from SETTINGS ---------------------------------------
+
+_ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up
+_META_KEY: Final[JsonObject] = {
+    "anyOf": [
+        {"enum": cast(JsonValue, sorted(W3C_TRACE_KEYS))},
+        {"type": "string", "pattern": "^[^/]+/.+$"},
+    ]
+}
+
+
+def _defaults(instance: object) -> dict[str, object]:
+    """The default of each field of a dataclass, from an instance built with its defaults."""
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(cast(Any, instance))}
+
+
+def _json_default(value: object) -> JsonValue:
+    if isinstance(value, enum.Enum):
+        return cast(JsonValue, value.value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return cast(JsonValue, value)
+
+
+def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObject:
+    """The schema of one setting; ``defaults`` maps its owner's fields to their defaults."""
+    kind = setting.kind
+    out: JsonObject = {"description": setting.doc}
+    if kind is Kind.BOOL:
+        out["type"] = "boolean"
+    elif kind is Kind.INT:
+        out.update(type="integer", minimum=setting.minimum)
+    elif kind is Kind.SIZE:
+        out["anyOf"] = [
+            {"type": "integer", "minimum": 1},
+            {"type": "string", "pattern": SIZE_PATTERN},
+            dict(_ENV_REF),
+        ]
+    elif kind is Kind.SECONDS:
+        out["type"] = "number"
+        out["exclusiveMinimum" if setting.positive else "minimum"] = 0
+    elif kind is Kind.CHOICE:
+        assert setting.choices is not None
+        out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
+    elif kind is Kind.ADDRESS:
+        out["anyOf"] = [
+            {"type": "null"},
+            {"type": "string", "pattern": "^(tcp://.+:[0-9]+|unix:///.+)$"},
+            dict(_ENV_REF),
+        ]
+    elif kind is Kind.ENV:
+        out.update(
+            type=["object", "null"],
+            propertyNames={"pattern": "^[^=]+$"},
+            additionalProperties={"type": ["string", "number"]},
+        )
+    elif kind is Kind.SECTION:
+        inner = defaults
+        if setting.attr is not None:
+            inner = _defaults(defaults[setting.attr])
+        out.update(_mapping_schema(setting.children, inner), type=["object", "null"])
+    elif kind is Kind.RULES:
+        out.update(type=["array", "null"], items={"$ref": "#/$defs/rule"})
+    elif kind is Kind.MIDDLEWARE:
+        out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
+    elif kind is Kind.STRING:
+        out.update(type="string", minLength=1)
+    elif kind is Kind.UPDATE:
+        out["anyOf"] = [
+            {"type": "string"},
+            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        ]
+    elif kind is Kind.META_MAP:
+        out.update(
+            type="object",
+            propertyNames=_META_KEY,
+            additionalProperties={"not": {"type": "null"}},
+        )
+    elif kind is Kind.META_LIST:
+        out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
+    elif kind is Kind.OPTIONS:
+        out["type"] = ["object", "null"]
+    else:
+        assert kind is Kind.USE, kind
+        out.update(type="string", pattern=r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$")
+    if setting.attr is not None and kind is not Kind.SECTION:
+        default = defaults[setting.attr]
+        if default is not None:
+            out["default"] = _json_default(default)
+    return out
+
+
+def _mapping_schema(fields: Sequence[Setting], defaults: Mapping[str, object]) -> JsonObject:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {f.key: _setting_schema(f, defaults) for f in fields},
+    }
+
+
+def json_schema() -> JsonObject:
+    """The JSON schema of the config file (``acp-proxy schema``), generated from SETTINGS,
+    RULE_FIELDS and MIDDLEWARE_FIELDS.
+
+    It checks the shape of the file for editors; ``check-config`` checks more (imports, rule
+    cross-checks, environment variables, the socket addresses).
+    """
+    rule = _mapping_schema(RULE_FIELDS, _defaults(Rule(name="")))
+    # _Parser.rule: "the rule changes nothing: give set_meta and/or remove_meta".
+    rule["anyOf"] = [{"required": ["set_meta"]}, {"required": ["remove_meta"]}]
+    middleware = _mapping_schema(
+        MIDDLEWARE_FIELDS, _defaults(MiddlewareSpec("", factory=_RulesFactory((), V1Mode.OFF, 1)))
+    )
+    middleware["required"] = ["use"]
+    top = _mapping_schema(SETTINGS, _defaults(Config()))
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "acp-proxy configuration file",
+        **top,
+        "type": ["object", "null"],
+        "$defs": {"rule": rule, "middleware": middleware},
+    }
+
+
+def _readme_default(setting: Setting, section: Setting | None) -> str:
+    if setting.default_doc is not None:
+        return setting.default_doc
+    defaults = _defaults(Config())
+    if section is not None and section.attr is not None:
+        defaults = _defaults(defaults[section.attr])
+    assert setting.attr is not None
+    value = defaults[setting.attr]
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if setting.kind is Kind.SIZE:
+        assert isinstance(value, int)
+        return f"`{_size_text(value).replace(' ', '')}`"
+    if isinstance(value, enum.Enum):
+        return f"`{value.value}`"
+    if isinstance(value, Mapping):
+        return "`{}`" if not value else f"`{_json_text(dict(value))}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def settings_table() -> str:
+    """The README's Settings table (a test keeps the README equal to it)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for setting in SETTINGS:
+        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE):
+            continue
+        if setting.kind is Kind.SECTION:
+            for child in setting.children:
+                rows.append(
+                    f"| `{setting.key}.{child.key}` | {_readme_default(child, setting)} "
+                    f"| {child.doc} |"
+                )
+        else:
+            rows.append(f"| `{setting.key}` | {_readme_default(setting, None)} | {setting.doc} |")
+    return "\n".join(rows)
