@@ -85,6 +85,8 @@ def read_rss(tmp: Path) -> tuple[float, int]:
 
 
 def env_for(tree: Path) -> dict[str, str]:
+    # ``python -m`` puts the working directory first on sys.path: every run also gets
+    # ``cwd=tree``, or both columns would measure the tree the bench was started from.
     return {**os.environ, "PYTHONPATH": str(tree)}
 
 
@@ -97,7 +99,13 @@ def case_amplifier(tree: Path, tmp: Path, cap: int) -> str:
         b'{"jsonrpc":"2.0","id":1,"method":"x","params":{}}\n'
     )
     out = subprocess.run(
-        cmd, check=False, input=client, capture_output=True, env=env_for(tree), timeout=600
+        cmd,
+        check=False,
+        input=client,
+        capture_output=True,
+        env=env_for(tree),
+        cwd=tree,
+        timeout=600,
     )
     mib, status = read_rss(tmp)
     answered = out.stdout.count(b'"id":1') == 1
@@ -125,6 +133,7 @@ def case_pending(tree: Path, tmp: Path, cap: int, n: int, raise_limit: bool) -> 
         input=b"".join(lines),
         capture_output=True,
         env=env_for(tree),
+        cwd=tree,
         timeout=900,
     )
     mib, status = read_rss(tmp)
@@ -139,7 +148,7 @@ def case_unfinished(tree: Path, tmp: Path, cap: int) -> str:
     agent = tmp / "idle.py"
     agent.write_text(IDLE)
     cmd = measured(tree, tmp, ["--listen", f"tcp://127.0.0.1:{port}", "--", PY, str(agent)], cap)
-    proc = subprocess.Popen(cmd, env=env_for(tree), stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env_for(tree), cwd=tree, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
