@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides "
         "the config (default 64MiB)",
     )
+    # Recording (issue 11).
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="append every frame of the session, both directions, to PATH (JSON Lines, "
+        "secrets redacted); with --listen a directory or a name with {conn}; overrides "
+        "record.path",
+    )
     # Socket transports (issue 5); each overrides the config file's key of the same name.
     sockets = parser.add_argument_group(
         "sockets",
@@ -390,6 +398,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
     config = _socket_options(parser, args, config)
+    if args.record is not None:
+        config = dataclasses.replace(
+            config, record=dataclasses.replace(config.record, path=args.record)
+        )
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
         parser.error(

@@ -90,6 +90,7 @@ from acp_proxy.config.rules import (
 )
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.record.format import RecordConfig
 from acp_proxy.wire.chain import BaseMiddleware, Chain, Link, MessageContext, Middleware, Verdict
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -171,6 +172,7 @@ class Config:
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
     allow_remote: bool = False
+    record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The line of each top-level key the file sets (for check-config's run checks).
@@ -283,6 +285,8 @@ class Kind(enum.Enum):
     META_LIST = "meta_list"  # a list of metadata keys
     OPTIONS = "options"  # keyword arguments (any JSON mapping)
     USE = "use"  # "rules" or "package.module:Class"
+    STRINGS = "strings"  # a list of non-empty strings
+    REGEXES = "regexes"  # a list of regular expressions (Python syntax)
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,6 +480,46 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         Kind.BOOL,
         "Allow `listen` on a non-loopback address.",
         attr="allow_remote",
+    ),
+    Setting(
+        "record",
+        Kind.SECTION,
+        "Session records (see [Recording, reading and replaying sessions]"
+        "(#recording-reading-and-replaying-sessions)).",
+        attr="record",
+        children=(
+            Setting(
+                "path",
+                Kind.STRING,
+                "Record every frame to this JSON Lines file (with `listen`: a directory, or a "
+                "name with `{conn}`). `--record` wins.",
+                attr="path",
+                default_doc="off",
+            ),
+            Setting(
+                "max_bytes",
+                Kind.SIZE,
+                "Size limit of one record: then recording stops (logged, and a last "
+                '`"stopped"` line).',
+                attr="max_bytes",
+            ),
+            Setting(
+                "redact",
+                Kind.STRINGS,
+                "Key names whose values are never recorded or logged, added to the defaults "
+                "(`env`, `authorization`, `apiKey`, `token`, `password`, `secret`, `cookie`, "
+                "`credential(s)`, `privateKey`; any depth, any case, also as a suffix).",
+                attr="redact",
+            ),
+            Setting(
+                "redact_patterns",
+                Kind.REGEXES,
+                "Regular expressions for secret-looking strings, added to the defaults "
+                "(API keys `sk-...`, GitHub `ghp_...`, Slack, AWS, Google keys, bearer "
+                "tokens, JWTs).",
+                attr="redact_patterns",
+            ),
+        ),
     ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
@@ -785,6 +829,21 @@ class _Parser:
             hint = "; quote it" if isinstance(node, ScalarNode) and node.tag in _TAG_NAMES else ""
             raise self.error(node, path, f"expected {expected}, got {_describe(node)}{hint}")
         return self.expand(node, path)
+
+    def strings(self, node: Node, path: str, *, regex: bool) -> tuple[str, ...]:
+        expected = "a list of regular expressions" if regex else "a list of strings"
+        out: list[str] = []
+        for i, item in enumerate(self.sequence(node, path, expected)):
+            value = self.string(item, f"{path}[{i}]")
+            if regex:
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise self.error(
+                        item, f"{path}[{i}]", f"not a regular expression: {exc}"
+                    ) from None
+            out.append(value)
+        return tuple(out)
 
     def optional_string(self, node: Node, path: str, *, expected: str) -> str | None:
         if isinstance(node, ScalarNode) and node.tag == _NULL:
@@ -1345,6 +1404,10 @@ class _Parser:
             return self.choice(node, path, setting.choices)
         if kind is Kind.ADDRESS:
             return self.address(node, path, listen=setting.listen)
+        if kind is Kind.STRING:
+            return self.string(node, path)
+        if kind in (Kind.STRINGS, Kind.REGEXES):
+            return self.strings(node, path, regex=kind is Kind.REGEXES)
         assert kind is Kind.ENV, kind
         return self.env(node, path)
 
@@ -1826,6 +1889,8 @@ def _json_default(value: object) -> JsonValue:
         return cast(JsonValue, value.value)
     if isinstance(value, Mapping):
         return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
     return cast(JsonValue, value)
 
 
@@ -1887,6 +1952,8 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
     elif kind is Kind.OPTIONS:
         out["type"] = ["object", "null"]
+    elif kind in (Kind.STRINGS, Kind.REGEXES):
+        out.update(type=["array", "null"], items={"type": "string", "minLength": 1})
     else:
         assert kind is Kind.USE, kind
         out.update(type="string", pattern=r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$")
@@ -1948,6 +2015,8 @@ def _readme_default(setting: Setting, section: Setting | None) -> str:
         return "`{}`" if not value else f"`{_json_text(dict(value))}`"
     if isinstance(value, float):
         return f"`{value:g}`"
+    if isinstance(value, tuple):
+        return f"`{_json_text(list(value))}`"
     return f"`{value}`"
 
 

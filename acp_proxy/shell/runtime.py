@@ -987,10 +987,17 @@ async def run_proxy(
     )
     # Signals are handled from before the spawn (issue 10): one arriving right after the fork
     # takes the ladder, instead of the default action leaving the agent behind without us.
+    from acp_proxy.shell.recorder import exit_info, open_recorder
+
+    recorder = open_recorder(config, log=log, agent=agent_argv)
+    if config.record.path is not None and recorder is None:
+        return 2  # --record names a file that cannot be written: a usage error
     with anyio.open_signal_receiver(*_SIGNALS) as signals:
         try:
             agent = await spawn_agent(agent_argv, config.agent)
         except SpawnError as exc:
+            if recorder is not None:
+                recorder.finish(None)
             return spawn_error_exit(exc)
         log = log.bind(agent_pid=agent.pid)
         client = client_stream if client_stream is not None else stdio_stream()
@@ -1007,13 +1014,23 @@ async def run_proxy(
                     signals,
                 )
                 rc, session = await run_agent_session(
-                    config, agent, client, client, log=log, shutdown=shutdown
+                    config,
+                    agent,
+                    client,
+                    client,
+                    log=log,
+                    shutdown=shutdown,
+                    observers=[recorder] if recorder is not None else [],
                 )
                 tg.cancel_scope.cancel()
         finally:
             if client_stream is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
+            if recorder is not None:
+                recorder.finish(
+                    exit_info(agent.returncode) if agent.returncode is not None else None
+                )
     log.info(
         "exit",
         status=describe_status(rc),

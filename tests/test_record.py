@@ -1,0 +1,250 @@
+"""Session records (issue 11): ``--record`` through the real proxy, real agent process and pipes.
+
+What the record must hold: every frame of both directions, in order, byte-exact against what
+each side wrote; ``sent`` exactly where the proxy changed a frame; generated frames marked;
+secrets redacted in the record but never on the wire; complete lines after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import jsonschema
+import orjson
+import pytest
+from proxy_harness import (
+    GOLDEN,
+    REPO,
+    TIMEOUT,
+    proxy_cmd,
+    proxy_env,
+    request,
+    run,
+    write_config,
+)
+from test_runtime import golden_sides
+
+from acp_proxy.record.format import Redactor, frame_bytes
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = json.loads((REPO / "config" / "record.schema.json").read_text(encoding="utf-8"))
+RULES = (
+    "rules:\n"
+    "  - name: route\n"
+    "    match: {direction: agent_to_client, method: session/update, update: upserts}\n"
+    "    set_meta: {example.dev/route: edge}\n"
+)
+
+
+def read_record(path: Path) -> list[dict[str, Any]]:
+    """Every line of a record, each checked against config/record.schema.json."""
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    for line in lines:
+        jsonschema.validate(line, SCHEMA)
+    assert lines[0]["acp-proxy-record"] == 1
+    return lines
+
+
+def frames(lines: list[dict[str, Any]], direction: str) -> list[dict[str, Any]]:
+    return [e for e in lines if e.get("dir") == direction and not e.get("generated")]
+
+
+async def record_golden(tmp_path: Path, *extra: str) -> tuple[Path, Any, bytes, bytes, Path]:
+    config = write_config(tmp_path / "rules.yaml", RULES)
+    client, agent = golden_sides("session_v2.txt")
+    record = tmp_path / "session.jsonl"
+    agent_got = tmp_path / "agent_got.txt"
+    ran = await run(
+        proxy_cmd(
+            "--config",
+            config,
+            "--record",
+            str(record),
+            *extra,
+            agent=["--replay", str(GOLDEN / "session_v2.txt"), "--record", str(agent_got)],
+        ),
+        client,
+    )
+    assert ran.rc == 0, ran.stderr
+    return record, ran, client, agent, agent_got
+
+
+async def test_record_holds_every_frame_byte_exact_with_sent_where_changed(
+    tmp_path: Path,
+) -> None:
+    record, ran, client, agent, agent_got = await record_golden(tmp_path)
+    lines = read_record(record)
+    head = lines[0]
+    assert head["rules"] == ["route"]
+    assert head["config"].endswith("rules.yaml")
+    assert head["agent"][-4:] == [
+        "--replay",
+        str(GOLDEN / "session_v2.txt"),
+        "--record",
+        str(agent_got),
+    ]
+    c2a = frames(lines, "client_to_agent")
+    a2c = frames(lines, "agent_to_client")
+    # Every frame each side wrote, in order, byte for byte.
+    assert [frame_bytes(e) + b"\n" for e in c2a] == client.splitlines(keepends=True)
+    assert [frame_bytes(e) + b"\n" for e in a2c] == agent.splitlines(keepends=True)
+    # What each receiver got is ``sent`` where present, else the frame: exactly the wire.
+    delivered_to_agent = b"".join(
+        b"".join(s.encode() + b"\n" for s in e["sent"]) if "sent" in e else frame_bytes(e) + b"\n"
+        for e in c2a
+    )
+    assert delivered_to_agent == agent_got.read_bytes()
+    delivered_to_client = b"".join(
+        b"".join(s.encode() + b"\n" for s in e["sent"]) if "sent" in e else frame_bytes(e) + b"\n"
+        for e in a2c
+    )
+    assert delivered_to_client == ran.stdout
+    # ``sent`` exactly where the proxy changed a frame, and who changed it.
+    changed = [e for e in a2c if "sent" in e]
+    assert changed, "the rule annotates the golden session's upserts"
+    for e in changed:
+        assert e["sent"] != [e["raw"]]
+        assert e["changed_by"] == ["rules:route"]
+        assert any(b"example.dev/route" in s.encode() for s in e["sent"]), e
+    assert all("sent" not in e for e in c2a)
+    # The negotiated version, then the trailer with the exit status.
+    [version] = [e for e in lines if e.get("event") == "version"]
+    assert version["protocolVersion"] == 2
+    end = lines[-1]
+    assert end["event"] == "end"
+    assert end["exit"] == {"code": 0, "signal": None, "status": "exited with status 0"}
+    assert end["protocolVersion"] == 2
+    times = [e["t"] for e in lines[1:]]
+    assert times == sorted(times)
+
+
+async def test_generated_errors_are_recorded_and_marked(tmp_path: Path) -> None:
+    # The agent dies with a request in flight: the client gets a -32603 from the proxy, and the
+    # record says the proxy wrote it.
+    record = tmp_path / "r.jsonl"
+    stdin = request(1, "initialize", {}) + request(2, "slow/thing", {})
+    ran = await run(
+        proxy_cmd("--record", str(record), agent=["--crash-after", "2", "--exit-code", "3"]),
+        stdin,
+    )
+    assert ran.rc == 3
+    lines = read_record(record)
+    [generated] = [e for e in lines if e.get("generated")]
+    assert generated["dir"] == "agent_to_client"
+    reply = orjson.loads(generated["raw"])
+    assert reply["id"] == 2 and reply["error"]["code"] == -32603
+    assert frame_bytes(generated) + b"\n" == ran.stdout.splitlines(keepends=True)[-1]
+    assert lines[-1]["exit"]["code"] == 3
+
+
+async def test_redaction_removes_a_planted_secret_from_the_record_not_the_wire(
+    tmp_path: Path,
+) -> None:
+    secret = "sk-" + "A1b2C3d4" * 5
+    config = write_config(
+        tmp_path / "c.yaml",
+        "record:\n  redact: [sessionPassphrase]\n  redact_patterns: ['zz-[0-9]{6}']\n",
+    )
+    record = tmp_path / "r.jsonl"
+    agent_got = tmp_path / "agent_got.txt"
+    params = {
+        "text": f"my key is {secret}",
+        "mcpServers": [{"name": "x", "env": [{"name": "API", "value": "plain"}]}],
+        "sessionPassphrase": "hunter2",
+        "note": "code zz-123456 here",
+        "big": 340282366920938463463374607431768211456,
+    }
+    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": params})
+    stdin = request(1, "initialize", {}) + line.encode() + b"\n"
+    ran = await run(
+        proxy_cmd("--config", config, "--record", str(record), agent=["--record", str(agent_got)]),
+        stdin,
+    )
+    assert ran.rc == 0, ran.stderr
+    text = record.read_text(encoding="utf-8")
+    for planted in (secret, "plain", "hunter2", "zz-123456"):
+        assert planted not in text
+        assert planted.encode() in agent_got.read_bytes()  # the wire is never changed
+        assert planted.encode() in ran.stdout  # (the agent echoes the params back)
+    lines = read_record(record)
+    [new] = [e for e in lines if e.get("dir") == "client_to_agent" and "session/new" in e["raw"]]
+    assert new["redacted"] is True
+    params_seen = json.loads(new["raw"])["params"]
+    assert params_seen["text"] == "my key is [REDACTED]"
+    assert params_seen["mcpServers"][0]["env"] == "[REDACTED]"
+    assert params_seen["sessionPassphrase"] == "[REDACTED]"
+    assert params_seen["note"] == "code [REDACTED] here"
+    assert params_seen["big"] == 340282366920938463463374607431768211456  # exact, still JSON
+
+
+def test_redactor_keeps_frames_without_secrets_byte_exact() -> None:
+    redactor = Redactor.build()
+    for raw in (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","_meta":{}}}',
+        b'{ "a" : 1.0e3 , "tokens": 5 }',
+        b"not json at all",
+    ):
+        assert redactor.frame(raw) == (raw, False)
+    assert redactor.frame(b'{"x_api-KEY":"v","Authorization":null}') == (
+        b'{"x_api-KEY":"[REDACTED]","Authorization":null}',
+        True,
+    )
+    assert redactor.frame(b'{"h":"Bearer abcdefghijklmnop1234"}') == (
+        b'{"h":"[REDACTED]"}',
+        True,
+    )
+
+
+async def test_record_survives_sigkill_mid_session(tmp_path: Path) -> None:
+    record = tmp_path / "r.jsonl"
+    cmd = proxy_cmd("--record", str(record), agent=[])
+    with anyio.fail_after(TIMEOUT):
+        async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.send(request(1, "initialize", {}))
+            got = b""
+            for i in range(2, 40):
+                await proc.stdin.send(request(i, "m", {"n": i, "pad": "x" * 1000}))
+            while got.count(b"\n") < 39:
+                got += await proc.stdout.receive()
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+    data = record.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    lines = [orjson.loads(line) for line in complete.splitlines()]
+    for line in lines:
+        jsonschema.validate(line, SCHEMA)
+    assert lines[0]["acp-proxy-record"] == 1
+    # Everything the client had received was already handed to the kernel: the writer thread
+    # appends each frame as soon as it is recorded, not at exit.
+    assert len(frames(lines, "agent_to_client")) >= 1
+    assert len(frames(lines, "client_to_agent")) >= 1
+
+
+async def test_record_stops_at_max_bytes_with_a_last_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.yaml", "record:\n  max_bytes: 2KiB\n")
+    record = tmp_path / "r.jsonl"
+    stdin = request(1, "initialize", {}) + b"".join(
+        request(i, "m", {"pad": "y" * 200}) for i in range(2, 30)
+    )
+    ran = await run(
+        proxy_cmd("--config", config, "--record", str(record), "--log-format", "json"), stdin
+    )
+    assert ran.rc == 0
+    assert len(record.read_bytes()) <= 2048 + 200
+    lines = read_record(record)
+    assert lines[-1]["event"] == "stopped"
+    assert lines[-1]["reason"] == "record.max_bytes reached"
+    [warning] = ran.events("record size limit reached; recording stopped")
+    assert warning["max_bytes"] == 2048
+
+
+async def test_record_path_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    ran = await run(proxy_cmd("--record", str(tmp_path / "no" / "such" / "dir" / "r.jsonl")))
+    assert ran.rc == 2
+    assert b"cannot open the record file" in ran.stderr
