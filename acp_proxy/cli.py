@@ -31,6 +31,7 @@ commands:
   acp-proxy check-config FILE                 validate FILE and explain what it does
   acp-proxy schema                            print the JSON schema of the config file
   acp-proxy demo                              bundled rules between a scripted client and agent
+  acp-proxy show FILE                         a record (--record PATH) as a transcript
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy [OPTIONS] --connect URL\n"
         "       acp-proxy check-config FILE\n"
         "       acp-proxy schema\n"
-        "       acp-proxy demo",
+        "       acp-proxy demo\n"
+        "       acp-proxy show FILE",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
@@ -215,7 +217,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -365,6 +367,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(demo.main(args_in[1:]) or 0)
     if args_in[:1] == ["schema"]:
         return _schema(args_in[1:])
+    if args_in[:1] == ["show"]:
+        from acp_proxy.shell import show
+
+        return show.main(args_in[1:])
 
     if "--" in args_in:
         cut = args_in.index("--")

@@ -8,7 +8,10 @@ secrets redacted in the record but never on the wire; complete lines after a SIG
 from __future__ import annotations
 
 import json
+import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from proxy_harness import (
 )
 from test_runtime import golden_sides
 
+from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.format import Redactor, frame_bytes
 
 pytestmark = pytest.mark.anyio
@@ -248,3 +252,109 @@ async def test_record_path_that_cannot_be_written_is_a_usage_error(tmp_path: Pat
     ran = await run(proxy_cmd("--record", str(tmp_path / "no" / "such" / "dir" / "r.jsonl")))
     assert ran.rc == 2
     assert b"cannot open the record file" in ran.stderr
+
+
+# --- acp-proxy show ------------------------------------------------------------------------------
+
+
+def show(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "acp_proxy", "show", *args],
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+async def test_show_prints_the_latency_of_every_answered_request(tmp_path: Path) -> None:
+    record, *_ = await record_golden(tmp_path)
+    lines = read_record(record)
+    # Requests and the responses that answer them, from the record itself.
+    asked: dict[tuple[str, str], str] = {}
+    answered: list[tuple[str, str]] = []
+    for e in lines:
+        if "dir" not in e:
+            continue
+        value = json.loads(e["raw"])
+        for m in value if isinstance(value, list) else [value]:
+            key = json.dumps(m.get("id"))
+            if "method" in m and "id" in m:
+                asked[(e["dir"], key)] = m["method"]
+            elif "id" in m:
+                other = "agent_to_client" if e["dir"] == "client_to_agent" else "client_to_agent"
+                if (other, key) in asked:
+                    answered.append((asked.pop((other, key)), key))
+    assert len(answered) >= 6
+    done = show(str(record))
+    assert done.returncode == 0, done.stderr
+    text = done.stdout.decode()
+    assert "\x1b[" not in text  # no colours when stdout is not a terminal
+    for method, key in answered:
+        needle = f" #{key} to {method} after "
+        assert needle in text, needle
+        assert re.search(re.escape(needle) + r"[0-9.]+ ms", text)
+    # The changed frames show their _meta diff, the inserted follow-up is shown.
+    assert '+ example.dev/route: "edge" (params.update._meta)' in text
+    assert "+ inserted: session/update tool_call_update tool_call:call_001" in text
+    # JSON rows: the same joins, machine-readable.
+    rows = [json.loads(x) for x in show("--json", str(record)).stdout.splitlines()]
+    responses = [
+        m for r in rows for m in r.get("messages", ()) if m["kind"] in ("response", "error")
+    ]
+    assert sorted((m["method"], json.dumps(m["id"])) for m in responses if "latency_ms" in m) == (
+        sorted(answered)
+    )
+    assert all(m["latency_ms"] >= 0 for m in responses if "latency_ms" in m)
+
+
+async def test_show_filters_and_state(tmp_path: Path) -> None:
+    record, ran, *_ = await record_golden(tmp_path)
+    rows = [
+        json.loads(x)
+        for x in show("--json", "--method", "session/new", str(record)).stdout.splitlines()
+    ]
+    assert [(r["dir"], [m["kind"] for m in r["messages"]]) for r in rows] == [
+        ("client_to_agent", ["request"]),
+        ("agent_to_client", ["response"]),
+    ]
+    rows = [
+        json.loads(x)
+        for x in show("--json", "--dir", "client_to_agent", str(record)).stdout.splitlines()
+    ]
+    assert rows and all(r["dir"] == "client_to_agent" for r in rows)
+    rows = [
+        json.loads(x)
+        for x in show("--json", "--entity", "tool_call:*", str(record)).stdout.splitlines()
+    ]
+    assert rows and all(
+        any(
+            m.get("entity", "").startswith("tool_call:")
+            for m in r["messages"] + r.get("inserted", [])
+        )
+        for r in rows
+    )
+    # --state: what the client stored, as the client itself would (ClientModel on its stdout).
+    state = json.loads(show("--state", str(record)).stdout)
+    model = ClientModel(2)
+    for line in ran.stdout.splitlines():
+        value = json.loads(line)
+        for m in value if isinstance(value, list) else [value]:
+            model.apply(m)
+    expected = model.snapshot()
+    assert state["protocolVersion"] == 2
+    assert {tuple(e["entity"]): e["meta"] for e in state["entities"]} == {
+        k: v["meta"] for k, v in expected["entities"].items()
+    }
+    assert {tuple(e["entity"]): e["value"] for e in state["snapshots"]} == expected["snapshots"]
+
+
+async def test_show_refuses_a_file_that_is_not_a_record(tmp_path: Path) -> None:
+    other = tmp_path / "x.jsonl"
+    other.write_text('{"jsonrpc":"2.0"}\n', encoding="utf-8")
+    done = show(str(other))
+    assert done.returncode == 2
+    assert done.stderr.decode() == (
+        f'acp-proxy show: {other}: not a record: the first line has no "acp-proxy-record" key\n'
+    )
