@@ -32,6 +32,7 @@ commands:
   acp-proxy schema                            print the JSON schema of the config file
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy show FILE                         a record (--record PATH) as a transcript
+  acp-proxy replay FILE                       act as the agent of a record, on stdio
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy check-config FILE\n"
         "       acp-proxy schema\n"
         "       acp-proxy demo\n"
-        "       acp-proxy show FILE",
+        "       acp-proxy show FILE\n"
+        "       acp-proxy replay FILE",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
@@ -217,7 +219,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -371,6 +373,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import show
 
         return show.main(args_in[1:])
+    if args_in[:1] == ["replay"]:
+        from acp_proxy.shell import replay
+
+        return replay.main(args_in[1:])
 
     if "--" in args_in:
         cut = args_in.index("--")

@@ -23,6 +23,7 @@ from proxy_harness import (
     GOLDEN,
     REPO,
     TIMEOUT,
+    Lines,
     proxy_cmd,
     proxy_env,
     request,
@@ -358,3 +359,111 @@ async def test_show_refuses_a_file_that_is_not_a_record(tmp_path: Path) -> None:
     assert done.stderr.decode() == (
         f'acp-proxy show: {other}: not a record: the first line has no "acp-proxy-record" key\n'
     )
+
+
+# --- acp-proxy replay ----------------------------------------------------------------------------
+
+
+def replay(record: Path, stdin: bytes, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "acp_proxy", "replay", "--speed", "0", *args, str(record)],
+        input=stdin,
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def client_state(stdout: bytes, version: int = 2) -> dict[str, Any]:
+    model = ClientModel(version)
+    for line in stdout.splitlines():
+        value = json.loads(line)
+        for m in value if isinstance(value, list) else [value]:
+            model.apply(m)
+    return model.snapshot()
+
+
+async def test_replay_gives_the_same_client_the_same_state(tmp_path: Path) -> None:
+    record, ran, client, *_ = await record_golden(tmp_path)
+    done = replay(record, client)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    assert client_state(done.stdout) == client_state(ran.stdout)
+    assert done.stdout == ran.stdout  # same ids as recorded: the exact bytes the client got
+
+
+async def test_replay_maps_ids_and_keeps_order(tmp_path: Path) -> None:
+    record = tmp_path / "r.jsonl"
+    stdin = (
+        request(1, "initialize", {})
+        + request(2, "_test/stream_like", {"n": 1})
+        + request(3, "session/prompt", {"sessionId": "s"})
+    )
+    ran = await run(proxy_cmd("--record", str(record)), stdin)
+    assert ran.rc == 0
+    # The same session from a client that numbers its requests differently.
+    live = (
+        request("a", "initialize", {})
+        + request(10, "_test/stream_like", {"n": 1})
+        + request(11, "session/prompt", {"sessionId": "s"})
+    )
+    done = replay(record, live)
+    assert done.returncode == 0, done.stderr
+    expected = ran.stdout.replace(b'"id":1,', b'"id":"a",')
+    expected = expected.replace(b'"id":2,', b'"id":10,').replace(b'"id":3,', b'"id":11,')
+    assert done.stdout == expected
+
+
+async def test_replay_answers_a_diverging_client_with_an_error(tmp_path: Path) -> None:
+    record, _ran, client, *_ = await record_golden(tmp_path)
+    first = client.splitlines(keepends=True)[0]  # initialize
+    wrong = request(1, "session/load", {"sessionId": "nope"})
+    done = replay(record, first + wrong)
+    assert done.returncode == 1
+    out = done.stdout.splitlines()
+    assert json.loads(out[0])["id"] == 0  # initialize answered as recorded
+    assert json.loads(out[-1]) == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {
+            "code": -32603,
+            "message": "acp-proxy replay: client message 2 diverges from the record: "
+            "expected request session/new, got request session/load",
+        },
+    }
+    assert done.stderr == (
+        b"acp-proxy replay: client message 2 diverges from the record: expected request "
+        b"session/new, got request session/load\n"
+    )
+
+
+async def test_replay_reports_a_client_that_stops_early(tmp_path: Path) -> None:
+    record, _ran, client, *_ = await record_golden(tmp_path)
+    done = replay(record, client.splitlines(keepends=True)[0])
+    assert done.returncode == 1
+    assert done.stderr.startswith(b"acp-proxy replay: the client closed after 1 messages; ")
+
+
+async def test_replay_of_a_pipelined_record_to_a_client_that_waits_for_each_response(
+    tmp_path: Path,
+) -> None:
+    # Recorded from a client that sent everything at once; replayed to one that sends each
+    # request only after the previous response: every response comes, nothing deadlocks.
+    record = tmp_path / "r.jsonl"
+    requests = [request(1, "initialize", {})] + [request(i, f"m/{i}", {"i": i}) for i in (2, 3, 4)]
+    ran = await run(proxy_cmd("--record", str(record)), b"".join(requests))
+    assert ran.rc == 0
+    cmd = [sys.executable, "-m", "acp_proxy", "replay", "--speed", "0", str(record)]
+    got = []
+    with anyio.fail_after(TIMEOUT):
+        async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            lines = Lines(proc.stdout)
+            for frame in requests:
+                await proc.stdin.send(frame)
+                got.append(await lines.line())
+            await proc.stdin.aclose()
+            assert await proc.wait() == 0
+    assert b"".join(got) == ran.stdout
