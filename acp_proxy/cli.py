@@ -106,6 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
     parser.add_argument(
+        "--log-frames",
+        action="store_true",
+        help="debug lines carry each frame's contents, redacted like a record and cut at "
+        "2000 characters (implies --log-level debug)",
+    )
+    parser.add_argument(
+        "--agent-stderr",
+        choices=("log", "passthrough"),
+        help="the agent's stderr: into the structured log, or to the proxy's stderr as it "
+        "is; overrides agent.stderr",
+    )
+    parser.add_argument(
         "--max-frame-bytes",
         type=_size,
         metavar="SIZE",
@@ -410,6 +422,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
     config = _socket_options(parser, args, config)
+    if args.agent_stderr is not None:
+        from acp_proxy.config import StderrMode
+
+        config = dataclasses.replace(
+            config, agent=dataclasses.replace(config.agent, stderr=StderrMode(args.agent_stderr))
+        )
     if args.record is not None:
         config = dataclasses.replace(
             config, record=dataclasses.replace(config.record, path=args.record)
@@ -425,6 +443,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
     from acp_proxy.shell.logsetup import configure_logging
 
+    if args.log_frames:
+        from acp_proxy.shell.framelog import enable_frame_contents
+
+        enable_frame_contents()
+        args.log_level = "debug"
     try:
         configure_logging(args.log_level, args.log_format, args.log_file)
     except OSError as exc:

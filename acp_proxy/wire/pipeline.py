@@ -158,6 +158,20 @@ class Rewritten:
 
     method: str | None
     changed_by: tuple[str, ...]
+    # Messages it became: more than one when the proxy inserted frames after it (the
+    # follow-up of a v2 ``_meta: null`` clear, RFD Metadata Patches).
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedV1:
+    """Entity rules matched a v1 update but ``v1.mode: safe`` did not apply them: the update
+    carries no ``_meta`` object, and adding one would erase the agent's metadata (a v1 receiver
+    replaces ``_meta`` whole). With ``inspect_all`` only (the debug log)."""
+
+    method: str | None
+    update_kind: str | None
+    rules: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +257,7 @@ Note: TypeAlias = (
     | UnusualVersion
     | PendingFull
     | Observed
+    | SkippedV1
 )
 
 
@@ -1051,8 +1066,12 @@ class Connection:
             self.stats.dropped += 1
         if outcome.changed and outcome.changed_by and outcome.messages:
             if self._inspect_all:  # a debug-log note: built only when debug logging is on
-                notes.append(Rewritten(_method_of(message), outcome.changed_by))
+                notes.append(
+                    Rewritten(_method_of(message), outcome.changed_by, len(outcome.messages))
+                )
             self.stats.rewritten += 1
+        if outcome.skipped and self._inspect_all:
+            notes.append(SkippedV1(_method_of(message), _update_kind(message), outcome.skipped))
 
     def _info(
         self, direction: Direction, message: JsonObject, size: int, changed_by: tuple[str, ...]
