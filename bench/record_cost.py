@@ -88,7 +88,8 @@ def main(argv: list[str]) -> int:
                 if label not in best or result["wall"] < best[label]["wall"]:
                     best[label] = result
         print(
-            f"{messages} session/update notifications ({agent.stat().st_size} bytes), best of {rounds}"
+            f"{messages} session/update notifications ({agent.stat().st_size} bytes), "
+            f"best of {rounds}"
         )
         print("| run | wall s | messages/s | proxy CPU µs/message | record bytes |")
         print("|---|---|---|---|---|")
