@@ -585,3 +585,84 @@ async def test_agent_stderr_on_the_command_line(tmp_path: Path) -> None:
     assert ran.rc == 0
     assert ran.events("agent stderr") == []
     assert ran.stderr.count(b"x" * 99 + b"\n") >= 3  # as the agent wrote them
+
+
+async def test_replay_as_client_against_the_recorded_agent_and_another(tmp_path: Path) -> None:
+    # The recorded client side played to a real agent: the same deterministic agent writes
+    # what the record says (exit 0); another agent is reported message by message (exit 1).
+    record = tmp_path / "demo.jsonl"
+    demo_agent = [sys.executable, "-m", "acp_proxy.demo.agent"]
+    client = (
+        request(0, "initialize", {"protocolVersion": 2, "clientCapabilities": {}})
+        + request(1, "session/new", {"cwd": "/tmp", "mcpServers": []})
+        + request(
+            2,
+            "session/prompt",
+            {"sessionId": "sess_demo_001", "prompt": [{"type": "text", "text": "Fix it"}]},
+        )
+    )
+    config = str(REPO / "config" / "example.yaml")
+    ran = await run(
+        [
+            sys.executable,
+            "-m",
+            "acp_proxy",
+            "--config",
+            config,
+            "--record",
+            str(record),
+            "--",
+            *demo_agent,
+        ],
+        client,
+    )
+    assert ran.rc == 0, ran.stderr
+    expected = sum(1 for e in read_record(record) if e.get("dir") == "agent_to_client")
+    same = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "acp_proxy",
+            "replay",
+            "--as-client",
+            "--speed",
+            "0",
+            str(record),
+            "--",
+            *demo_agent,
+        ],
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert same.returncode == 0, same.stderr
+    assert (
+        same.stderr
+        == f"acp-proxy replay: the agent wrote the {expected} messages of the record\n".encode()
+    )
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "acp_proxy",
+            "replay",
+            "--as-client",
+            "--speed",
+            "0",
+            str(record),
+            "--",
+            sys.executable,
+            str(REPO / "tests" / "tiny_agent.py"),
+        ],
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert other.returncode == 1
+    report = other.stderr.decode().splitlines()
+    assert report[0].startswith("acp-proxy replay: agent message 1 differs: expected ")
+    assert report[-1] == f"acp-proxy replay: the agent wrote 3 messages; the record has {expected}"

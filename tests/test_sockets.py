@@ -726,18 +726,18 @@ async def test_listen_records_one_file_per_connection(tmp_path: Path, pattern: b
     assert len(files) == 2
     if pattern:
         assert [f.name for f in files] == ["conn-1.jsonl", "conn-2.jsonl"]
-    by_conn = {}
+    by_conn: dict[int, list[dict[str, Any]]] = {}
     for f in files:
-        lines = [orjson.loads(x) for x in f.read_bytes().splitlines()]
-        by_conn[lines[0]["conn"]] = lines
-        assert lines[-1]["event"] == "end"
-        assert lines[-1]["exit"]["code"] == 0
+        entries = [orjson.loads(x) for x in f.read_bytes().splitlines()]
+        by_conn[entries[0]["conn"]] = entries
+        assert entries[-1]["event"] == "end"
+        assert entries[-1]["exit"]["code"] == 0
     who = {
         conn: [
             orjson.loads(e["raw"])["params"]["who"]
-            for e in lines
+            for e in entries
             if e.get("dir") == "client_to_agent"
         ]
-        for conn, lines in by_conn.items()
+        for conn, entries in by_conn.items()
     }
     assert who == {1: ["a", "a"], 2: ["b"]}

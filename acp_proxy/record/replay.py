@@ -14,6 +14,7 @@ and ``problems`` says where it diverged. No I/O and no clock: the shell sleeps f
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -208,3 +209,126 @@ class Replayer:
                 f"the client closed after {self.matched} messages; the record has {left} more"
             )
         return self.problems
+
+
+# --- the other way round: the recorded client against a real agent (--as-client) -----------------
+
+_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def normalise(value: JsonValue) -> JsonValue:
+    """``value`` with what legitimately differs between two runs of a deterministic agent made
+    equal: timestamps (ISO 8601 strings) become ``"<time>"``."""
+    if isinstance(value, str):
+        return "<time>" if _TIME.match(value) else value
+    if isinstance(value, dict):
+        return {k: normalise(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class PlayStep:
+    message: dict[str, JsonValue]
+    need: int  # agent messages that must have arrived before it is sent
+    t: float
+
+
+@dataclass(slots=True)
+class ClientPlayer:
+    """Plays a record's client side to a real agent and compares what the agent writes.
+
+    A client message is due once the agent messages recorded before it have arrived. The
+    agent's requests may carry other ids than recorded: the recorded client's response to a
+    request goes back with the live id. Agent messages are compared in order, with the request
+    ids (of both sides) and timestamps normalised.
+    """
+
+    steps: deque[PlayStep]
+    expected: list[JsonValue]  # the agent's messages as recorded, in order
+    got: int = 0
+    differences: list[str] = field(default_factory=list)
+    _agent_ids: dict[str, JsonValue] = field(default_factory=dict)  # recorded id -> live id
+
+    @classmethod
+    def from_record(cls, entries: Iterable[Mapping[str, JsonValue]]) -> ClientPlayer:
+        steps: deque[PlayStep] = deque()
+        expected: list[JsonValue] = []
+        for entry in entries:
+            raw_t = entry.get("t")
+            t = float(raw_t) if isinstance(raw_t, int | float) else 0.0
+            if entry.get("generated"):
+                continue  # the proxy's own frames: neither side wrote them
+            if entry.get("dir") == CLIENT_TO_AGENT:
+                # What the agent received: a regression run feeds the agent the same input.
+                for frame in delivered(entry):
+                    value = _loads(frame)
+                    for message in value if isinstance(value, list) else [value]:
+                        if isinstance(message, dict):
+                            steps.append(PlayStep(message, len(expected), t))
+            elif entry.get("dir") == AGENT_TO_CLIENT:
+                value = _loads(frame_bytes(entry))  # what the agent wrote
+                for message in value if isinstance(value, list) else [value]:
+                    if message is not None:
+                        expected.append(message)
+        return cls(steps, expected)
+
+    def due(self) -> list[bytes]:
+        """The client frames to send now."""
+        out: list[bytes] = []
+        while self.steps and self.steps[0].need <= self.got:
+            message = self.steps.popleft().message
+            if "method" not in message and "id" in message:
+                live = self._agent_ids.get(_key(message["id"]), message["id"])
+                message = {**message, "id": live}
+            out.append(_dumps(message))
+        return out
+
+    def agent_frame(self, raw: bytes) -> None:
+        """One frame the agent wrote."""
+        value = _loads(raw)
+        if value is None:
+            self.differences.append(f"agent wrote a line that is not JSON: {raw[:200]!r}")
+            return
+        for message in value if isinstance(value, list) else [value]:
+            self._compare(message)
+
+    def _compare(self, message: JsonValue) -> None:
+        index = self.got
+        self.got += 1
+        if index >= len(self.expected):
+            self.differences.append(
+                f"agent message {index + 1} is beyond the record: {_short(message)}"
+            )
+            return
+        want = self.expected[index]
+        if (
+            isinstance(message, dict)
+            and isinstance(want, dict)
+            and isinstance(message.get("method"), str)
+            and "id" in message
+            and "id" in want
+        ):
+            # An agent request: its id is the agent's to choose; remember it for the answer.
+            self._agent_ids[_key(want["id"])] = message["id"]
+            message = {**message, "id": want["id"]}
+        if normalise(message) != normalise(want):
+            self.differences.append(
+                f"agent message {index + 1} differs: expected {_short(want)}, got {_short(message)}"
+            )
+
+    def finish(self) -> list[str]:
+        """Every difference (empty: the agent wrote what the record says)."""
+        if self.got < len(self.expected):
+            self.differences.append(
+                f"the agent wrote {self.got} messages; the record has {len(self.expected)}"
+            )
+        if self.steps:
+            self.differences.append(f"{len(self.steps)} client messages were never due")
+        return self.differences
+
+
+def _short(value: JsonValue, limit: int = 300) -> str:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from acp_proxy.record.format import RecordError, parse_header, parse_line
-from acp_proxy.record.replay import Replayer
+from acp_proxy.record.replay import ClientPlayer, Replayer
 
 EXIT_MATCHED = 0
 EXIT_DIVERGED = 1
@@ -33,6 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("file", metavar="FILE")
     parser.add_argument(
+        "--as-client",
+        action="store_true",
+        help="the other way round: play the recorded client to AGENT_CMD (after --) and "
+        "report where the agent's output differs from the record (request ids and "
+        "timestamps normalised); exit 0 when it does not",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --as-client: how long the agent may stay silent while the record "
+        "expects more from it (default 10)",
+    )
+    parser.add_argument(
         "--speed",
         type=float,
         default=1.0,
@@ -49,7 +64,17 @@ def _write(fd: int, data: bytes) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(argv)
+    agent_argv: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, agent_argv = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.as_client and not agent_argv:
+        parser.error("--as-client needs the agent's command after --")
+    if agent_argv and not args.as_client:
+        parser.error("an agent command is only used with --as-client")
     if args.speed < 0:
         print("acp-proxy replay: --speed must be >= 0", file=sys.stderr)
         return EXIT_USAGE
@@ -65,6 +90,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"acp-proxy replay: {args.file}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     entries = [e for e in (parse_line(line) for line in lines[1:]) if e is not None]
+    if args.as_client:
+        import anyio
+
+        return anyio.run(_as_client, ClientPlayer.from_record(entries), agent_argv, args)
     replayer = Replayer.from_record(entries)
     out, inp = sys.stdout.fileno(), sys.stdin.fileno()
     started = time.monotonic()
@@ -115,3 +144,89 @@ def main(argv: Sequence[str]) -> int:
     problems = replayer.finish()
     report()
     return EXIT_DIVERGED if problems else EXIT_MATCHED
+
+
+async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse.Namespace) -> int:
+    """Play the recorded client to a real agent; report the differences (exit 1) or none (0)."""
+    import subprocess
+
+    import anyio
+
+    try:
+        proc = await anyio.open_process(
+            agent_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None
+        )
+    except OSError as exc:
+        print(f"acp-proxy replay: cannot start the agent: {exc}", file=sys.stderr)
+        return 127
+    assert proc.stdin is not None and proc.stdout is not None
+    stdout = proc.stdout
+    progress = anyio.Event()
+    ended = anyio.Event()
+    silent = False
+
+    async def read() -> None:
+        nonlocal progress
+        buffer = b""
+        try:
+            async for chunk in stdout:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    if line.strip():
+                        player.agent_frame(line)
+                progress.set()
+                progress = anyio.Event()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        if buffer.strip():
+            player.agent_frame(buffer)
+        ended.set()
+        progress.set()
+
+    async with proc, anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        last_t = 0.0
+        while True:
+            for step_t, frame in _timed(player):
+                if args.speed > 0 and step_t > last_t:
+                    await anyio.sleep((step_t - last_t) / args.speed)
+                last_t = max(last_t, step_t)
+                await proc.stdin.send(frame + b"\n")
+            if not player.steps or ended.is_set():
+                break
+            waiting = progress
+            with anyio.move_on_after(args.timeout):
+                await waiting.wait()
+            if not waiting.is_set():
+                silent = True
+                break
+        await proc.stdin.aclose()
+        # The rest of what the agent writes, until it closes its output.
+        if not silent:
+            with anyio.move_on_after(args.timeout):
+                await ended.wait()
+        if not ended.is_set():
+            player.differences.append(
+                f"the agent wrote nothing for {args.timeout:g} s while the record expects more"
+                if silent
+                else f"the agent did not close its output within {args.timeout:g} s"
+            )
+            proc.kill()
+        tg.cancel_scope.cancel()
+    differences = player.finish()
+    for difference in differences:
+        print(f"acp-proxy replay: {difference}", file=sys.stderr)
+    if not differences:
+        print(
+            f"acp-proxy replay: the agent wrote the {player.got} messages of the record",
+            file=sys.stderr,
+        )
+    return EXIT_DIVERGED if differences else EXIT_MATCHED
+
+
+def _timed(player: ClientPlayer) -> list[tuple[float, bytes]]:
+    """The frames due now, each with the recorded time of its step."""
+    times = [step.t for step in player.steps]
+    frames = player.due()
+    return list(zip(times[: len(frames)], frames, strict=True))
