@@ -666,3 +666,35 @@ async def test_replay_as_client_against_the_recorded_agent_and_another(tmp_path:
     report = other.stderr.decode().splitlines()
     assert report[0].startswith("acp-proxy replay: agent message 1 differs: expected ")
     assert report[-1] == f"acp-proxy replay: the agent wrote 3 messages; the record has {expected}"
+
+
+async def test_show_follow_tails_a_record_being_written(tmp_path: Path) -> None:
+    record = tmp_path / "live.jsonl"
+    show_cmd = [sys.executable, "-m", "acp_proxy", "show", "--follow", str(record)]
+    with anyio.fail_after(TIMEOUT):
+        async with await anyio.open_process(
+            proxy_cmd("--record", str(record)), env=proxy_env(), cwd=str(REPO)
+        ) as proxy:
+            assert proxy.stdin is not None and proxy.stdout is not None
+            await proxy.stdin.send(request(1, "initialize", {}))
+            answers = Lines(proxy.stdout)
+            await answers.line()
+            async with await anyio.open_process(
+                show_cmd, env=proxy_env(), cwd=str(REPO)
+            ) as show_proc:
+                assert show_proc.stdout is not None
+                rows = Lines(show_proc.stdout)
+                assert (await rows.line()).startswith(b"record of ")
+                assert (await rows.line()).endswith(b"C\xe2\x86\x92A initialize #1\n")
+                assert (await rows.line()).endswith(b"--- protocol version 2\n")
+                assert b"A\xe2\x86\x92C response #1 to initialize after " in await rows.line()
+                # A frame written after show started: it appears as it happens.
+                await proxy.stdin.send(request(2, "later", {}))
+                await answers.line()
+                assert (await rows.line()).endswith(b"C\xe2\x86\x92A later #2\n")
+                assert b"A\xe2\x86\x92C response #2 to later after " in await rows.line()
+                await proxy.stdin.aclose()
+                assert await proxy.wait() == 0
+                # The trailer ends --follow.
+                assert b"--- session ended: exited with status 0" in await rows.line()
+                assert await show_proc.wait() == 0

@@ -148,6 +148,7 @@ class Recorder:
         self.written = 0
         self.stopped = False
         self._summary: dict[str, Any] | None = None
+        self._ended: float | None = None
         self._finished = False
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._writer = _Writer(fd)
@@ -240,7 +241,7 @@ class Recorder:
         if self._finished:
             return
         self._finished = True
-        now = getattr(self, "_ended", None) or time.monotonic()
+        now = self._ended if self._ended is not None else time.monotonic()
         summary = dict(self._summary or {})
         summary.pop("version", None)
         self._put(
