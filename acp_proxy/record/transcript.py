@@ -195,6 +195,7 @@ class Transcript:
 
     version: int | None = None
     header: JsonObject | None = None
+    keep_state: bool = True  # keep what the client received, for ``final_state``
     # (direction of the request, id) -> (method, t)
     _pending: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     _received: list[JsonObject] = field(default_factory=list)  # what the client received
@@ -225,7 +226,7 @@ class Transcript:
             for extra in outs[1:]:
                 inserted.extend(self._describe(extra))
                 diff.extend(f"{line} (inserted)" for line in meta_diff(None, extra))
-        if direction == AGENT_TO_CLIENT:
+        if direction == AGENT_TO_CLIENT and self.keep_state:
             for frame in delivered(entry):
                 got = _loads(frame)
                 for message in got if isinstance(got, list) else [got]:

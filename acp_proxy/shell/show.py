@@ -97,7 +97,7 @@ def main(argv: Sequence[str]) -> int:
         except RecordError as exc:
             print(f"acp-proxy show: {args.file}: {exc}", file=sys.stderr)
             return 2
-        transcript = Transcript()
+        transcript = Transcript(keep_state=args.state)
         transcript.feed(header)
         if not args.state and not args.json:
             agent = header.get("agent") or header.get("connect")
