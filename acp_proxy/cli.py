@@ -3,7 +3,8 @@
 Contract: owns the ``acp-proxy`` command surface (issue 3, "Command line") and the process exit
 code. Configuration is validated completely before the agent is spawned (style.md habit 5); a
 bad config exits 2 with every error of the file on stderr. Never writes to stdout except for
-``--help``, ``--version``, ``check-config`` and ``schema`` (no protocol is running then).
+``--help``, ``--version``, ``check-config``, ``schema`` and ``show`` (no protocol is running
+then), and ``replay``, whose stdout is the protocol of the agent it plays.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ examples:
   acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
   {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
   acp-proxy check-config rules.yaml
+  acp-proxy --record session.jsonl -- my-agent --acp && acp-proxy show session.jsonl
   acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
   acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
   acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
