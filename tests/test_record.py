@@ -8,6 +8,7 @@ secrets redacted in the record but never on the wire; complete lines after a SIG
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -698,3 +699,36 @@ async def test_show_follow_tails_a_record_being_written(tmp_path: Path) -> None:
                 # The trailer ends --follow.
                 assert b"--- session ended: exited with status 0" in await rows.line()
                 assert await show_proc.wait() == 0
+
+
+def test_writer_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A disk that does not keep up (here: a pipe nobody reads yet) never blocks the session:
+    # past QUEUE_BYTES, lines are dropped and counted, and a "lost" line says how many.
+    import threading
+
+    from acp_proxy.shell import recorder
+
+    monkeypatch.setattr(recorder, "QUEUE_BYTES", 256 * 1024)
+    read_end, write_end = os.pipe()
+    writer = recorder._Writer(write_end)
+    line = b'{"x":"' + b"y" * 1000 + b'"}\n'
+    accepted = [writer.put(line, 1.0, 0.0) for _ in range(2000)]  # ~2 MB: pipe + queue overflow
+    dropped = accepted.count(False)
+    assert dropped > 0
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while data := os.read(read_end, 1 << 16):
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    while not writer.put(b'{"last":true}\n', 2.0, 0.0):
+        pass  # room comes back as the pipe drains
+    writer.close(timeout=TIMEOUT)
+    reader.join(TIMEOUT)
+    os.close(read_end)
+    lines = b"".join(chunks).splitlines()
+    assert lines[-1] == b'{"last":true}'
+    assert orjson.loads(lines[-2]) == {"t": 2.0, "event": "lost", "frames": dropped}
+    assert len(lines) == accepted.count(True) + 2
