@@ -732,3 +732,20 @@ def test_writer_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyP
     assert lines[-1] == b'{"last":true}'
     assert orjson.loads(lines[-2]) == {"t": 2.0, "event": "lost", "frames": dropped}
     assert len(lines) == accepted.count(True) + 2
+
+
+async def test_agent_output_quoted_in_the_log_is_redacted() -> None:
+    secret = "sk-" + "Q" * 30
+    ran = await run(
+        proxy_cmd("--log-format", "json", agent=["--banner", f"[INFO] using key {secret}"]),
+        request(1, "initialize", {}),
+    )
+    assert ran.rc == 0
+    [warning] = ran.events(
+        "agent wrote non-JSON output; diverted to the log "
+        "(further lines of this kind are only counted)"
+    )
+    assert warning["sample"] == "[INFO] using key [REDACTED]"
+    # (The "starting" line quotes the agent's command line, where this test put the secret.)
+    others = [e for e in ran.log_events() if e["event"] != "starting"]
+    assert secret not in json.dumps(others)

@@ -9,6 +9,7 @@ it keeps one bounded table of request times per session.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import OrderedDict
 from typing import Any
@@ -36,6 +37,17 @@ def frame_contents_enabled() -> bool:
     return bool(_state["frames"])
 
 
+@functools.lru_cache(maxsize=8)
+def _redactor(record: RecordConfig) -> Redactor:
+    return Redactor.build(record.redact, record.redact_patterns)
+
+
+def redacted_text(record: RecordConfig, raw: bytes) -> str:
+    """``raw`` (a sample of agent output quoted in a log line) with its secrets removed."""
+    cleaned, _ = _redactor(record).frame(raw)
+    return cleaned.decode("utf-8", "backslashreplace")
+
+
 def _id_key(direction: Direction, value: object) -> tuple[str, str]:
     try:
         text = orjson.dumps(value).decode()
@@ -56,7 +68,7 @@ class FrameLog:
     def __init__(self, log: Any, record: RecordConfig) -> None:
         self.log = log
         self.contents = frame_contents_enabled()
-        self.redactor = Redactor.build(record.redact, record.redact_patterns)
+        self.redactor = _redactor(record)
         self._sent: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
 
     def text(self, raw: bytes) -> str:

@@ -40,7 +40,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
-from acp_proxy.shell.framelog import FrameLog
+from acp_proxy.shell.framelog import FrameLog, redacted_text
 from acp_proxy.shell.logsetup import debug_enabled, get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
@@ -851,7 +851,8 @@ class PumpSession:
                         ),
                         kind=note.kind,
                         size=note.size,
-                        sample=note.sample.decode("utf-8", "backslashreplace"),
+                        # The agent's own output: secrets in it stay out of the log (issue 11).
+                        sample=redacted_text(self.config.record, note.sample),
                     )
             elif type(note) is OversizeFrame:
                 log.warning(
