@@ -3,7 +3,8 @@
 Contract: owns the ``acp-proxy`` command surface (issue 3, "Command line") and the process exit
 code. Configuration is validated completely before the agent is spawned (style.md habit 5); a
 bad config exits 2 with every error of the file on stderr. Never writes to stdout except for
-``--help``, ``--version``, ``check-config`` and ``schema`` (no protocol is running then).
+``--help``, ``--version``, ``check-config``, ``schema`` and ``show`` (no protocol is running
+then), and ``replay``, whose stdout is the protocol of the agent it plays.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ commands:
   acp-proxy check-config FILE                 validate FILE and explain what it does
   acp-proxy schema                            print the JSON schema of the config file
   acp-proxy demo                              bundled rules between a scripted client and agent
+  acp-proxy show FILE                         a record (--record PATH) as a transcript
+  acp-proxy replay FILE                       act as the agent of a record, on stdio
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -39,6 +42,7 @@ examples:
   acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
   {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
   acp-proxy check-config rules.yaml
+  acp-proxy --record session.jsonl -- my-agent --acp && acp-proxy show session.jsonl
   acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
   acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
   acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
@@ -77,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy [OPTIONS] --connect URL\n"
         "       acp-proxy check-config FILE\n"
         "       acp-proxy schema\n"
-        "       acp-proxy demo",
+        "       acp-proxy demo\n"
+        "       acp-proxy show FILE\n"
+        "       acp-proxy replay FILE",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
@@ -102,11 +108,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
     parser.add_argument(
+        "--log-frames",
+        action="store_true",
+        help="debug lines carry each frame's contents, redacted like a record and cut at "
+        "2000 characters (implies --log-level debug)",
+    )
+    parser.add_argument(
+        "--agent-stderr",
+        choices=("log", "passthrough"),
+        help="the agent's stderr: into the structured log, or to the proxy's stderr as it "
+        "is; overrides agent.stderr",
+    )
+    parser.add_argument(
         "--max-frame-bytes",
         type=_size,
         metavar="SIZE",
         help="longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides "
         "the config (default 64MiB)",
+    )
+    # Recording (issue 11).
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="append every frame of the session, both directions, to PATH (JSON Lines, "
+        "secrets redacted); with --listen a directory or a name with {conn}; overrides "
+        "record.path",
     )
     # Socket transports (issue 5); each overrides the config file's key of the same name.
     sockets = parser.add_argument_group(
@@ -207,7 +233,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -357,6 +383,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(demo.main(args_in[1:]) or 0)
     if args_in[:1] == ["schema"]:
         return _schema(args_in[1:])
+    if args_in[:1] == ["show"]:
+        from acp_proxy.shell import show
+
+        return show.main(args_in[1:])
+    if args_in[:1] == ["replay"]:
+        from acp_proxy.shell import replay
+
+        return replay.main(args_in[1:])
 
     if "--" in args_in:
         cut = args_in.index("--")
@@ -390,6 +424,16 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
     config = _socket_options(parser, args, config)
+    if args.agent_stderr is not None:
+        from acp_proxy.config import StderrMode
+
+        config = dataclasses.replace(
+            config, agent=dataclasses.replace(config.agent, stderr=StderrMode(args.agent_stderr))
+        )
+    if args.record is not None:
+        config = dataclasses.replace(
+            config, record=dataclasses.replace(config.record, path=args.record)
+        )
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
         parser.error(
@@ -401,6 +445,11 @@ def _main(argv: Sequence[str] | None) -> int:
 
     from acp_proxy.shell.logsetup import configure_logging
 
+    if args.log_frames:
+        from acp_proxy.shell.framelog import enable_frame_contents
+
+        enable_frame_contents()
+        args.log_level = "debug"
     try:
         configure_logging(args.log_level, args.log_format, args.log_file)
     except OSError as exc:

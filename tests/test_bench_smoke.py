@@ -234,3 +234,23 @@ def test_generator_is_deterministic_and_valid_acp(
                 answered.add(msg["id"])
     assert count == first["messages"]
     assert answered == set(methods)
+
+
+def test_record_cost_bench_prints_both_rows() -> None:
+    # Issue 11: the cost of --record, same run; shape only, never a timing.
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "record_cost.py"), "300", "1"],
+        capture_output=True,
+        cwd=str(ROOT),
+        timeout=120,
+        check=True,
+    )
+    lines = done.stdout.decode().splitlines()
+    assert lines[1:3] == [
+        "| run | wall s | messages/s | proxy CPU µs/message | record bytes |",
+        "|---|---|---|---|---|",
+    ]
+    plain, recorded = (line.split(" | ") for line in lines[3:5])
+    assert plain[0] == "| plain" and recorded[0] == "| --record"
+    assert plain[-1] == "0 |"
+    assert int(recorded[-1].rstrip(" |").replace(",", "")) > 300 * 250  # every frame recorded

@@ -30,6 +30,7 @@ from acp_proxy.config import (
     parse_config,
     settings_table,
 )
+from acp_proxy.record.format import RecordConfig
 
 SCHEMA_FILE = REPO / "config" / "acp-proxy.schema.json"
 EXAMPLE = REPO / "config" / "example.yaml"
@@ -426,9 +427,22 @@ def test_every_config_field_is_declared() -> None:
     """SETTINGS covers every dataclass field a file can set (nothing is parsed off the table)."""
     # Top-level settings and v1's fill Config's own fields; agent.* and coalesce.* their own.
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
-    internal = {"source", "middleware", "rule_names", "rules", "lines", "agent", "coalesce"}
+    internal = {
+        "source",
+        "middleware",
+        "rule_names",
+        "rules",
+        "lines",
+        "agent",
+        "coalesce",
+        "record",
+    }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
-    for section, cls in (("agent", AgentConfig), ("coalesce", CoalesceConfig)):
+    for section, cls in (
+        ("agent", AgentConfig),
+        ("coalesce", CoalesceConfig),
+        ("record", RecordConfig),
+    ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}
 
@@ -437,8 +451,9 @@ def test_every_config_field_is_declared() -> None:
 def test_every_setting_is_validated_from_the_table(key: str, setting: Any) -> None:
     """A value of the wrong type is an error at the setting's own path, for every setting."""
     section, _, leaf = key.rpartition(".")
-    wrong = "[1, 2]"
+    lists = setting.kind in (Kind.STRINGS, Kind.REGEXES)
+    wrong = "7" if lists else "[1, 2]"  # a list is right for the list settings
     text = f"{section}:\n  {leaf}: {wrong}\n" if section else f"{leaf}: {wrong}\n"
     (message,) = errors_of(text)
     assert message.startswith(f"c.yaml:{2 if section else 1}: {key}: expected ")
-    assert message.endswith("got a list")
+    assert ("got an integer" in message) if lists else message.endswith("got a list")

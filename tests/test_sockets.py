@@ -692,3 +692,52 @@ async def test_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
             proxy.terminate()
             assert await proxy.wait() == 0
     assert not (tmp_path / "from-file.sock").exists()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("pattern", [False, True])
+async def test_listen_records_one_file_per_connection(tmp_path: Path, pattern: bool) -> None:
+    # Issue 11: with --listen, each connection gets its own record, never two interleaved.
+    target = str(tmp_path / "conn-{conn}.jsonl") if pattern else str(tmp_path)
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--listen", "tcp://127.0.0.1:0", "--record", target, agent=TINY
+        ) as proxy:
+            a, b = await proxy.connect(), await proxy.connect()
+            a_lines, b_lines = Lines(a), Lines(b)
+            assert await exchange(a_lines, a, request(1, "x", {"who": "a"})) == echo(
+                1, {"who": "a"}
+            )
+            assert await exchange(b_lines, b, request(1, "x", {"who": "b"})) == echo(
+                1, {"who": "b"}
+            )
+            assert await exchange(a_lines, a, request(2, "x", {"who": "a"})) == echo(
+                2, {"who": "a"}
+            )
+            for stream, lines in ((a, a_lines), (b, b_lines)):
+                await stream.send_eof()
+                assert await lines.rest() == b""
+                await stream.aclose()
+            await proxy.event("connection closed", conn=1)
+            await proxy.event("connection closed", conn=2)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    files = sorted(tmp_path.glob("*.jsonl"))
+    assert len(files) == 2
+    if pattern:
+        assert [f.name for f in files] == ["conn-1.jsonl", "conn-2.jsonl"]
+    by_conn: dict[int, list[dict[str, Any]]] = {}
+    for f in files:
+        entries = [orjson.loads(x) for x in f.read_bytes().splitlines()]
+        by_conn[entries[0]["conn"]] = entries
+        assert entries[-1]["event"] == "end"
+        assert entries[-1]["exit"]["code"] == 0
+    who = {
+        conn: [
+            orjson.loads(e["raw"])["params"]["who"]
+            for e in entries
+            if e.get("dir") == "client_to_agent"
+        ]
+        for conn, entries in by_conn.items()
+    }
+    assert who == {1: ["a", "a"], 2: ["b"]}

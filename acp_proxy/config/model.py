@@ -22,6 +22,7 @@ from acp_proxy.config.rules import (
 )
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.record.format import RecordConfig
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -103,6 +104,7 @@ class Config:
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
     allow_remote: bool = False
+    record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The line of each top-level key the file sets (for check-config's run checks).

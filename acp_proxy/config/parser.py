@@ -16,6 +16,7 @@ import enum
 import importlib
 import inspect
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -252,6 +253,21 @@ class _Parser:
             hint = "; quote it" if isinstance(node, ScalarNode) and node.tag in _TAG_NAMES else ""
             raise self.error(node, path, f"expected {expected}, got {_describe(node)}{hint}")
         return self.expand(node, path)
+
+    def strings(self, node: Node, path: str, *, regex: bool) -> tuple[str, ...]:
+        expected = "a list of regular expressions" if regex else "a list of strings"
+        out: list[str] = []
+        for i, item in enumerate(self.sequence(node, path, expected)):
+            value = self.string(item, f"{path}[{i}]")
+            if regex:
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise self.error(
+                        item, f"{path}[{i}]", f"not a regular expression: {exc}"
+                    ) from None
+            out.append(value)
+        return tuple(out)
 
     def optional_string(self, node: Node, path: str, *, expected: str) -> str | None:
         if isinstance(node, ScalarNode) and node.tag == _NULL:
@@ -812,6 +828,10 @@ class _Parser:
             return self.choice(node, path, setting.choices)
         if kind is Kind.ADDRESS:
             return self.address(node, path, listen=setting.listen)
+        if kind is Kind.STRING:
+            return self.string(node, path)
+        if kind in (Kind.STRINGS, Kind.REGEXES):
+            return self.strings(node, path, regex=kind is Kind.REGEXES)
         assert kind is Kind.ENV, kind
         return self.env(node, path)
 

@@ -56,6 +56,8 @@ class Kind(enum.Enum):
     META_LIST = "meta_list"  # a list of metadata keys
     OPTIONS = "options"  # keyword arguments (any JSON mapping)
     USE = "use"  # "rules" or "package.module:Class"
+    STRINGS = "strings"  # a list of non-empty strings
+    REGEXES = "regexes"  # a list of regular expressions (Python syntax)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +252,46 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Allow `listen` on a non-loopback address.",
         attr="allow_remote",
     ),
+    Setting(
+        "record",
+        Kind.SECTION,
+        "Session records (see [Recording, reading and replaying sessions]"
+        "(#recording-reading-and-replaying-sessions)).",
+        attr="record",
+        children=(
+            Setting(
+                "path",
+                Kind.STRING,
+                "Record every frame to this JSON Lines file (with `listen`: a directory, or a "
+                "name with `{conn}`). `--record` wins.",
+                attr="path",
+                default_doc="off",
+            ),
+            Setting(
+                "max_bytes",
+                Kind.SIZE,
+                "Size limit of one record: then recording stops (logged, and a last "
+                '`"stopped"` line).',
+                attr="max_bytes",
+            ),
+            Setting(
+                "redact",
+                Kind.STRINGS,
+                "Key names whose values are never recorded or logged, added to the defaults "
+                "(`env`, `authorization`, `apiKey`, `token`, `password`, `secret`, `cookie`, "
+                "`credential(s)`, `privateKey`; any depth, any case, also as a suffix).",
+                attr="redact",
+            ),
+            Setting(
+                "redact_patterns",
+                Kind.REGEXES,
+                "Regular expressions for secret-looking strings, added to the defaults "
+                "(API keys `sk-...`, GitHub `ghp_...`, Slack, AWS, Google keys, bearer "
+                "tokens, JWTs).",
+                attr="redact_patterns",
+            ),
+        ),
+    ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 
@@ -386,6 +428,8 @@ def _json_default(value: object) -> JsonValue:
         return cast(JsonValue, value.value)
     if isinstance(value, Mapping):
         return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
     return cast(JsonValue, value)
 
 
@@ -447,6 +491,8 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
     elif kind is Kind.OPTIONS:
         out["type"] = ["object", "null"]
+    elif kind in (Kind.STRINGS, Kind.REGEXES):
+        out.update(type=["array", "null"], items={"type": "string", "minLength": 1})
     else:
         assert kind is Kind.USE, kind
         out.update(type="string", pattern=r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$")
@@ -508,6 +554,8 @@ def _readme_default(setting: Setting, section: Setting | None) -> str:
         return "`{}`" if not value else f"`{_json_text(dict(value))}`"
     if isinstance(value, float):
         return f"`{value:g}`"
+    if isinstance(value, tuple):
+        return f"`{_json_text(list(value))}`"
     return f"`{value}`"
 
 

@@ -40,6 +40,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
+from acp_proxy.shell.framelog import FrameLog, redacted_text
 from acp_proxy.shell.logsetup import debug_enabled, get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
@@ -62,10 +63,12 @@ from acp_proxy.wire.pipeline import (
     NonJson,
     Note,
     NotParsed,
+    Observed,
     OversizeFrame,
     PendingFull,
     Result,
     Rewritten,
+    SkippedV1,
     UnusualVersion,
     VersionNegotiated,
 )
@@ -470,13 +473,16 @@ class PumpSession:
         self.log = log if log is not None else get_logger()
         self._debug = debug_enabled()
         self.observers = tuple(observers)
+        # Debug frame lines (issue 11); --log-frames needs each frame's bytes: observe mode.
+        self._frame_log = FrameLog(self.log, config.record) if self._debug else None
+        contents = self._frame_log is not None and self._frame_log.contents
         self.connection = connection or Connection(
             config.build_chain(),
             non_json=config.non_json,
             inspect_all=self._debug,
             max_parse_bytes=config.max_parse_bytes,
             max_pending=config.max_pending_requests,
-            observe=bool(self.observers),
+            observe=bool(self.observers) or contents,
         )
         self._client_rx, self._client_tx = client_rx, client_tx
         self._agent_rx, self._agent_tx = agent_rx, agent_tx
@@ -664,6 +670,13 @@ class PumpSession:
                 forward.flush_now(now)
         if result.reply:
             back.push_reply(result.reply)
+            if self._frame_log is not None:
+                toward = (
+                    Direction.CLIENT_TO_AGENT
+                    if direction is Direction.AGENT_TO_CLIENT
+                    else Direction.AGENT_TO_CLIENT
+                )
+                self._frame_log.generated(toward, tuple(f.raw for f in result.reply))
         if result.notes:
             self._log_notes(result.notes)
             if self.observers:
@@ -683,6 +696,8 @@ class PumpSession:
             now = time.monotonic()
             for observer in self.observers:
                 observer.on_generated(toward, tuple(f.raw for f in chunk), now)
+            if self._frame_log is not None:
+                self._frame_log.generated(toward, tuple(f.raw for f in chunk))
             if outbox.push(chunk, now):
                 outbox.flush_now(now)
             if outbox is self.to_client:
@@ -812,19 +827,17 @@ class PumpSession:
         log = self.log
         for note in notes:
             if type(note) is FrameInfo:
-                if self._debug:
-                    log.debug(
-                        "frame",
-                        direction=str(note.direction),
-                        method=note.method,
-                        id=_loggable(note.id),
-                        update=note.update_kind,
-                        size=note.size,
-                        changed_by=list(note.changed_by) or None,
-                    )
+                if self._frame_log is not None:
+                    self._frame_log.frame(note)
             elif type(note) is Rewritten:
-                if self._debug:
-                    log.debug("rewritten", method=note.method, changed_by=list(note.changed_by))
+                if self._frame_log is not None:
+                    self._frame_log.rewritten(note)
+            elif type(note) is SkippedV1:
+                if self._frame_log is not None:
+                    self._frame_log.skipped(note)
+            elif type(note) is Observed:
+                if self._frame_log is not None:
+                    self._frame_log.observed(note)
             elif type(note) is NonJson:
                 # Warn once per kind (the pipeline marks the first), then only count (summary).
                 if note.first_of_kind or self._debug:
@@ -838,7 +851,8 @@ class PumpSession:
                         ),
                         kind=note.kind,
                         size=note.size,
-                        sample=note.sample.decode("utf-8", "backslashreplace"),
+                        # The agent's own output: secrets in it stay out of the log (issue 11).
+                        sample=redacted_text(self.config.record, note.sample),
                     )
             elif type(note) is OversizeFrame:
                 log.warning(
@@ -987,10 +1001,17 @@ async def run_proxy(
     )
     # Signals are handled from before the spawn (issue 10): one arriving right after the fork
     # takes the ladder, instead of the default action leaving the agent behind without us.
+    from acp_proxy.shell.recorder import exit_info, open_recorder
+
+    recorder = open_recorder(config, log=log, agent=agent_argv)
+    if config.record.path is not None and recorder is None:
+        return 2  # --record names a file that cannot be written: a usage error
     with anyio.open_signal_receiver(*_SIGNALS) as signals:
         try:
             agent = await spawn_agent(agent_argv, config.agent)
         except SpawnError as exc:
+            if recorder is not None:
+                recorder.finish(None)
             return spawn_error_exit(exc)
         log = log.bind(agent_pid=agent.pid)
         client = client_stream if client_stream is not None else stdio_stream()
@@ -1007,13 +1028,23 @@ async def run_proxy(
                     signals,
                 )
                 rc, session = await run_agent_session(
-                    config, agent, client, client, log=log, shutdown=shutdown
+                    config,
+                    agent,
+                    client,
+                    client,
+                    log=log,
+                    shutdown=shutdown,
+                    observers=[recorder] if recorder is not None else [],
                 )
                 tg.cancel_scope.cancel()
         finally:
             if client_stream is None:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
+            if recorder is not None:
+                recorder.finish(
+                    exit_info(agent.returncode) if agent.returncode is not None else None
+                )
     log.info(
         "exit",
         status=describe_status(rc),

@@ -720,6 +720,7 @@ class _Server:
         return None, "closed at shutdown before a request"
 
     async def _session(self, conn: _Conn, client: socket.socket, peer: str) -> None:
+        from acp_proxy.shell.recorder import Recorder, exit_info, open_recorder
         from acp_proxy.shell.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
@@ -728,6 +729,8 @@ class _Server:
         log.info("connection opened", peer=peer, open=len(self.active))
         status = "closed"
         summary: dict[str, Any] = {}
+        recorder: Recorder | None = None
+        rc: int | None = None
         try:
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
@@ -746,8 +749,15 @@ class _Server:
                     return
                 log = log.bind(agent_pid=agent.pid)
                 log.info("agent started", agent=self.agent_argv)
+                recorder = open_recorder(self.config, log=log, agent=self.agent_argv, conn=conn.id)
                 rc, session = await run_agent_session(
-                    self.config, agent, client_rx, stream, log=log, shutdown=conn.shutdown
+                    self.config,
+                    agent,
+                    client_rx,
+                    stream,
+                    log=log,
+                    shutdown=conn.shutdown,
+                    observers=[recorder] if recorder else [],
                 )
                 status = f"agent {describe_status(rc)}"
                 summary = {"exit_code": exit_code_of(rc), **session.summary()}
@@ -760,6 +770,7 @@ class _Server:
                     log.error("cannot connect to the agent", error=str(exc))
                     await close_with(stream, _error_line(f"acp-proxy: {exc}"))
                     return
+                recorder = open_recorder(self.config, log=log, connect=label, conn=conn.id)
                 try:
                     lost, session = await run_remote_agent_session(
                         self.config,
@@ -769,6 +780,7 @@ class _Server:
                         log=log,
                         shutdown=conn.shutdown,
                         agent_label=label,
+                        observers=[recorder] if recorder else [],
                     )
                 finally:
                     with anyio.CancelScope(shield=True):
@@ -779,6 +791,8 @@ class _Server:
             status = f"internal error: {type(exc).__name__}: {exc}"
             log.exception("session failed")
         finally:
+            if recorder is not None:
+                recorder.finish(exit_info(rc) if rc is not None else {"status": status})
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
@@ -920,6 +934,9 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
         log.error("cannot connect to the agent", error=str(exc))
         print(f"acp-proxy: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    from acp_proxy.shell.recorder import open_recorder
+
+    recorder = open_recorder(config, log=log, connect=str(address))
     client = client_stream if client_stream is not None else stdio_stream()
     shutdown = anyio.Event()
     started = time.monotonic()
@@ -936,6 +953,7 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
                 log=log,
                 shutdown=shutdown,
                 agent_label=str(address),
+                observers=[recorder] if recorder else [],
             )
             tg.cancel_scope.cancel()
     finally:
@@ -944,6 +962,8 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
             if client_stream is None:
                 await client.aclose()
     code = EXIT_FAILURE if lost else 0
+    if recorder is not None:
+        recorder.finish({"status": f"agent connection {'lost' if lost else 'closed'}"})
     if lost:
         message = f"the connection to the agent at {address} was lost"
         log.error(message)

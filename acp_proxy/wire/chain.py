@@ -163,6 +163,9 @@ class Outcome:
     changed_by: tuple[str, ...] = ()
     dropped_by: str | None = None
     failures: tuple[MiddlewareFailure, ...] = ()
+    # Parts of middleware that matched but chose not to act, with their reason (the rules
+    # middleware's v1 ``safe`` skips: ``("rules:edge-route", ...)``), for the debug log.
+    skipped: tuple[str, ...] = ()
 
 
 INTERNAL_ERROR = -32603
@@ -245,6 +248,7 @@ class Chain:
         failures: list[MiddlewareFailure] = []
         changed = False
         dropped_by: str | None = None
+        skipped: list[str] = []
         for link, wanted in zip(self._links, interested, strict=True):
             if not wanted:
                 continue
@@ -272,6 +276,9 @@ class Chain:
                         # the same id instead of the response the middleware choked on.
                         following.append(error_response(msg["id"], INTERNAL_ERROR, error))
                     continue
+                passed = getattr(mw, "last_skipped_v1", None)
+                if passed:
+                    skipped.extend(f"{mw.name}:{p}" for p in passed)
                 if isinstance(verdict, Forward):
                     following.append(msg)
                     continue
@@ -290,5 +297,11 @@ class Chain:
                         replies.append(verdict.message)
             current = following
         return Outcome(
-            tuple(current), tuple(replies), changed, tuple(changed_by), dropped_by, tuple(failures)
+            tuple(current),
+            tuple(replies),
+            changed,
+            tuple(changed_by),
+            dropped_by,
+            tuple(failures),
+            tuple(dict.fromkeys(skipped)),
         )

@@ -57,6 +57,20 @@ class Rewritten:
 
     method: str | None
     changed_by: tuple[str, ...]
+    # Messages it became: more than one when the proxy inserted frames after it (the
+    # follow-up of a v2 ``_meta: null`` clear, RFD Metadata Patches).
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedV1:
+    """Entity rules matched a v1 update but ``v1.mode: safe`` did not apply them: the update
+    carries no ``_meta`` object, and adding one would erase the agent's metadata (a v1 receiver
+    replaces ``_meta`` whole). With ``inspect_all`` only (the debug log)."""
+
+    method: str | None
+    update_kind: str | None
+    rules: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +156,7 @@ Note: TypeAlias = (
     | UnusualVersion
     | PendingFull
     | Observed
+    | SkippedV1
 )
 
 

@@ -92,6 +92,7 @@ from acp_proxy.wire.notes import (
     PipelineStats,
     Result,
     Rewritten,
+    SkippedV1,
     UnusualVersion,
     VersionNegotiated,
 )
@@ -886,8 +887,12 @@ class Connection:
             self.stats.dropped += 1
         if outcome.changed and outcome.changed_by and outcome.messages:
             if self._inspect_all:  # a debug-log note: built only when debug logging is on
-                notes.append(Rewritten(_method_of(message), outcome.changed_by))
+                notes.append(
+                    Rewritten(_method_of(message), outcome.changed_by, len(outcome.messages))
+                )
             self.stats.rewritten += 1
+        if outcome.skipped and self._inspect_all:
+            notes.append(SkippedV1(_method_of(message), _update_kind(message), outcome.skipped))
 
     def _info(
         self, direction: Direction, message: JsonObject, size: int, changed_by: tuple[str, ...]
@@ -1175,6 +1180,7 @@ __all__ = [
     "PipelineStats",
     "Result",
     "Rewritten",
+    "SkippedV1",
     "UnusualVersion",
     "VersionNegotiated",
     "error_frame_bytes",

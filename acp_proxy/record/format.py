@@ -1,0 +1,337 @@
+"""The record format (version 1) and redaction: what one line of a session record holds.
+
+Contract: pure functions from what the proxy observed (``Observed`` notes, generated frames, the
+session's end) to the bytes of one record line, and back (``parse_line``). Redaction happens
+here, before anything leaves the process; the wire is never touched (the proxy forwards its own
+copy of each frame, never the record's). The format is documented in the README ("Record
+format") and in ``config/record.schema.json``; change either only with ``FORMAT_VERSION``.
+
+A line is one JSON object:
+
+- the header (first line): ``{"acp-proxy-record": 1, "started": ISO-8601, "version": ...,
+  "agent": argv | null, "connect": address | null, "config": path | null, "rules": [...],
+  "middleware": [...], "conn": id | null, "redaction": {...}}``;
+- a frame: ``{"t": seconds since start, "dir": "client_to_agent" | "agent_to_client",
+  "raw": text}`` (``raw_b64`` instead of ``raw`` when the frame is not UTF-8), plus ``"sent"``
+  (the frames the proxy wrote instead; ``[]``: dropped or diverted) and ``"changed_by"`` when
+  the proxy did not forward it as it came, ``"kind"`` when it is not one JSON-RPC message,
+  ``"generated": true`` for a frame the proxy wrote on its own (an error reply, a -32603 for a
+  request left in flight), ``"redacted": true`` when redaction changed it;
+- an event: ``{"t": ..., "event": "version", "protocolVersion": N}``,
+  ``{"t": ..., "event": "end", "exit": {...} | null, "protocolVersion": N | null,
+  "summary": {...}}`` (the trailer), ``{"t": ..., "event": "stopped", "reason": ...}`` (the size
+  limit was reached: nothing follows), ``{"t": ..., "event": "lost", "frames": N}`` (the writer
+  fell behind and dropped N lines rather than slow the session down).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+from acp_proxy.jsontypes import JsonObject, JsonValue
+
+FORMAT_VERSION: Final = 1
+MAGIC: Final = "acp-proxy-record"
+CLIENT_TO_AGENT: Final = "client_to_agent"
+AGENT_TO_CLIENT: Final = "agent_to_client"
+
+DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+REDACTED: Final = "[REDACTED]"
+
+# Key names whose values are never written (compared without case, `_` and `-`; a key matches
+# when it is one of these or ends with one: ``accessToken``, ``x-api-key``, ``clientSecret``).
+DEFAULT_REDACT_KEYS: Final[tuple[str, ...]] = (
+    "env",
+    "authorization",
+    "apikey",
+    "token",
+    "password",
+    "passwd",
+    "secret",
+    "cookie",
+    "credential",
+    "credentials",
+    "privatekey",
+)
+# Secret-looking strings, replaced wherever they appear in a string value.
+DEFAULT_REDACT_PATTERNS: Final[tuple[str, ...]] = (
+    r"sk-[A-Za-z0-9_\-]{20,}",  # OpenAI / Anthropic style API keys
+    r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
+    r"github_pat_[A-Za-z0-9_]{30,}",
+    r"xox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
+    r"AKIA[0-9A-Z]{16}",  # AWS access key ids
+    r"AIza[0-9A-Za-z_\-]{35}",  # Google API keys
+    r"(?:Bearer|bearer|BEARER)\s+[A-Za-z0-9._~+/\-]{16,}=*",
+    r"eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}",  # JWTs
+)
+
+
+def _norm(key: str) -> str:
+    return key.lower().replace("_", "").replace("-", "")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """The ``record:`` settings (``--record`` overrides ``path``)."""
+
+    path: str | None = None
+    max_bytes: int = DEFAULT_MAX_BYTES
+    # Added to the defaults (the defaults always apply).
+    redact: tuple[str, ...] = ()
+    redact_patterns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Redactor:
+    """Removes secrets from a frame's text before it is recorded or logged.
+
+    A frame with nothing to redact keeps its exact bytes. Otherwise the value of each matching
+    key (at any depth) becomes ``"[REDACTED]"`` and each secret-looking substring of a string
+    becomes ``[REDACTED]``; the result is re-encoded, so a redacted frame stays valid JSON. A
+    frame that is not JSON gets the patterns only.
+    """
+
+    keys: frozenset[str]
+    patterns: tuple[re.Pattern[str], ...]
+    # The cheap screen that decides whether a frame needs parsing at all (most do not): each
+    # key name followed by the quote that ends a JSON key, looked for in the frame lowercased
+    # without ``_`` and ``-``; each pattern on the bytes (separate searches: one alternation of
+    # them is several times slower, it loses each pattern's literal prefix); a ``\u`` escape,
+    # which could hide either.
+    _key_needles: tuple[bytes, ...] = field(repr=False)
+    _byte_patterns: tuple[re.Pattern[bytes], ...] = field(repr=False)
+
+    @classmethod
+    def build(cls, keys: Iterable[str] = (), patterns: Iterable[str] = ()) -> Redactor:
+        """The redactor for the defaults plus ``keys`` and ``patterns`` (``re.error`` if bad)."""
+        all_keys = frozenset(_norm(k) for k in (*DEFAULT_REDACT_KEYS, *keys) if k)
+        sources = (*DEFAULT_REDACT_PATTERNS, *patterns)
+        return cls(
+            all_keys,
+            tuple(re.compile(p) for p in sources),
+            tuple(k.encode() + b'"' for k in sorted(all_keys)),
+            tuple(re.compile(p.encode()) for p in sources),
+        )
+
+    def needs_work(self, raw: bytes) -> bool:
+        """Whether ``raw`` may hold something to redact (False: it certainly does not)."""
+        if b"\\u" in raw:
+            return True
+        norm = raw.lower().replace(b"_", b"").replace(b"-", b"")
+        for needle in self._key_needles:
+            if needle in norm:
+                return True
+        return any(p.search(raw) for p in self._byte_patterns)
+
+    def key_matches(self, key: str) -> bool:
+        k = _norm(key)
+        return any(k == name or k.endswith(name) for name in self.keys)
+
+    def text(self, value: str) -> str:
+        for pattern in self.patterns:
+            value = pattern.sub(REDACTED, value)
+        return value
+
+    def frame(self, raw: bytes) -> tuple[bytes, bool]:
+        """``raw`` with its secrets removed, and whether anything was."""
+        if not self.needs_work(raw):
+            return raw, False
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw, False  # recorded as raw_b64: patterns cannot be judged on bytes
+        try:
+            value = json.loads(text)  # stdlib: big integers and odd floats survive
+        except ValueError:
+            cleaned = self.text(text)
+            return (cleaned.encode(), True) if cleaned != text else (raw, False)
+        redacted, changed = self._value(value)
+        if not changed:
+            return raw, False
+        text = json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
+        try:
+            return text.encode("utf-8"), True
+        except UnicodeEncodeError:  # a lone surrogate (``"\\ud800"``): keep it escaped
+            return json.dumps(redacted, separators=(",", ":")).encode("ascii"), True
+
+    def _value(self, value: object) -> tuple[object, bool]:
+        if isinstance(value, str):
+            cleaned = self.text(value)
+            return cleaned, cleaned != value
+        if isinstance(value, dict):
+            out: dict[str, object] = {}
+            changed = False
+            for key, item in value.items():
+                if self.key_matches(key) and item is not None:
+                    out[key] = REDACTED
+                    changed = True
+                else:
+                    out[key], c = self._value(item)
+                    changed = changed or c
+            return out, changed
+        if isinstance(value, list):
+            items = []
+            changed = False
+            for item in value:
+                new, c = self._value(item)
+                items.append(new)
+                changed = changed or c
+            return items, changed
+        return value, False
+
+
+def _dumps(obj: Mapping[str, object]) -> bytes:
+    return orjson.dumps(obj) + b"\n"
+
+
+def header(
+    *,
+    started: str,
+    version: str,
+    agent: Sequence[str] | None,
+    connect: str | None,
+    config: str | None,
+    rules: Sequence[str],
+    middleware: Sequence[str],
+    conn: int | None,
+    redactor: Redactor,
+    extra_keys: Sequence[str] = (),
+    extra_patterns: Sequence[str] = (),
+) -> bytes:
+    """The first line of a record."""
+    return _dumps(
+        {
+            MAGIC: FORMAT_VERSION,
+            "started": started,
+            "version": version,
+            "agent": list(agent) if agent is not None else None,
+            "connect": connect,
+            "config": config,
+            "rules": list(rules),
+            "middleware": list(middleware),
+            "conn": conn,
+            "redaction": {
+                "keys": sorted(redactor.keys),
+                "patterns": len(redactor.patterns),
+                "extra_keys": list(extra_keys),
+                "extra_patterns": len(extra_patterns),
+            },
+        }
+    )
+
+
+def _put_raw(obj: dict[str, object], raw: bytes, redactor: Redactor) -> bool:
+    cleaned, changed = redactor.frame(raw)
+    try:
+        obj["raw"] = cleaned.decode("utf-8")
+    except UnicodeDecodeError:
+        obj["raw_b64"] = base64.b64encode(cleaned).decode("ascii")
+    return changed
+
+
+def _text_or_b64(frame: bytes, redactor: Redactor) -> tuple[object, bool]:
+    cleaned, changed = redactor.frame(frame)
+    try:
+        return cleaned.decode("utf-8"), changed
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(cleaned).decode("ascii")}, changed
+
+
+def frame_line(
+    t: float,
+    direction: str,
+    raw: bytes,
+    redactor: Redactor,
+    *,
+    sent: Sequence[bytes] | None = None,
+    changed_by: Sequence[str] = (),
+    kind: str = "message",
+    generated: bool = False,
+) -> bytes:
+    """One frame's line (see the module docstring)."""
+    obj: dict[str, object] = {"t": round(t, 6), "dir": direction}
+    redacted = _put_raw(obj, raw, redactor)
+    if sent is not None:
+        frames = []
+        for frame in sent:
+            text, changed = _text_or_b64(frame, redactor)
+            frames.append(text)
+            redacted = redacted or changed
+        obj["sent"] = frames
+        obj["changed_by"] = list(changed_by)
+    if kind != "message":
+        obj["kind"] = kind
+    if generated:
+        obj["generated"] = True
+    if redacted:
+        obj["redacted"] = True
+    return _dumps(obj)
+
+
+def event_line(t: float, event: str, **fields: object) -> bytes:
+    """An event line (``version``, ``end``, ``stopped``, ``lost``)."""
+    return _dumps({"t": round(t, 6), "event": event, **fields})
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+
+class RecordError(ValueError):
+    """A file that is not a record (or of a later format version)."""
+
+
+def parse_header(line: bytes | str) -> JsonObject:
+    """The header's object; ``RecordError`` when ``line`` is not a version-1 header."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"not a record: the first line is not JSON ({exc})") from None
+    if not isinstance(obj, dict) or MAGIC not in obj:
+        raise RecordError(f'not a record: the first line has no "{MAGIC}" key')
+    if obj[MAGIC] != FORMAT_VERSION:
+        raise RecordError(
+            f"record format version {obj[MAGIC]!r}; this acp-proxy reads version {FORMAT_VERSION}"
+        )
+    return obj
+
+
+def parse_line(line: bytes | str) -> JsonObject | None:
+    """A frame or event line's object; ``None`` for a torn last line (a crash mid-write)."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def frame_bytes(entry: Mapping[str, JsonValue]) -> bytes:
+    """The frame a frame line holds (as recorded, i.e. after redaction)."""
+    raw = entry.get("raw")
+    if isinstance(raw, str):
+        return raw.encode("utf-8")
+    b64 = entry.get("raw_b64")
+    return base64.b64decode(b64) if isinstance(b64, str) else b""
+
+
+def sent_bytes(item: JsonValue) -> bytes:
+    """One entry of a frame line's ``sent`` list."""
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, dict) and isinstance(item.get("b64"), str):
+        return base64.b64decode(str(item["b64"]))
+    return b""
+
+
+def delivered(entry: Mapping[str, JsonValue]) -> list[bytes]:
+    """What the receiver of a frame line got: ``sent`` when present, else the frame itself."""
+    sent = entry.get("sent")
+    if isinstance(sent, list):
+        return [sent_bytes(s) for s in sent]
+    return [frame_bytes(entry)]
