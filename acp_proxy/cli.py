@@ -14,8 +14,8 @@ import difflib
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from acp_proxy import __version__
 
@@ -151,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
+    parser.add_argument_group("telemetry").add_argument(
+        "--metrics",
+        metavar="URL",
+        help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
+        "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+    )
     return parser
 
 
@@ -192,12 +198,13 @@ def _socket_options(
         ("max_connections", "max_connections"),
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
+        ("metrics", "metrics"),
     ):
         value = getattr(args, flag)
         if value is not None:
             changes[key] = value
     config = dataclasses.replace(config, **changes) if changes else config  # type: ignore[arg-type]
-    for key, listen in (("listen", True), ("connect", False)):
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
         url = getattr(config, key)
         if url is not None:
             try:
@@ -254,7 +261,7 @@ def _run_checks(config: Config) -> list[str]:
         return f"{config.source}:{line}: {key}" if line is not None else f"{config.source}: {key}"
 
     problems: list[str] = []
-    for key, listen in (("listen", True), ("connect", False)):
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
         url = getattr(config, key)
         if url is None:
             continue
@@ -424,12 +431,30 @@ def _main(argv: Sequence[str] | None) -> int:
     if config.listen is not None:
         from acp_proxy.shell.sockets import run_listen
 
-        return anyio.run(run_supervised, run_listen, config, agent_argv)
+        return anyio.run(run_supervised, *_telemetry(config, run_listen, config, agent_argv))
     if config.connect is not None:
         from acp_proxy.shell.sockets import run_connect
 
-        return anyio.run(run_supervised, run_connect, config)
+        return anyio.run(run_supervised, *_telemetry(config, run_connect, config))
 
     from acp_proxy.shell.runtime import run_proxy
 
-    return anyio.run(run_supervised, run_proxy, config, agent_argv)
+    return anyio.run(run_supervised, *_telemetry(config, run_proxy, config, agent_argv))
+
+
+def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *args: Any) -> tuple[Any, ...]:
+    """``(main, *args)`` wrapped in the metrics endpoints and tracing when enabled (issue 12);
+    unchanged (nothing imported) when not."""
+    if config.metrics is None:
+        return (main, *args)
+    from acp_proxy.shell.telemetry import run_with_metrics
+
+    return (
+        run_with_metrics,
+        config.metrics,
+        config.allow_remote,
+        config.listen is None,  # stdio and --connect: ready once the agent answered initialize
+        config.max_pending_requests,
+        main,
+        *args,
+    )

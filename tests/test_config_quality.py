@@ -26,6 +26,7 @@ from acp_proxy.config import (
     Config,
     ConfigError,
     Kind,
+    TracingConfig,
     json_schema,
     parse_config,
     settings_table,
@@ -426,9 +427,16 @@ def test_every_config_field_is_declared() -> None:
     """SETTINGS covers every dataclass field a file can set (nothing is parsed off the table)."""
     # Top-level settings and v1's fill Config's own fields; agent.* and coalesce.* their own.
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
-    internal = {"source", "middleware", "rule_names", "rules", "lines", "agent", "coalesce"}
+    internal = {
+        *("source", "middleware", "rule_names", "rules", "lines"),
+        *("agent", "coalesce", "tracing"),
+    }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
-    for section, cls in (("agent", AgentConfig), ("coalesce", CoalesceConfig)):
+    for section, cls in (
+        ("agent", AgentConfig),
+        ("coalesce", CoalesceConfig),
+        ("tracing", TracingConfig),
+    ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}
 

@@ -52,6 +52,8 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     max_connections: INT
     handshake_timeout: SECONDS
     allow_remote: BOOL
+    metrics: tcp://HOST:PORT | unix:///PATH
+    tracing: {enabled: BOOL, inject: BOOL}
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
 ``$$`` (a literal ``$``), expanded once at load time.
@@ -139,6 +141,15 @@ class AgentConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry traces (issue 12.2); the exporter itself is set by the OTEL_* variables."""
+
+    enabled: bool = False
+    # Give requests that carry no ``params._meta.traceparent`` the proxy span's one.
+    inject: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -171,6 +182,8 @@ class Config:
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
     allow_remote: bool = False
+    metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The line of each top-level key the file sets (for check-config's run checks).
@@ -474,8 +487,39 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "allow_remote",
         Kind.BOOL,
-        "Allow `listen` on a non-loopback address.",
+        "Allow `listen` (and `metrics`) on a non-loopback address.",
         attr="allow_remote",
+    ),
+    Setting(
+        "metrics",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: serve `/metrics`, `/healthz` and `/readyz` there "
+        "(see [Metrics, health and tracing](#metrics-health-and-tracing)). The command line "
+        "wins.",
+        attr="metrics",
+        listen=True,
+        default_doc="off",
+    ),
+    Setting(
+        "tracing",
+        Kind.SECTION,
+        "OpenTelemetry traces (`pip install 'acp-proxy[otel]'`); the exporter is configured "
+        "by the standard `OTEL_*` environment variables.",
+        attr="tracing",
+        children=(
+            Setting(
+                "enabled",
+                Kind.BOOL,
+                "A span per JSON-RPC request crossing the proxy, exported over OTLP.",
+                attr="enabled",
+            ),
+            Setting(
+                "inject",
+                Kind.BOOL,
+                "Add the proxy span's `traceparent` to forwarded requests that carry none.",
+                attr="inject",
+            ),
+        ),
     ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
