@@ -50,7 +50,9 @@ async def http_get(address: str, path: str, method: str = "GET") -> tuple[int, b
     host, port = host_port(address)
     with anyio.fail_after(TIMEOUT):
         async with await anyio.connect_tcp(host, port) as stream:
-            await stream.send(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            await stream.send(
+                f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+            )
             chunks = []
             while True:
                 try:

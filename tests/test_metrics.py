@@ -365,3 +365,86 @@ def test_config_key_and_schema() -> None:
     assert config.metrics == "tcp://127.0.0.1:9464"
     schema = json.loads((REPO / "config" / "acp-proxy.schema.json").read_text())
     assert "metrics" in schema["properties"] and "tracing" in schema["properties"]
+
+
+# -- a real Prometheus server ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+async def test_a_real_prometheus_scrapes_the_proxy(tmp_path: Path) -> None:
+    """Debian's ``prometheus`` scrapes the proxy; its HTTP API returns the frame counter."""
+    import shutil
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        print("skipped: no prometheus binary (apt-get install prometheus)")
+        pytest.skip("no prometheus binary on PATH (Debian package `prometheus`)")
+    cmd = [
+        *PROXY,
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--metrics",
+        "tcp://127.0.0.1:0",
+        "--",
+        sys.executable,
+        str(FAKE_AGENT),
+        "--replay",
+        str(_replay_file(tmp_path)),
+    ]
+    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+        assert proc.stderr
+        log = LogReader(proc.stderr)
+        metrics = (await log.event("serving metrics"))["address"]
+        listen = (await log.event("listening"))["address"]
+        host, _, port = listen.removeprefix("tcp://").rpartition(":")
+        async with await anyio.connect_tcp(host, int(port)) as conn:
+            lines = Lines(conn)
+            await _drive(conn, lines, SCRIPT)
+            await conn.send_eof()
+            await lines.rest()
+        await log.event("connection closed")
+        (tmp_path / "prometheus.yml").write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: acp-proxy\n"
+            f"    static_configs: [{{targets: ['{metrics.removeprefix('tcp://')}']}}]\n"
+        )
+        web = f"127.0.0.1:{_free_port()}"
+        prom_cmd = [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address={web}",
+        ]
+        query = (
+            "/api/v1/query?query=" + "acp_proxy_frames_total%7Bdirection%3D%22client_to_agent%22%7D"
+        )
+        async with await anyio.open_process(prom_cmd, stdout=None, stderr=None) as prom:
+            try:
+                result: list[Any] = []
+                with anyio.fail_after(60):
+                    while not result:
+                        await anyio.sleep(0.5)
+                        try:
+                            status, _, body = await http_get(f"tcp://{web}", query)
+                        except OSError:
+                            continue
+                        if status == 200:
+                            result = json.loads(body)["data"]["result"]
+                assert result[0]["metric"]["job"] == "acp-proxy"
+                assert result[0]["value"][1] == str(CLIENT_FRAMES)
+            finally:
+                prom.terminate()
+                with anyio.fail_after(TIMEOUT):
+                    await prom.wait()
+        proc.terminate()
+        with anyio.fail_after(TIMEOUT):
+            assert await proc.wait() == 0
