@@ -431,30 +431,36 @@ def _main(argv: Sequence[str] | None) -> int:
     if config.listen is not None:
         from acp_proxy.shell.sockets import run_listen
 
-        return anyio.run(run_supervised, *_telemetry(config, run_listen, config, agent_argv))
+        return anyio.run(run_supervised, *_telemetry(config, run_listen, agent_argv))
     if config.connect is not None:
         from acp_proxy.shell.sockets import run_connect
 
-        return anyio.run(run_supervised, *_telemetry(config, run_connect, config))
+        return anyio.run(run_supervised, *_telemetry(config, run_connect))
 
     from acp_proxy.shell.runtime import run_proxy
 
-    return anyio.run(run_supervised, *_telemetry(config, run_proxy, config, agent_argv))
+    return anyio.run(run_supervised, *_telemetry(config, run_proxy, agent_argv))
 
 
-def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *args: Any) -> tuple[Any, ...]:
-    """``(main, *args)`` wrapped in the metrics endpoints and tracing when enabled (issue 12);
-    unchanged (nothing imported) when not."""
-    if config.metrics is None:
-        return (main, *args)
-    from acp_proxy.shell.telemetry import run_with_metrics
+def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) -> tuple[Any, ...]:
+    """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
+    enabled (issue 12); unchanged, nothing imported, when not."""
+    run: tuple[Any, ...] = (main, config, *rest)
+    if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+        from acp_proxy.shell.tracing import run_with_tracing, with_trace_context
 
-    return (
-        run_with_metrics,
-        config.metrics,
-        config.allow_remote,
-        config.listen is None,  # stdio and --connect: ready once the agent answered initialize
-        config.max_pending_requests,
-        main,
-        *args,
-    )
+        # The trace-context middleware goes last in the chain (issue 12.2).
+        config = with_trace_context(config)
+        run = (run_with_tracing, config.tracing, main, config, *rest)
+    if config.metrics is not None:
+        from acp_proxy.shell.telemetry import run_with_metrics
+
+        run = (
+            run_with_metrics,
+            config.metrics,
+            config.allow_remote,
+            config.listen is None,  # stdio, --connect: ready once the agent answered initialize
+            config.max_pending_requests,
+            *run,
+        )
+    return run
