@@ -42,6 +42,7 @@ examples:
   acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
   acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
   acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
+  acp-proxy --metrics tcp://127.0.0.1:9464 -- my-agent --acp
 
 Without a config (no --config, no ${CONFIG_ENV}) the proxy is a pure pass-through.
 stdout carries the protocol; logs go to stderr or --log-file.
