@@ -37,6 +37,7 @@ def _deployment() -> dict[str, Any]:
 def _proxy_container() -> dict[str, Any]:
     containers = _deployment()["spec"]["template"]["spec"]["containers"]
     (proxy,) = [c for c in containers if c["name"] == "acp-proxy"]
+    assert isinstance(proxy, dict)
     return proxy
 
 
