@@ -448,3 +448,86 @@ async def test_a_real_prometheus_scrapes_the_proxy(tmp_path: Path) -> None:
         proc.terminate()
         with anyio.fail_after(TIMEOUT):
             assert await proc.wait() == 0
+
+
+@pytest.mark.anyio
+async def test_dropped_oversize_diverted_and_failures_by_reason(tmp_path: Path) -> None:
+    """The exceptional paths, each counted once under its reason: a banner line diverted, an
+    oversize request (answered by the proxy, not timed), a fail-closed middleware."""
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text(
+        "max_frame_bytes: 1000\n"
+        "middleware:\n"
+        "  - use: custom_middleware:Boom\n"
+        "    fail_closed: true\n"
+    )
+    cmd = [
+        *PROXY,
+        "--config",
+        str(cfg),
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--metrics",
+        "tcp://127.0.0.1:0",
+        "--",
+        sys.executable,
+        str(FAKE_AGENT),
+        "--banner",
+        "Starting agent v1.0",
+    ]
+    env = proxy_env(PYTHONPATH=f"{REPO}:{TESTS}")
+    async with await anyio.open_process(cmd, env=env, cwd=str(REPO)) as proc:
+        assert proc.stderr
+        log = LogReader(proc.stderr)
+        metrics = (await log.event("serving metrics"))["address"]
+        listen = (await log.event("listening"))["address"]
+        host, _, port = listen.removeprefix("tcp://").rpartition(":")
+        async with await anyio.connect_tcp(host, int(port)) as conn:
+            lines = Lines(conn)
+            await conn.send(request(0, "initialize", {"protocolVersion": 2}))
+            with anyio.fail_after(TIMEOUT):
+                assert await lines.line() == init_response(0)
+            big = request(1, "session/new", {"cwd": "/" + "x" * 2000, "mcpServers": []})
+            await conn.send(big)
+            with anyio.fail_after(TIMEOUT):
+                assert b'"id":1,"error"' in await lines.line()
+            await conn.send(request(2, "session/new", {"cwd": "/w", "mcpServers": []}))
+            with anyio.fail_after(TIMEOUT):
+                assert b'"id":2,"error"' in await lines.line()
+            await conn.send_eof()
+            await lines.rest()
+        await log.event("connection closed")
+        samples = await scrape(metrics)
+        proc.terminate()
+        with anyio.fail_after(TIMEOUT):
+            assert await proc.wait() == 0
+    assert value(samples, "acp_proxy_diverted_total", kind="text") == 1
+    assert value(samples, "acp_proxy_oversize_total", direction=C2A) == 1
+    assert value(samples, "acp_proxy_dropped_total", reason="oversize", rule="") == 1
+    assert value(samples, "acp_proxy_dropped_total", reason="fail_closed", rule="Boom") == 1
+    assert value(samples, "acp_proxy_middleware_failures_total", middleware="Boom") == 1
+    assert value(samples, "acp_proxy_frames_total", direction=C2A) == 3
+    # Only initialize reached the agent and got its answer: the others are not timed.
+    assert total(samples, "acp_proxy_request_duration_seconds_count") == 1
+    assert value(samples, "acp_proxy_frame_bytes_total", direction=C2A) == sum(
+        len(f) - 1
+        for f in (
+            request(0, "initialize", {"protocolVersion": 2}),
+            big,
+            request(2, "session/new", {"cwd": "/w", "mcpServers": []}),
+        )
+    )
+
+
+@pytest.mark.anyio
+async def test_check_config_applies_the_loopback_rule_to_metrics(tmp_path: Path) -> None:
+    cfg = tmp_path / "proxy.yaml"
+    cfg.write_text("metrics: tcp://0.0.0.0:9464\n")
+    check = [sys.executable, "-m", "acp_proxy", "check-config", str(cfg)]
+    ran = await run(check)
+    assert ran.rc == 2
+    assert ran.stderr.decode().startswith(
+        f"acp-proxy: {cfg}:1: metrics: 0.0.0.0 is not a loopback address"
+    )
+    cfg.write_text("metrics: tcp://0.0.0.0:9464\nallow_remote: true\n")
+    assert (await run(check)).rc == 0
