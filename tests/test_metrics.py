@@ -531,3 +531,49 @@ async def test_check_config_applies_the_loopback_rule_to_metrics(tmp_path: Path)
     )
     cfg.write_text("metrics: tcp://0.0.0.0:9464\nallow_remote: true\n")
     assert (await run(check)).rc == 0
+
+
+# -- pure: the accounting, driven by a real pipeline.Connection, no I/O ----------------------------
+
+
+def test_accounting_from_a_connection_in_observe_mode() -> None:
+    from acp_proxy.config import Config
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.framing import Line
+    from acp_proxy.wire.pipeline import Connection
+
+    conn = Connection(Config().build_chain(), observe=True)
+
+    class Session:  # what Metrics reads of a session (runtime.PumpSession in the shell)
+        connection = conn
+
+    metrics = Metrics(max_pending=1)
+    observer = metrics.session(Session())  # type: ignore[arg-type]
+    c2a, a2c = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
+    steps = [
+        (c2a, INIT, 0.0),
+        (a2c, init_response(0).rstrip(b"\n"), 0.25),
+        (c2a, NEW, 1.0),
+        (c2a, request(9, "session/new", {}).rstrip(b"\n"), 1.0),  # table full (max 1): untimed
+        (a2c, _frame({"id": 1, "error": {"code": -32602, "message": "bad"}}), 4.0),
+    ]
+    for direction, raw, now in steps:
+        observer.on_notes(conn.handle(direction, Line(raw)).notes, now)
+    assert metrics.ready
+    assert metrics.untracked == {(C2A,): 1}
+    assert {k: (h.count, h.total) for k, h in metrics.durations.items()} == {
+        (C2A, "initialize", "result", ""): (1, 0.25),
+        (C2A, "session/new", "error", "-32602"): (1, 3.0),
+    }
+    hist = metrics.durations[(C2A, "initialize", "result", "")]
+    assert hist.buckets[5] == 1 and sum(hist.buckets) == 1  # 0.25 is in the le="0.25" bucket
+
+
+def test_an_observer_bug_is_counted_not_raised() -> None:
+    from acp_proxy.telemetry.metrics import Metrics
+
+    metrics = Metrics(max_pending=10)
+    observer = metrics.session(object())  # type: ignore[arg-type]
+    observer.on_end(None, 0.0)  # reading the "session" fails: counted, not raised
+    assert metrics.observer_errors == 1

@@ -229,6 +229,7 @@ class Metrics:
         self.generated = _counter()  # (direction,)
         self.untracked = _counter()  # (direction,): requests not timed (table full)
         self.sessions_started = 0
+        self.observer_errors = 0  # bugs of ours, caught (see SessionMetrics.on_notes)
         self.agent_exits = _counter()  # (status,)
         self.versions = _counter()  # (version,): negotiated protocol versions
         self.durations: dict[tuple[str, str, str, str], _Histogram] = {}
@@ -492,6 +493,14 @@ class SessionMetrics:
         self._oversize_size = 0
 
     def on_notes(self, notes: tuple[Note, ...], now: float) -> None:
+        # An observer must never raise (it would stop the session): a bug here is counted in
+        # ``acp_proxy_observer_errors_total`` instead. A try block costs nothing until it fires.
+        try:
+            self._notes(notes, now)
+        except Exception:
+            self._metrics.observer_errors += 1
+
+    def _notes(self, notes: tuple[Note, ...], now: float) -> None:
         m = self._metrics
         for note in notes:
             kind = type(note)
@@ -575,6 +584,12 @@ class SessionMetrics:
 
     def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         """Errors the proxy wrote for requests left in flight: those requests got no answer."""
+        try:
+            self._generated(direction, frames, now)
+        except Exception:
+            self._metrics.observer_errors += 1
+
+    def _generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         m = self._metrics
         _bump(m.generated, (str(direction),), len(frames))
         starts = self._starts[direction.reverse]
@@ -588,6 +603,12 @@ class SessionMetrics:
                 m.observe_duration(direction.reverse, started[1], NO_ANSWER, "", now - started[0])
 
     def on_end(self, session: Any, now: float) -> None:
+        try:
+            self._ended(now)
+        except Exception:
+            self._metrics.observer_errors += 1
+
+    def _ended(self, now: float) -> None:
         m = self._metrics
         for direction, starts in self._starts.items():
             for started, label in starts.values():
