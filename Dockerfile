@@ -22,17 +22,26 @@
 #    ACP_PROXY_CONFIG environment variable. Logs go to stderr (`docker logs`), never to stdout,
 #    which carries the protocol.
 #
-# 2. Per-pod sidecar (Kubernetes): run this image in the agent's pod, listening on a socket,
-#    and let the client connect to it (socket listeners come with the --listen option):
+# 2. Per-pod sidecar (Kubernetes, deploy/kubernetes.yaml): run this image in the client's pod,
+#    listening on a Unix socket in a volume shared with the client's container:
 #
-#      args: ["--config", "/etc/acp-proxy/rules.yaml",
-#             "--listen", "tcp://0.0.0.0:7777", "--allow-remote", "--", "my-agent", "--acp"]
+#      args: ["--config", "/etc/acp-proxy/rules.yaml", "--listen", "unix:///run/acp/acp.sock",
+#             "--metrics", "tcp://0.0.0.0:9464", "--allow-remote", "--", "my-agent", "--acp"]
 #
-#    --allow-remote is required to listen on a non-loopback address: ACP carries no
-#    authentication, so expose the port only inside the pod network or behind an authenticating
-#    proxy. The agent binary must be in this container (derive the image as in 1.); mount the
-#    rules from a ConfigMap at /etc/acp-proxy/. The image runs as UID 10001, so
+#    /run/acp is created here and owned by the image's user, so a named volume or an emptyDir
+#    mounted there is writable by it. The containers of a pod share the loopback interface, so
+#    `--listen tcp://127.0.0.1:7777` works as well; never 0.0.0.0 for the ACP port unless
+#    something in front authenticates (ACP carries no authentication; --allow-remote is
+#    required for it). The metrics port above is bound on all interfaces (--allow-remote) so
+#    that the kubelet's probes and Prometheus can reach it; it serves only metrics and health.
+#    The agent binary must be in this container (derive the image as in 1.); mount the rules
+#    from a ConfigMap at /etc/acp-proxy/. The image runs as UID 10001, so
 #    `securityContext: {runAsNonRoot: true}` works as is.
+#
+# Health: with `--metrics URL` on the command line, HEALTHCHECK asks URL/healthz (the probe
+# reads PID 1's arguments: python -m acp_proxy.shell.probe); without it there is nothing to
+# ask and the check passes. ACP_PROXY_HEALTHCHECK_URL=tcp://127.0.0.1:9464 names the endpoint
+# when `metrics:` is set in the config file instead.
 
 # ---- build: install the project and its dependencies into /install (pip stays here) ----
 FROM python:3.11-slim AS build
@@ -47,9 +56,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=build /install /usr/local
 RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin acp \
-    && mkdir -p /etc/acp-proxy /work \
-    && chown acp:acp /work
+    && mkdir -p /etc/acp-proxy /work /run/acp \
+    && chown acp:acp /work /run/acp
 WORKDIR /work
 USER 10001:10001
+# The metrics and health endpoints (--metrics), by convention on 9464 (Prometheus exporters).
+EXPOSE 9464
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-m", "acp_proxy.shell.probe"]
 ENTRYPOINT ["acp-proxy"]
 CMD ["--help"]

@@ -15,8 +15,8 @@ import difflib
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from acp_proxy import __version__
 
@@ -46,6 +46,7 @@ examples:
   acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
   acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
   acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
+  acp-proxy --metrics tcp://127.0.0.1:9464 -- my-agent --acp
 
 Without a config (no --config, no ${CONFIG_ENV}) the proxy is a pure pass-through.
 stdout carries the protocol; logs go to stderr or --log-file.
@@ -177,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
+    parser.add_argument_group("telemetry").add_argument(
+        "--metrics",
+        metavar="URL",
+        help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
+        "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+    )
     return parser
 
 
@@ -218,12 +225,13 @@ def _socket_options(
         ("max_connections", "max_connections"),
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
+        ("metrics", "metrics"),
     ):
         value = getattr(args, flag)
         if value is not None:
             changes[key] = value
     config = dataclasses.replace(config, **changes) if changes else config  # type: ignore[arg-type]
-    for key, listen in (("listen", True), ("connect", False)):
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
         url = getattr(config, key)
         if url is not None:
             try:
@@ -280,7 +288,7 @@ def _run_checks(config: Config) -> list[str]:
         return f"{config.source}:{line}: {key}" if line is not None else f"{config.source}: {key}"
 
     problems: list[str] = []
-    for key, listen in (("listen", True), ("connect", False)):
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
         url = getattr(config, key)
         if url is None:
             continue
@@ -473,12 +481,36 @@ def _main(argv: Sequence[str] | None) -> int:
     if config.listen is not None:
         from acp_proxy.shell.sockets import run_listen
 
-        return anyio.run(run_supervised, run_listen, config, agent_argv)
+        return anyio.run(run_supervised, *_telemetry(config, run_listen, agent_argv))
     if config.connect is not None:
         from acp_proxy.shell.sockets import run_connect
 
-        return anyio.run(run_supervised, run_connect, config)
+        return anyio.run(run_supervised, *_telemetry(config, run_connect))
 
     from acp_proxy.shell.runtime import run_proxy
 
-    return anyio.run(run_supervised, run_proxy, config, agent_argv)
+    return anyio.run(run_supervised, *_telemetry(config, run_proxy, agent_argv))
+
+
+def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) -> tuple[Any, ...]:
+    """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
+    enabled (issue 12); unchanged, nothing imported, when not."""
+    run: tuple[Any, ...] = (main, config, *rest)
+    if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+        from acp_proxy.shell.tracing import run_with_tracing, with_trace_context
+
+        # The trace-context middleware goes last in the chain (issue 12.2).
+        config = with_trace_context(config)
+        run = (run_with_tracing, config.tracing, main, config, *rest)
+    if config.metrics is not None:
+        from acp_proxy.shell.telemetry import run_with_metrics
+
+        run = (
+            run_with_metrics,
+            config.metrics,
+            config.allow_remote,
+            config.listen is None,  # stdio, --connect: ready once the agent answered initialize
+            config.max_pending_requests,
+            *run,
+        )
+    return run

@@ -26,6 +26,7 @@ from acp_proxy.config import (
     Config,
     ConfigError,
     Kind,
+    TracingConfig,
     json_schema,
     parse_config,
     settings_table,
@@ -428,20 +429,15 @@ def test_every_config_field_is_declared() -> None:
     # Top-level settings and v1's fill Config's own fields; agent.* and coalesce.* their own.
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
     internal = {
-        "source",
-        "middleware",
-        "rule_names",
-        "rules",
-        "lines",
-        "agent",
-        "coalesce",
-        "record",
+        *("source", "middleware", "rule_names", "rules", "lines"),
+        *("agent", "coalesce", "tracing", "record"),
     }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
     for section, cls in (
         ("agent", AgentConfig),
         ("coalesce", CoalesceConfig),
         ("record", RecordConfig),
+        ("tracing", TracingConfig),
     ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}

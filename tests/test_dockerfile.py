@@ -196,4 +196,6 @@ def test_dockerignore_keeps_what_the_build_copies(
 def test_sidecar_usage_is_documented() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert "acp-proxy --config /etc/acp-proxy/rules.yaml -- my-agent" in text
-    assert '"--listen", "tcp://0.0.0.0:7777", "--allow-remote", "--", "my-agent"' in text
+    # Issue 12.3: the pod advice is a Unix socket in a shared volume (or the pod's loopback).
+    assert '"--listen", "unix:///run/acp/acp.sock",' in text
+    assert "`--listen tcp://127.0.0.1:7777` works as well" in text

@@ -10,7 +10,7 @@ import acp_proxy.middleware as public
 from acp_proxy.wire import chain
 
 PACKAGE = Path(__file__).resolve().parent.parent / "acp_proxy"
-PURE = ("meta", "wire", "config", "record")
+PURE = ("meta", "wire", "config", "record", "telemetry")
 
 
 def test_public_names_have_one_stable_path_and_the_old_one_still_works() -> None:

@@ -52,6 +52,8 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     max_connections: INT
     handshake_timeout: SECONDS
     allow_remote: BOOL
+    metrics: tcp://HOST:PORT | unix:///PATH
+    tracing: {enabled: BOOL, inject: BOOL}
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
 ``$$`` (a literal ``$``), expanded once at load time.
@@ -79,6 +81,7 @@ from acp_proxy.config.model import (
     NamedMiddleware,
     NonJsonPolicy,
     StderrMode,
+    TracingConfig,
 )
 from acp_proxy.config.parser import load_config, parse_config, parse_size
 from acp_proxy.config.reading import read_config_file, writable_by_others
@@ -117,6 +120,7 @@ __all__ = [
     "NonJsonPolicy",
     "Setting",
     "StderrMode",
+    "TracingConfig",
     "explain_config",
     "json_schema",
     "load_config",

@@ -72,6 +72,15 @@ class AgentConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry traces (issue 12.2); the exporter itself is set by the OTEL_* variables."""
+
+    enabled: bool = False
+    # Give requests that carry no ``params._meta.traceparent`` the proxy span's one.
+    inject: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -104,6 +113,8 @@ class Config:
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
     allow_remote: bool = False
+    metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order

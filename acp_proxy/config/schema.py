@@ -249,8 +249,39 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "allow_remote",
         Kind.BOOL,
-        "Allow `listen` on a non-loopback address.",
+        "Allow `listen` (and `metrics`) on a non-loopback address.",
         attr="allow_remote",
+    ),
+    Setting(
+        "metrics",
+        Kind.ADDRESS,
+        "`tcp://HOST:PORT` or `unix:///PATH`: serve `/metrics`, `/healthz` and `/readyz` there "
+        "(see [Metrics, health and tracing](#metrics-health-and-tracing)). The command line "
+        "wins.",
+        attr="metrics",
+        listen=True,
+        default_doc="off",
+    ),
+    Setting(
+        "tracing",
+        Kind.SECTION,
+        "OpenTelemetry traces (`pip install 'acp-proxy[otel]'`); the exporter is configured "
+        "by the standard `OTEL_*` environment variables.",
+        attr="tracing",
+        children=(
+            Setting(
+                "enabled",
+                Kind.BOOL,
+                "A span per JSON-RPC request crossing the proxy, exported over OTLP.",
+                attr="enabled",
+            ),
+            Setting(
+                "inject",
+                Kind.BOOL,
+                "Add the proxy span's `traceparent` to forwarded requests that carry none.",
+                attr="inject",
+            ),
+        ),
     ),
     Setting(
         "record",

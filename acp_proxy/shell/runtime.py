@@ -40,6 +40,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
+from acp_proxy.shell import hooks
 from acp_proxy.shell.framelog import FrameLog, redacted_text
 from acp_proxy.shell.logsetup import debug_enabled, get_logger
 from acp_proxy.shell.process import (
@@ -472,7 +473,8 @@ class PumpSession:
         self.config = config
         self.log = log if log is not None else get_logger()
         self._debug = debug_enabled()
-        self.observers = tuple(observers)
+        # Process-wide observers (metrics, tracing: issue 12) join the caller's.
+        self.observers = (*observers, *hooks.session_observers(self))
         # Debug frame lines (issue 11); --log-frames needs each frame's bytes: observe mode.
         self._frame_log = FrameLog(self.log, config.record) if self._debug else None
         contents = self._frame_log is not None and self._frame_log.contents
@@ -1138,6 +1140,7 @@ async def run_agent_session(
         returncode = await agent.wait()
         agent.reap_group()
         log.info("agent " + describe_status(returncode), exit_code=exit_code_of(returncode))
+        hooks.agent_exited(returncode)
         # Issue 9.4: everything the agent wrote, and the errors owed to the client, reach even a
         # slow or paused client, for up to ``drain_timeout`` after the exit; then the rest is
         # discarded, and the log says what.

@@ -38,6 +38,7 @@ import anyio.lowlevel
 import orjson
 
 from acp_proxy.config import Config
+from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
@@ -566,7 +567,9 @@ class _Server:
                 async with anyio.create_task_group() as accepting:
                     for sock in self.listener.sockets:
                         accepting.start_soon(self._accept_loop, sock, conns)
+                    hooks.listening(True)
                     await self.stopping.wait()
+                    hooks.listening(False)
                     accepting.cancel_scope.cancel()
                 self.listener.close()  # stop accepting; the Unix socket file goes now
                 bound = shutdown_bound_s(self.config)

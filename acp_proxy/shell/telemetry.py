@@ -1,0 +1,196 @@
+"""The metrics and health endpoints (issue 12.1): a tiny HTTP/1.1 responder on the proxy's loop.
+
+Contract: owns the ``--metrics`` listener and what it answers: ``GET /metrics`` (the Prometheus
+text format, rendered by ``prometheus_client`` from ``telemetry.metrics.Metrics``), ``/healthz``
+(200 while the proxy runs) and ``/readyz`` (200 once the agent answered ``initialize``; with
+``--listen``, while the listener accepts). It never touches a session's streams: sessions report
+through ``shell.hooks``, and the scrape reads counters and live sessions' sizes.
+
+Why a responder of our own on the event loop rather than ``prometheus_client``'s
+``start_http_server``: that server is a thread per scrape that reads the counters while the loop
+writes them (our counters are lock-free dicts, safe only on the loop's thread); it binds any
+address it is given (our loopback rule would have to be checked beside it), and it starts a
+thread at start-up. Three GET paths need 100 lines: bind through ``sockets.open_listener`` (same
+URL syntax, loopback rule and Unix socket handling as ``--listen``), read one request head
+(bounded: 8 KiB, 10 s), answer, close. A slow scraper holds one task, never a session.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from acp_proxy import __version__
+from acp_proxy.shell import hooks
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.sockets import (
+    AddressError,
+    ListenError,
+    SocketStream,
+    close_with,
+    open_listener,
+    parse_address,
+)
+from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
+
+MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
+HEAD_TIMEOUT_S = 10.0
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+MAX_CLIENTS = 16  # scrapes and probes at once; more wait in the listen backlog
+
+
+class Telemetry:
+    """The ``ProcessObserver`` behind ``--metrics``: feeds ``Metrics`` and renders it."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        from prometheus_client import CollectorRegistry, ProcessCollector
+        from prometheus_client.core import GaugeMetricFamily
+
+        self.metrics = metrics
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(metrics)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...: what
+        # every Prometheus target is expected to export (read from /proc at scrape time).
+        ProcessCollector(registry=self.registry)
+
+        class _Build:
+            def collect(self) -> Any:
+                info = GaugeMetricFamily(
+                    "acp_proxy_build_info", "The running version (always 1).", labels=["version"]
+                )
+                info.add_metric([__version__], 1)
+                yield info
+
+        self.registry.register(_Build())
+
+    # -- hooks.ProcessObserver ------------------------------------------------------------------
+
+    def session_observer(self, session: Any) -> SessionMetrics:
+        return self.metrics.session(session)
+
+    def agent_exited(self, returncode: int) -> None:
+        self.metrics.agent_exited(returncode)
+
+    def listening(self, accepting: bool) -> None:
+        if not self.metrics.ready_on_initialize:
+            self.metrics.ready = accepting
+
+    # -- HTTP ------------------------------------------------------------------------------------
+
+    def respond(self, method: str, path: str) -> tuple[str, str, bytes]:
+        """(status line text, content type, body) for one request."""
+        path = path.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain; charset=utf-8", b"GET only\n"
+        if path == "/metrics":
+            from prometheus_client.exposition import generate_latest
+
+            # The classic text format: what every Prometheus version and scraper reads.
+            return "200 OK", TEXT_FORMAT, generate_latest(self.registry)
+        if path == "/healthz":
+            return "200 OK", "text/plain; charset=utf-8", b"ok\n"
+        if path == "/readyz":
+            if self.metrics.ready:
+                return "200 OK", "text/plain; charset=utf-8", b"ready\n"
+            why = (
+                b"not ready: the agent has not answered initialize\n"
+                if self.metrics.ready_on_initialize
+                else b"not ready: not accepting connections\n"
+            )
+            return "503 Service Unavailable", "text/plain; charset=utf-8", why
+        return "404 Not Found", "text/plain; charset=utf-8", b"/metrics, /healthz, /readyz\n"
+
+    async def _client(self, client: socket.socket, slots: anyio.Semaphore) -> None:
+        stream = SocketStream(client)
+        try:
+            head = b""
+            with anyio.move_on_after(HEAD_TIMEOUT_S):
+                while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
+                    try:
+                        head += await stream.receive(MAX_HEAD)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+            parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
+            if len(parts) == 3 and parts[2].startswith(b"HTTP/"):
+                method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+                status, ctype, body = self.respond(method, path)
+            else:
+                method = "GET"
+                status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
+            response = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1")
+            await close_with(stream, response if method == "HEAD" else response + body)
+        finally:
+            slots.release()
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled."""
+        slots = anyio.Semaphore(MAX_CLIENTS)
+        async with anyio.create_task_group() as tg:
+            while True:
+                await slots.acquire()
+                while True:
+                    try:
+                        client, _ = sock.accept()
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_readable(sock)
+                    except OSError as exc:
+                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
+                            continue
+                        # Out of descriptors or similar: back off, the sessions come first.
+                        await anyio.sleep(0.1)
+                tg.start_soon(self._client, client, slots)
+
+
+async def run_with_metrics(
+    url: str,
+    allow_remote: bool,
+    ready_on_initialize: bool,
+    max_pending: int,
+    main: Callable[..., Awaitable[int]],
+    *args: Any,
+) -> int:
+    """Serve the endpoints on ``url`` while ``main(*args)`` runs; returns its exit code.
+
+    The listener is bound before ``main`` starts (a probe never sees a half-started proxy);
+    when it cannot be bound the proxy exits 1 (2 for a non-loopback address without
+    ``allow_remote``) before spawning anything.
+    """
+    log = get_logger()
+    try:
+        address = parse_address(url, listen=True)
+        listener = await open_listener(address, allow_remote=allow_remote, log=log)
+    except AddressError as exc:
+        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        log.error("cannot serve metrics", error=str(exc))
+        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
+        return exc.exit_code
+    telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
+    log.info(
+        "serving metrics",
+        address=str(listener.address),
+        paths=["/metrics", "/healthz", "/readyz"],
+    )
+    hooks.install(telemetry)
+    try:
+        async with anyio.create_task_group() as tg:
+            for sock in listener.sockets:
+                tg.start_soon(telemetry.serve, sock)
+            code = await main(*args)
+            tg.cancel_scope.cancel()
+    finally:
+        hooks.uninstall(telemetry)
+        listener.close()
+    return code
