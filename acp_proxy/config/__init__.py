@@ -72,11 +72,9 @@ import re
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import orjson
-import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from acp_proxy.config.rules import (
     KNOWN_UPDATE_KINDS,
@@ -91,6 +89,10 @@ from acp_proxy.config.rules import (
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.wire.chain import BaseMiddleware, Chain, Link, MessageContext, Middleware, Verdict
+
+if TYPE_CHECKING:
+    import yaml
+    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Issue 10, "bounded memory" (README "Bounds"): a frame is parsed only when its estimated parsed
@@ -1507,79 +1509,99 @@ class _Refused(Exception):
         self.mark, self.reason = mark, reason
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader's composer with bounded aliases and nesting, and only the core tags.
+def _import_yaml() -> type[Any]:
+    """Import PyYAML on first use and return the bounded loader class.
 
-    PyYAML composes an alias as a shared reference to the anchored node, so a few hundred bytes
-    can describe billions of values once walked, and ``&a [*a]`` describes an infinite one. Here
-    each anchored node's expanded size is measured as it is composed; every alias adds it to a
-    budget, and an alias to a node still being composed (a cycle) is refused.
+    Start-up (issue 13): a proxy started without a config file never loads PyYAML; the names
+    ``yaml``, ``MappingNode``, ``Node``, ``ScalarNode`` and ``SequenceNode`` become this module's
+    globals here, before anything that uses them at run time can run (every use follows a
+    parse, and every parse starts here).
     """
+    global yaml, MappingNode, Node, ScalarNode, SequenceNode, _loader_class  # noqa: PLW0603
+    if _loader_class is not None:
+        return _loader_class
+    import yaml
+    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._aliases = 0
-        self._values = 0  # values composed so far, counting each alias at its expanded size
-        self._alias_values = 0  # the part the aliases added
-        self._sizes: dict[str, int] = {}  # anchor -> expanded size of its node
-        self._open: set[str] = set()  # anchors whose node is being composed
-        self._depth = 0
+    class _BoundedLoader(yaml.SafeLoader):
+        """SafeLoader's composer with bounded aliases and nesting, and only the core tags.
 
-    def compose_node(self, parent: Node | None, index: int) -> Node | None:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if isinstance(event, yaml.AliasEvent):
-            anchor = event.anchor
-            if anchor in self._open:
+        PyYAML composes an alias as a shared reference to the anchored node, so a few hundred bytes
+        can describe billions of values once walked, and ``&a [*a]`` describes an infinite one. Here
+        each anchored node's expanded size is measured as it is composed; every alias adds it to a
+        budget, and an alias to a node still being composed (a cycle) is refused.
+        """
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._aliases = 0
+            self._values = 0  # values composed so far, counting each alias at its expanded size
+            self._alias_values = 0  # the part the aliases added
+            self._sizes: dict[str, int] = {}  # anchor -> expanded size of its node
+            self._open: set[str] = set()  # anchors whose node is being composed
+            self._depth = 0
+
+        def compose_node(self, parent: Node | None, index: int) -> Node | None:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            if isinstance(event, yaml.AliasEvent):
+                anchor = event.anchor
+                if anchor in self._open:
+                    raise _Refused(
+                        event.start_mark,
+                        f'recursive alias "*{anchor}": it is inside the value its anchor '
+                        f'"&{anchor}" names, so the value would be infinite',
+                    )
+                if anchor in self._sizes:
+                    self._aliases += 1
+                    if self._aliases > MAX_ALIASES:
+                        raise _Refused(
+                            event.start_mark,
+                            f"too many aliases: more than {MAX_ALIASES} uses of *name in one file",
+                        )
+                    size = self._sizes[anchor]
+                    self._values += size
+                    self._alias_values += size
+                    if self._alias_values > MAX_ALIAS_NODES:
+                        raise _Refused(
+                            event.start_mark,
+                            f"the aliases expand to more than {MAX_ALIAS_NODES} values (a YAML "
+                            '"billion laughs"?): write the values out, or use fewer nested aliases',
+                        )
+                return super().compose_node(parent, index)
+            tag = getattr(event, "tag", None)
+            if tag is not None and tag != "!" and tag not in _CORE_TAGS:
+                shown = "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else tag
                 raise _Refused(
                     event.start_mark,
-                    f'recursive alias "*{anchor}": it is inside the value its anchor "&{anchor}" '
-                    "names, so the value would be infinite",
+                    f"unknown tag {shown}: only the standard YAML tags (!!str, !!int, !!float, "
+                    "!!bool, !!null, !!seq, !!map) are allowed; remove the tag",
                 )
-            if anchor in self._sizes:
-                self._aliases += 1
-                if self._aliases > MAX_ALIASES:
-                    raise _Refused(
-                        event.start_mark,
-                        f"too many aliases: more than {MAX_ALIASES} uses of *name in one file",
-                    )
-                size = self._sizes[anchor]
-                self._values += size
-                self._alias_values += size
-                if self._alias_values > MAX_ALIAS_NODES:
-                    raise _Refused(
-                        event.start_mark,
-                        f"the aliases expand to more than {MAX_ALIAS_NODES} values (a YAML "
-                        '"billion laughs"?): write the values out, or use fewer nested aliases',
-                    )
-            return super().compose_node(parent, index)
-        tag = getattr(event, "tag", None)
-        if tag is not None and tag != "!" and tag not in _CORE_TAGS:
-            shown = "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else tag
-            raise _Refused(
-                event.start_mark,
-                f"unknown tag {shown}: only the standard YAML tags (!!str, !!int, !!float, "
-                "!!bool, !!null, !!seq, !!map) are allowed; remove the tag",
-            )
-        anchor = getattr(event, "anchor", None)
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise _Refused(
-                event.start_mark,
-                f"nested too deeply: more than {MAX_DEPTH} levels of lists and mappings",
-            )
-        start = self._values
-        self._values += 1
-        if anchor is not None:
-            self._open.add(anchor)
-        try:
-            node = super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+            anchor = getattr(event, "anchor", None)
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                raise _Refused(
+                    event.start_mark,
+                    f"nested too deeply: more than {MAX_DEPTH} levels of lists and mappings",
+                )
+            start = self._values
+            self._values += 1
             if anchor is not None:
-                self._open.discard(anchor)
-        if anchor is not None:
-            self._sizes[anchor] = self._values - start
-        return node
+                self._open.add(anchor)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+                if anchor is not None:
+                    self._open.discard(anchor)
+            if anchor is not None:
+                self._sizes[anchor] = self._values - start
+            return node
+
+    _loader_class = _BoundedLoader
+    return _BoundedLoader
+
+
+_loader_class: type[Any] | None = None
 
 
 def _mark_char(mark: Any) -> str:
@@ -1688,7 +1710,7 @@ def parse_config(
     ``instantiate=False`` (``check-config``): user middleware classes are imported and checked
     but never called.
     """
-    loader = _BoundedLoader(text)
+    loader = _import_yaml()(text)
     try:
         try:
             root = loader.get_single_node()
