@@ -15,7 +15,9 @@ Scenarios:
   3. round-trip latency of sequential small request/response pairs, direct vs through the proxy;
   4. peak RSS (``ru_maxrss``, via bench/spawn_rusage.c) with a 10 MB line, over a ~1 GB stream
      against one pass, and with a slow client (coalescing on and off);
-  5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row.
+  5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row;
+  6. start-up wall and CPU time of ``acp-proxy -- true`` against the minimal relay's
+     (``bench/startup.py``).
 
 Usage: ``python bench/run.py`` (full, ~50 MB per data set) or ``python bench/run.py --quick``
 (seconds; the CI smoke run); ``--out results.json``; ``--help`` for the rest.
@@ -117,8 +119,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument(
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
-        default={1, 2, 3, 4, 5},
-        help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs)",
+        default={1, 2, 3, 4, 5, 6},
+        help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs; "
+        "6 is start-up)",
     )
     ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")
@@ -1314,6 +1317,13 @@ def markdown(result: dict[str, Any]) -> str:
             + ([st, ""] if st else [fmt(r["metrics"]["mb_s"]), fmt(r["ratios"]["stdio"], 2)])
         )
     table(["transport", "MB/s", "vs stdio"], body)
+    if result.get("startup"):
+        import startup  # bench/startup.py
+
+        out.append("### 6. Start-up (stdin at EOF; the proxy spawns `true`; see bench/startup.py)")
+        out.append("")
+        out.append(startup.markdown(result["startup"]))
+        out.append("")
     return "\n".join(out)
 
 
@@ -1350,6 +1360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if 5 in scenarios:
             log("scenario 5: sockets")
             rows += scenario_sockets(h, log)
+        startup_result: dict[str, Any] | None = None
+        if 6 in scenarios and h.proxy_error is None:
+            log("scenario 6: start-up")
+            import startup  # bench/startup.py
+
+            startup_result = startup.run(5 if s.quick else 20)
     finally:
         shutil.rmtree(s.work_dir, ignore_errors=True)
     result: dict[str, Any] = {
@@ -1373,6 +1389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_end": os.getloadavg(),
         },
         "rows": [r.to_json() for r in rows],
+        "startup": startup_result,
     }
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
