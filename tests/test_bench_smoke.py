@@ -116,7 +116,11 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
 
 def test_json_has_the_documented_keys(quick_run: tuple[dict[str, Any], str]) -> None:
     result, _ = quick_run
-    assert set(result) == {"schema", "meta", "rows"}
+    assert set(result) == {"schema", "meta", "rows", "startup"}
+    startup = result["startup"]  # scenario 6 (issue 13): every variant, one number per rep
+    assert set(startup) == {"reps", "wall_s", "cpu_s", "vs_relay", "cpu_vs_relay"}
+    assert set(startup["wall_s"]) == {"python-S", "python", "relay", "anyio", "proxy"}
+    assert all(len(xs) == startup["reps"] for xs in startup["cpu_s"].values())
     assert result["schema"] == "acp-proxy-bench/1"
     assert set(result["meta"]) == META_KEYS
     assert result["meta"]["quick"] is True
