@@ -215,8 +215,6 @@ def _socket_options(
 ) -> Config:
     """The config with the socket flags applied (the command line wins over the file), the
     addresses checked (usage error, exit 2, before anything is spawned or bound)."""
-    from acp_proxy.shell.sockets import AddressError, parse_address
-
     changes: dict[str, object] = {}
     for flag, key in (
         ("listen", "listen"),
@@ -234,6 +232,9 @@ def _socket_options(
     for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
         url = getattr(config, key)
         if url is not None:
+            # Imported only here: stdio mode never loads the socket layer (start-up, issue 13).
+            from acp_proxy.shell.sockets import AddressError, parse_address
+
             try:
                 parse_address(url, listen=listen)
             except AddressError as exc:

@@ -15,7 +15,9 @@ Scenarios:
   3. round-trip latency of sequential small request/response pairs, direct vs through the proxy;
   4. peak RSS (``ru_maxrss``, via bench/spawn_rusage.c) with a 10 MB line, over a ~1 GB stream
      against one pass, and with a slow client (coalescing on and off);
-  5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row.
+  5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row;
+  6. start-up wall and CPU time of ``acp-proxy -- true`` against the minimal relay's
+     (``bench/startup.py``).
 
 Usage: ``python bench/run.py`` (full, ~50 MB per data set) or ``python bench/run.py --quick``
 (seconds; the CI smoke run); ``--out results.json``; ``--help`` for the rest.
@@ -24,6 +26,7 @@ Usage: ``python bench/run.py`` (full, ~50 MB per data set) or ``python bench/run
 from __future__ import annotations
 
 import argparse
+import compileall
 import dataclasses
 import datetime
 import json
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import setup_peers
 from generate import DEFAULT_SEED, Dataset, ensure, parse_size
 
 BENCH = Path(__file__).resolve().parent
@@ -75,6 +79,11 @@ VARIANT_TITLES = {
     "proxy-example": "acp-proxy, config/example.yaml",
 }
 PROFILES = (("mixed", 2), ("mixed", 1), ("chunks", 2))
+# Issue 13: the peers in scenario 3 (installed by bench/setup_peers.py into the build dir).
+PEER_TITLES = {
+    "conductor": "TypeScript conductor (@thinkwell/conductor, no components)",
+    "sdk-relay": "Python SDK relay (agent-client-protocol Connection each way)",
+}
 # The ratio columns of scenarios 1 and 2: each row divided by these baselines, rep by rep.
 RATIO_BASES = ("py-line", "py-inject", "c-relay")
 
@@ -117,8 +126,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument(
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
-        default={1, 2, 3, 4, 5},
-        help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs)",
+        default={1, 2, 3, 4, 5, 6},
+        help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs; "
+        "6 is start-up)",
     )
     ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")
@@ -277,6 +287,7 @@ class Harness:
         self.launcher: Path | None = None  # bench/spawn_rusage.c, for exact ru_maxrss
         self.c_error: str | None = None
         self.proxy_error: str | None = None
+        self.peer_errors: dict[str, str | None] = {}  # issue 13: peer -> why it is skipped
         self.crcs: dict[str, int] = {}
         self.counter = 0
 
@@ -316,7 +327,10 @@ class Harness:
         return Exit(rx.code, cpu, rss) if rss else rx
 
     def check_proxy(self) -> None:
-        """The proxy runs when ``python -m acp_proxy --help`` exits 0."""
+        """The proxy runs when ``python -m acp_proxy --help`` exits 0. Its package is
+        byte-compiled first, as an installed copy is (with ``PYTHONDONTWRITEBYTECODE`` set, every
+        start would otherwise compile the sources and count that as start-up CPU)."""
+        compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
         try:
             res = subprocess.run(
                 [PY, "-m", "acp_proxy", "--help"],
@@ -709,22 +723,38 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "direct": "client -> echo agent, direct",
         "proxy-passthrough": "through acp-proxy (pass-through)",
     }
+    title.update(PEER_TITLES)
     variants = ["direct", "proxy-passthrough"]
     reason = h.skip_reason("proxy-passthrough")
     if reason:
         variants = ["direct"]
     agent = [PY, str(BENCH / "echo_agent.py")]
+    peer_argv = {
+        "conductor": ["node", str(BENCH / "peer_conductor.mjs"), *agent],
+        "sdk-relay": [PY, str(BENCH / "peer_sdk_relay.py"), *agent],
+    }
+    peer_env = {
+        "conductor": env_with(CONDUCTOR_MODULE=str(setup_peers.conductor_module(s.build_dir))),
+        "sdk-relay": env_with(PYTHONPATH=str(setup_peers.sdk_path(s.build_dir))),
+    }
+    variants += [v for v in PEER_TITLES if h.peer_errors.get(v) is None]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stderr_path = h.tmp("latency-proxy-stderr.log")
     with open(stderr_path, "wb") as err:
         for v in variants:
-            argv = agent if v == "direct" else h.proxy_argv(s.passthrough_config, agent)
+            argv = (
+                agent
+                if v == "direct"
+                else peer_argv[v]
+                if v in peer_argv
+                else h.proxy_argv(s.passthrough_config, agent)
+            )
             procs[v] = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err if v != "direct" else None,
-                env=env_with(),
+                env=peer_env.get(v) or env_with(),
                 start_new_session=True,
             )
     clients = {v: LineClient(p) for v, p in procs.items()}
@@ -772,9 +802,10 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         proc.stdout.close()
     rows: list[Row] = []
     pct: dict[str, dict[str, float]] = {}
-    for v in ["direct", "proxy-passthrough"]:
+    for v in ["direct", "proxy-passthrough", *PEER_TITLES]:
         if v not in variants:
-            rows.append(skipped(3, "rtt-v2", v, title[v], reason or "unavailable"))
+            why = h.peer_errors.get(v) if v in PEER_TITLES else reason
+            rows.append(skipped(3, "rtt-v2", v, title[v], why or "unavailable"))
             continue
         xs = sorted(samples[v])
         if v in errors or not xs:
@@ -810,6 +841,30 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         )
     else:
         rows.append(skipped(3, "rtt-v2", "added", added_title, reason or "a side failed"))
+    # Issue 13: what each peer adds, and the proxy's added latency as a fraction of it.
+    for peer, peer_title in PEER_TITLES.items():
+        if "direct" not in pct or peer not in pct:
+            why = h.peer_errors.get(peer) or errors.get(peer) or "a side failed"
+            rows.append(skipped(3, "rtt-v2", f"added-{peer}", f"added by {peer_title}", why))
+            continue
+        d, p = pct["direct"], pct[peer]
+        added = {k: p[k] - d[k] for k in ("p50_us", "p99_us", "max_us")}
+        ratios: dict[str, float] = {}
+        if "proxy-passthrough" in pct:
+            q = pct["proxy-passthrough"]
+            for k in ("p50_us", "p99_us"):
+                if added[k] > 0:
+                    ratios[k] = (q[k] - d[k]) / added[k]
+        rows.append(
+            Row(
+                3,
+                "rtt-v2",
+                f"added-{peer}",
+                f"added by {peer_title} (peer - direct)",
+                metrics=added,
+                ratios=ratios,
+            )
+        )
     return rows
 
 
@@ -1231,17 +1286,22 @@ def markdown(result: dict[str, Any]) -> str:
         if r["scenario"] != 3:
             continue
         st = status(r)
-        mm = r["metrics"]
+        mm, rr = r["metrics"], r.get("ratios") or {}
+        vs = f"{fmt(rr.get('p50_us'), 2)} / {fmt(rr.get('p99_us'), 2)}" if rr else ""
         body.append(
             [r["title"]]
             + (
-                [st, "", ""]
+                [st, "", "", ""]
                 if st
-                else [fmt(mm["p50_us"], 0), fmt(mm["p99_us"], 0), fmt(mm["max_us"], 0)]
+                else [fmt(mm["p50_us"], 0), fmt(mm["p99_us"], 0), fmt(mm["max_us"], 0), vs]
             )
         )
-    table(["path", "p50", "p99", "max"], body)
-    out.append("Targets for the added latency: p50 ≤ 100 µs, p99 ≤ 500 µs.")
+    table(["path", "p50", "p99", "max", "proxy's added ÷ this peer's (p50 / p99)"], body)
+    out.append(
+        "Targets for the added latency: p50 ≤ 100 µs, p99 ≤ 500 µs; issue 13: ≤ 0.6 x the "
+        "conductor's added p50 and ≤ 0.5 x its p99. The peers renumber request ids (the echo "
+        "agent answers the ids it receives)."
+    )
     out.append("")
 
     out.append("### 4. Peak RSS")
@@ -1314,6 +1374,13 @@ def markdown(result: dict[str, Any]) -> str:
             + ([st, ""] if st else [fmt(r["metrics"]["mb_s"]), fmt(r["ratios"]["stdio"], 2)])
         )
     table(["transport", "MB/s", "vs stdio"], body)
+    if result.get("startup"):
+        import startup  # bench/startup.py
+
+        out.append("### 6. Start-up (stdin at EOF; the proxy spawns `true`; see bench/startup.py)")
+        out.append("")
+        out.append(startup.markdown(result["startup"]))
+        out.append("")
     return "\n".join(out)
 
 
@@ -1330,6 +1397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         h.build_c()
         h.check_proxy()
+        # Issue 13: the peers (installed here unless --quick, which only uses what is there).
+        h.peer_errors = setup_peers.ensure(s.build_dir, install=not s.quick)
+        for peer, why in h.peer_errors.items():
+            if why:
+                log(f"peer {peer} skipped: {why}")
         if h.c_error:
             log(f"C relay skipped: {h.c_error}")
         if h.proxy_error:
@@ -1350,6 +1422,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if 5 in scenarios:
             log("scenario 5: sockets")
             rows += scenario_sockets(h, log)
+        startup_result: dict[str, Any] | None = None
+        if 6 in scenarios and h.proxy_error is None:
+            log("scenario 6: start-up")
+            import startup  # bench/startup.py
+
+            startup_result = startup.run(5 if s.quick else 20)
     finally:
         shutil.rmtree(s.work_dir, ignore_errors=True)
     result: dict[str, Any] = {
@@ -1373,6 +1451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_end": os.getloadavg(),
         },
         "rows": [r.to_json() for r in rows],
+        "startup": startup_result,
     }
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)

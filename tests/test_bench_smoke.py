@@ -35,7 +35,18 @@ THROUGHPUT_VARIANTS = (
 )
 EXPECTED_IDS = (
     {f"s{n}/{p}/{v}" for n in (1, 2) for p in PROFILES for v in THROUGHPUT_VARIANTS}
-    | {f"s3/rtt-v2/{v}" for v in ("direct", "proxy-passthrough", "added")}
+    | {
+        f"s3/rtt-v2/{v}"
+        for v in (
+            "direct",
+            "proxy-passthrough",
+            "added",
+            "conductor",
+            "sdk-relay",
+            "added-conductor",
+            "added-sdk-relay",
+        )
+    }
     | {f"s4/bigline/{v}" for v in ("py-line", "py-inject", "proxy-passthrough", "proxy-annotate")}
     | {f"s4/slow-client/{v}" for v in ("py-line", "proxy-coalesce-on", "proxy-coalesce-off")}
     | {f"s4/long-stream/{v}" for v in ("proxy-1x", "proxy-long")}
@@ -43,7 +54,8 @@ EXPECTED_IDS = (
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
 # (parallel development), sockets not implemented yet (issue 5), example config absent.
-MAY_SKIP_VARIANTS = ("c-relay", "proxy", "stdio", "tcp", "unix", "added")
+# Issue 13: the peers are skipped where bench/setup_peers.py has not installed them (--quick).
+MAY_SKIP_VARIANTS = ("c-relay", "proxy", "stdio", "tcp", "unix", "added", "conductor", "sdk-relay")
 ROW_KEYS = {"id", "scenario", "profile", "variant", "title", "status", "reason"} | {
     "metrics",
     "ratios",
@@ -116,7 +128,11 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
 
 def test_json_has_the_documented_keys(quick_run: tuple[dict[str, Any], str]) -> None:
     result, _ = quick_run
-    assert set(result) == {"schema", "meta", "rows"}
+    assert set(result) == {"schema", "meta", "rows", "startup"}
+    startup = result["startup"]  # scenario 6 (issue 13): every variant, one number per rep
+    assert set(startup) == {"reps", "wall_s", "cpu_s", "vs_relay", "cpu_vs_relay"}
+    assert set(startup["wall_s"]) == {"python-S", "python", "relay", "anyio", "proxy"}
+    assert all(len(xs) == startup["reps"] for xs in startup["cpu_s"].values())
     assert result["schema"] == "acp-proxy-bench/1"
     assert set(result["meta"]) == META_KEYS
     assert result["meta"]["quick"] is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -217,3 +218,20 @@ def test_check_config_into_a_closed_pipe_exits_141_without_traceback() -> None:
         os.close(write_end)
     assert done.returncode == 141
     assert done.stderr == b""
+
+
+def test_stdio_start_up_loads_neither_yaml_nor_the_socket_layer() -> None:
+    """Start-up (issue 13): ``acp-proxy -- AGENT`` without a config file imports only what
+    stdio mode needs: no PyYAML, no socket layer, no demo."""
+
+    code = (
+        "import sys\n"
+        "from acp_proxy import cli\n"
+        "rc = cli.main(['--log-level', 'error', '--', 'true'])\n"
+        "print(rc, sorted(m for m in sys.modules if m.split('.')[0] == 'yaml'"
+        " or m in ('acp_proxy.shell.sockets', 'acp_proxy.demo')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=60, check=True
+    ).stdout
+    assert out == b"0 []\n"

@@ -66,7 +66,9 @@ The rooms of this package: ``model`` (the values: ``Config`` and its sections, `
 
 from __future__ import annotations
 
-from acp_proxy.config.explain import explain_config
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 from acp_proxy.config.model import (
     BUFFER_SLACK_BYTES,
     DEFAULT_MAX_BUFFER_BYTES,
@@ -83,8 +85,6 @@ from acp_proxy.config.model import (
     StderrMode,
     TracingConfig,
 )
-from acp_proxy.config.parser import load_config, parse_config, parse_size
-from acp_proxy.config.reading import read_config_file, writable_by_others
 from acp_proxy.config.schema import (
     MATCH_KEYS,
     MIDDLEWARE_FIELDS,
@@ -97,6 +97,45 @@ from acp_proxy.config.schema import (
     json_schema,
     settings_table,
 )
+
+if TYPE_CHECKING:
+    from acp_proxy.config.explain import explain_config
+    from acp_proxy.config.parser import parse_config, parse_size
+    from acp_proxy.config.reading import read_config_file, writable_by_others
+
+# Start-up (issue 13): the modules that need PyYAML (``parser``, ``reading``) and ``explain`` are
+# imported on first use, so a proxy started without a config file never loads PyYAML.
+_LAZY = {
+    "explain_config": "acp_proxy.config.explain",
+    "parse_config": "acp_proxy.config.parser",
+    "parse_size": "acp_proxy.config.parser",
+    "read_config_file": "acp_proxy.config.reading",
+    "writable_by_others": "acp_proxy.config.reading",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'acp_proxy.config' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def load_config(
+    path: str | None, environ: Mapping[str, str], *, instantiate: bool = True
+) -> Config:
+    """Read and validate ``path`` (``None``: pure pass-through, without loading PyYAML).
+    Raises ``ConfigError``."""
+    if path is None:
+        return Config()
+    from acp_proxy.config.parser import load_config as load
+
+    return load(path, environ, instantiate=instantiate)
+
 
 __all__ = [
     "BUFFER_SLACK_BYTES",

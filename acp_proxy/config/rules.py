@@ -20,14 +20,16 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
 from acp_proxy.meta import registry
 from acp_proxy.meta.annotate import (
+    NEEDS_SPLIT,
     AnnotateStatus,
     Annotation,
     V1MetaStore,
     V1Mode,
     annotate_message,
+    v2_meta_after,
 )
 from acp_proxy.wire.chain import (
     FORWARD,
@@ -240,6 +242,40 @@ def edit_params_meta(message: JsonObject, annotation: Annotation) -> JsonObject 
     return {**message, "params": {**params, "_meta": new}}
 
 
+_V2_UPSERTS: Final = registry.UPSERT_KINDS[2]
+
+
+def _writes_back(value: JsonValue) -> bool:
+    """Whether orjson writes ``value`` and reads it back as the same JSON (no NaN, no big int)."""
+    try:
+        return _same_json(orjson.loads(orjson.dumps(value)), value)
+    except (TypeError, orjson.JSONDecodeError):
+        return False
+
+
+def _fused_table(
+    compiled: Sequence[_Compiled],
+) -> dict[Direction, tuple[tuple[frozenset[str], bool, Annotation], ...]] | None:
+    """``RulesMiddleware._fused``: per direction, the rules that may match a `session/update`."""
+    for c in compiled:
+        if c.rule.target is not RuleTarget.ENTITY or not _writes_back(dict(c.rule.set_meta)):
+            return None
+    table = {}
+    for direction in Direction:
+        entries = []
+        for c in compiled:
+            if direction not in c.directions:
+                continue
+            if c.exact_method is not None and c.exact_method != registry.SESSION_UPDATE:
+                continue
+            if c.method_regex is not None and c.method_regex.match(registry.SESSION_UPDATE) is None:
+                continue
+            # No kind filter, or ``upserts``: every upsert matches; else the kinds listed.
+            entries.append((c.kinds, not c.filter_kinds or c.upserts, c.annotation))
+        table[direction] = tuple(entries)
+    return table
+
+
 # In stateful v1 mode the middleware must see every v1 upsert sent to the client, matched by a
 # rule or not, to keep its copy of the client's metadata current (``V1MetaStore.observe``).
 _V1_UPSERT_NEEDLES: Final = (
@@ -287,6 +323,11 @@ class RulesMiddleware(BaseMiddleware):
         )
         self.last_changed_by: tuple[str, ...] = ()
         self.last_skipped_v1: tuple[str, ...] = ()
+        # The fused v2 path (issue 13, ``fused_v2``): per direction, the entity rules that can
+        # match a `session/update`, as (kinds, any upsert, annotation); None when a rule rules
+        # it out (a message-target rule, or a value orjson would not write back as it is).
+        self._fused: dict[Direction, tuple[tuple[frozenset[str], bool, Annotation], ...]] | None
+        self._fused = _fused_table(self._compiled)
 
     @property
     def name(self) -> str:
@@ -302,6 +343,52 @@ class RulesMiddleware(BaseMiddleware):
     def v1_store(self) -> V1MetaStore | None:
         """The connection's v1 metadata store (``V1Mode.STATEFUL`` only)."""
         return self._v1_store
+
+    @property
+    def fusable(self) -> bool:
+        """Whether ``fused_v2`` can answer for this rule set (the pipeline asks once)."""
+        return self._fused is not None
+
+    def fused_v2(
+        self, message: JsonObject, direction: Direction
+    ) -> tuple[JsonObject, JsonValue] | Omitted | None:
+        """The common case of a v2 connection without building a message (issue 13).
+
+        For a v2 `session/update` upsert notification: ``OMITTED`` when the rules leave it as it
+        is, or ``(update, meta)``, the message's ``params.update`` object and the `_meta` value
+        the matching rules give it (``v2_meta_after``); the caller sets ``update["_meta"]``
+        itself and encodes only that member. ``None`` for anything else (another method, a
+        malformed or non-upsert update, a clear to split): ``__call__`` decides. The answer is
+        the one ``__call__`` gives on a message of version 2, exactly; it does not set
+        ``last_changed_by`` (only the debug log names the rules, and debug logging takes the
+        general path).
+        """
+        table = self._fused
+        if table is None or message.get("method") != registry.SESSION_UPDATE:
+            return None
+        params = message.get("params")
+        if type(params) is not dict or type(params.get("sessionId")) is not str:
+            return None
+        update = params.get("update")
+        if type(update) is not dict:
+            return None
+        kind = update.get("sessionUpdate")
+        spec = _V2_UPSERTS.get(kind) if type(kind) is str else None
+        if spec is None:
+            return None
+        if spec.key_field is not None and type(update.get(spec.key_field)) is not str:
+            return None  # not an upsert to registry.find_upsert: no entity rule applies
+        annotations = [
+            a for kinds, any_upsert, a in table[direction] if any_upsert or kind in kinds
+        ]
+        if not annotations:
+            return OMITTED
+        meta = v2_meta_after(update, annotations)
+        if meta is OMITTED:
+            return OMITTED
+        if meta is NEEDS_SPLIT:
+            return None
+        return update, meta
 
     def _matches(
         self, c: _Compiled, message: JsonObject, ctx: MessageContext, version: int

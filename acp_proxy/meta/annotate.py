@@ -28,8 +28,9 @@ import enum
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
+from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue, Omitted
 from acp_proxy.meta.patch import as_patch
 from acp_proxy.meta.registry import (
     REQUEST_PERMISSION,
@@ -365,3 +366,56 @@ def annotate_message(
     if version == 2:
         return _annotate_v2(message, site, annotation)
     return _annotate_v1(message, site, annotation, v1_mode, v1_store)
+
+
+# --- The fused v2 path (issue 13) ----------------------------------------------------------------
+
+# ``v2_meta_after``'s answer when an annotation would split the update (a clear followed by the
+# annotation): the general path (``annotate_message``) must handle it.
+NEEDS_SPLIT: Final = "needs-split"
+
+
+def v2_meta_after(
+    update: JsonObject, annotations: Sequence[Annotation]
+) -> JsonValue | Omitted | str:
+    """The v2 upsert ``update``'s `_meta` after ``annotations`` applied in order, built alone.
+
+    The fused form of ``_annotate_split`` applied by several rules, each to the previous one's
+    output (what ``RulesMiddleware`` does on a v2 upsert): it computes only the new `_meta` value,
+    never a copy of the message or of the update. Returns ``OMITTED`` when no annotation changes
+    anything (the update goes on as it is), ``NEEDS_SPLIT`` when one would have to split the
+    update (its `_meta` is ``null`` and the annotation sets keys: the general path builds the
+    follow-up), otherwise the new `_meta` object (a fresh dict; the update is not touched).
+    Same rules as ``annotate`` exactly; tests/test_annotate.py checks both against each other.
+    """
+    current: Field = update.get(META, OMITTED)
+    changed = False
+    for annotation in annotations:
+        sets, removes = annotation.split
+        patch = as_patch(current)
+        if patch is None:
+            if sets:
+                return NEEDS_SPLIT
+            continue  # the clear already removes every key
+        if not sets and not removes:
+            continue
+        if patch is OMITTED:
+            current = {**sets, **dict.fromkeys(removes)}
+            changed = True
+            continue
+        new: JsonObject | None = None
+        overwrite = annotation.overwrite
+        for key, value in sets.items():
+            if key not in patch or (overwrite and not _same(patch[key], value)):
+                if new is None:
+                    new = dict(patch)
+                new[key] = value
+        for key in removes:
+            if key not in patch or patch[key] is not None:
+                if new is None:
+                    new = dict(patch)
+                new[key] = None
+        if new is not None:
+            current = new
+            changed = True
+    return current if changed else OMITTED

@@ -52,11 +52,12 @@ import contextlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson
 from acp_proxy.wire.chain import (
     INTERNAL_ERROR,
@@ -102,6 +103,7 @@ from acp_proxy.wire.tracking import (
 )
 
 INVALID_REQUEST = -32600
+_UPDATE_PATH = ("params", "update")
 
 # Issue 10, "bounded memory" (README "Bounds"): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
@@ -229,6 +231,7 @@ class Connection:
         "_ctx_a2c",
         "_ctx_c2a",
         "_escapes",
+        "_fused",
         "_has_links",
         "_init_ids",
         "_inspect_all",
@@ -273,6 +276,11 @@ class Connection:
         self._tracker = RequestTracker(max_pending)
         self._init_ids: set[JsonValue] = set()  # ids of the client's ``initialize`` requests
         self._kinds_seen: set[str] = set()
+        # Issue 13: one middleware that can answer v2 upserts without building a message (the
+        # rules middleware's ``fused_v2``, when its rules allow it): the annotation hot path.
+        self._fused: Any = None
+        if len(chain) == 1 and getattr(chain.links[0].middleware, "fusable", False) is True:
+            self._fused = getattr(chain.links[0].middleware, "fused_v2", None)
         self._set_contexts()
 
     # --- public API ---------------------------------------------------------------------------
@@ -705,6 +713,15 @@ class Connection:
                 notes = tuple(acc_notes)
             self._count_out(direction, 1)
             return Result((OutFrame(raw, message, version),), (), notes)
+        if (
+            self._fused is not None
+            and version == 2
+            and "id" not in message
+            and not self._inspect_all
+        ):
+            fused = self._fused_frame(direction, raw, message, notes)
+            if fused is not None:
+                return fused
         ctx = self._ctx_a2c if direction is _A2C else self._ctx_c2a
         outcome = self.chain.run(message, ctx, interested)
         if (
@@ -749,6 +766,48 @@ class Connection:
             acc.reply.append(self._reply_frame(reply, raw, message))
         self._count_out(direction, len(acc.forward))
         return acc.result()
+
+    def _fused_frame(
+        self, direction: Direction, raw: bytes, message: JsonObject, notes: tuple[Note, ...]
+    ) -> Result | None:
+        """The annotation hot path (issue 13): a v2 upsert notification and a middleware with
+        ``fused_v2``. Only the new `_meta` is built; it is set on the parsed message (which no
+        one else holds) and only its bytes are encoded into the frame: the whole message when
+        the frame is exactly what orjson writes (one C call), else spliced into ``raw``
+        (``rawjson.splice_member``), the same bytes ``_rewrite`` gives. ``None``: take the
+        general path (nothing was changed)."""
+        try:
+            got = self._fused(message, direction)
+        except Exception:  # the general path runs the middleware and reports the failure
+            return None
+        if got is None:
+            return None
+        version = self.version
+        if got is OMITTED:
+            self._count_out(direction, 1)
+            return Result((OutFrame(raw, message, version),), (), notes)
+        update, meta = got
+        data: bytes | None = None
+        if len(raw) <= _CANONICAL_CHECK_MAX:
+            try:
+                canonical = orjson.dumps(message) == raw
+            except TypeError:  # a big integer or a lone surrogate: not canonical
+                canonical = False
+            if canonical:
+                update["_meta"] = meta
+                data = orjson.dumps(message)
+        if data is None:
+            present = "_meta" in update
+            try:
+                data = rawjson.splice_member(
+                    raw, _UPDATE_PATH, "_meta", update.get("_meta"), meta, present=present
+                )
+            except (rawjson.Unparseable, rawjson.Unencodable):
+                return None
+            update["_meta"] = meta
+        self.stats.rewritten += 1
+        self._count_out(direction, 1)
+        return Result((OutFrame(data, message, version),), (), notes)
 
     def _batch(
         self,

@@ -332,6 +332,81 @@ def splice_span(raw: bytes, start: int, old: JsonValue, new: JsonValue) -> bytes
     return b"".join(splicer.out)
 
 
+def splice_member(
+    raw: bytes, path: tuple[str, ...], key: str, old: object, new: JsonValue, *, present: bool
+) -> bytes:
+    """``raw`` with member ``key`` of the object at ``path`` (keys from the top-level object) set
+    to ``new``: the bytes ``splice`` gives when that member is the only change (issue 13).
+
+    ``old`` is the member's parsed value when ``present``; it is spliced like ``splice`` does
+    (an object keeps its unchanged members' bytes). An absent member is added last, as
+    ``splice`` adds it. Only the objects on ``path`` are scanned, and nothing is built but the
+    member's new bytes. Raises ``Unparseable`` when a key on the way, or ``key`` itself, occurs
+    more than once (the caller takes the general path) and ``Unencodable`` for a ``new`` that is
+    not JSON.
+    """
+    s = _ws(raw, 0)
+    for step in path:  # down to the object holding ``key``, never scanning the way twice
+        s = _member_start(raw, s, step)
+    if raw[s] != _LBRACE:
+        raise Unparseable(f"no object at byte {s}")
+    members, close = object_members(raw, s)
+    hits = [m for m in members if m[0] == key]
+    if len(hits) > 1 or bool(hits) != present:
+        raise Unparseable(f"{len(hits)} members {key!r}")
+    # A key on the way given twice: the parse kept the last one, which may not be this one.
+    end = close + 1
+    for step in reversed(path):
+        end = _no_more(raw, end, step)
+    if hits:
+        vs = hits[0][2]
+        splicer = _Splicer(raw)
+        end = splicer.value(vs, old, new)
+        return raw[:vs] + b"".join(splicer.out) + raw[end:]
+    member = encode_value(key) + b":" + encode_value(new)
+    if not members:
+        return raw[: s + 1] + member + raw[s + 1 :]
+    last_end = members[-1][3]
+    return raw[:last_end] + b"," + member + raw[last_end:]
+
+
+def _member_start(raw: bytes, s: int, key: str) -> int:
+    """Where the value of the first member ``key`` of the object at ``raw[s]`` starts."""
+    if raw[s] != _LBRACE:
+        raise Unparseable(f"no object at byte {s}")
+    j = _ws(raw, s + 1)
+    while raw[j] == _QUOTE:
+        kend = _string_end(raw, j)
+        c = _ws(raw, kend)
+        if raw[c] != _COLON:
+            raise Unparseable(f"no colon at byte {c}")
+        vs = _ws(raw, c + 1)
+        if _key(raw, j, kend) == key:
+            return vs
+        j = _ws(raw, value_end(raw, vs))
+        if raw[j] == _COMMA:
+            j = _ws(raw, j + 1)
+    raise Unparseable(f"no member {key!r} in the object at byte {s}")
+
+
+def _no_more(raw: bytes, i: int, key: str) -> int:
+    """Past the rest of an object whose member value ended at ``i``: the offset after its
+    ``}``. Raises ``Unparseable`` when a later member is ``key`` again."""
+    j = _ws(raw, i)
+    while raw[j] == _COMMA:
+        j = _ws(raw, j + 1)
+        kend = _string_end(raw, j)
+        if _key(raw, j, kend) == key:
+            raise Unparseable(f"member {key!r} repeated at byte {j}")
+        c = _ws(raw, kend)
+        if raw[c] != _COLON:
+            raise Unparseable(f"no colon at byte {c}")
+        j = _ws(raw, value_end(raw, _ws(raw, c + 1)))
+    if raw[j] != _RBRACE:
+        raise Unparseable(f"unexpected byte at {j}")
+    return j + 1
+
+
 class _Splicer:
     """Writes ``new`` into ``out``, copying from ``raw`` every part ``new`` shares with ``old``."""
 

@@ -1,0 +1,52 @@
+"""A relay on the official Python SDK (``agent-client-protocol``), for bench/run.py (issue 13).
+
+Contract: ``python bench/peer_sdk_relay.py AGENT_CMD [ARG...]`` with the SDK importable
+(bench/setup_peers.py installs it into bench/build/peers/py). Two ``acp.connection.Connection``
+objects, one on our stdio and one on the agent's pipes, each with a handler that forwards what it
+receives to the other side (a request waits for the other side's response). What a user would
+write to put a Python-SDK middle box between an editor and an agent; like the conductor it
+renumbers request ids. Exits when the client closes its input and the agent has exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+from acp.connection import Connection
+from acp.stdio import stdio_streams
+
+LIMIT = 64 * 1024 * 1024
+
+
+async def main(argv: list[str]) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=LIMIT
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    reader, writer = await stdio_streams(limit=LIMIT)
+    side: dict[str, Connection] = {}
+
+    def forward(to: str) -> Any:
+        async def handler(method: str, params: Any, is_notification: bool) -> Any:
+            if is_notification:
+                await side[to].send_notification(method, params)
+                return None
+            return await side[to].send_request(method, params)
+
+        return handler
+
+    client = Connection(forward("agent"), writer, reader, listening=False)
+    side["client"] = client
+    side["agent"] = Connection(forward("client"), proc.stdin, proc.stdout)
+    try:
+        await client.main_loop()
+    finally:
+        proc.stdin.close()
+        await proc.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))

@@ -1,0 +1,167 @@
+"""Start-up wall time of ``acp-proxy -- true`` against a minimal Python relay's (issue 13).
+
+Contract: measures and reports, never asserts. Each repetition runs, interleaved, every variant
+once with stdin from ``/dev/null`` (so each exits at once) and records its wall time from
+``fork`` to reap:
+
+* ``relay``: ``python bench/relay_min.py line`` (interpreter, site, orjson, EOF): the baseline;
+* ``python -S``/``python``: the interpreter alone, without and with ``site`` (floors);
+* ``anyio``: ``python -c "import anyio; anyio.run(...)"`` (the event-loop floor any anyio
+  program pays);
+* ``proxy``: ``python -m acp_proxy --log-level warning -- true`` (spawns ``true``, waits for it,
+  exits).
+
+The proxy's package is byte-compiled first (``compileall``), as an installed wheel is: with
+``PYTHONDONTWRITEBYTECODE`` set (as on the bench machine) the proxy would otherwise compile its
+sources on every start, which no installed copy does. CPU is user+sys from ``os.wait4``
+(including the agent ``true``): on a machine whose CPU is shared under a quota, wall times come in
+steps of the scheduler's period, CPU time does not. Ratios are paired by repetition
+(proxy time ÷ relay time of the same repetition); cells are median [min..max].
+
+With ``--baseline-ref REF`` the tree at git ``REF`` is exported into ``bench/build/`` and run as a
+further variant ``proxy@REF`` (before/after in the same run).
+
+Usage: ``python bench/startup.py [--reps N] [--baseline-ref REF]`` prints a Markdown table;
+``run(reps)`` returns the numbers for ``bench/run.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PY = sys.executable
+
+VARIANTS: dict[str, list[str]] = {
+    "python-S": [PY, "-S", "-c", "pass"],
+    "python": [PY, "-c", "pass"],
+    "relay": [PY, str(BENCH / "relay_min.py"), "line"],
+    "anyio": [PY, "-c", "import anyio, asyncio; anyio.run(asyncio.sleep, 0)"],
+    "proxy": [PY, "-m", "acp_proxy", "--log-level", "warning", "--", "true"],
+}
+TITLES = {
+    "python-S": "python -S -c pass (interpreter floor)",
+    "python": "python -c pass (with site)",
+    "relay": "minimal Python relay (relay_min.py line): baseline",
+    "anyio": "python + anyio.run (event-loop floor)",
+    "proxy": "acp-proxy -- true",
+}
+
+
+def _env(root: Path = ROOT) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    return env
+
+
+def export_ref(ref: str) -> Path:
+    """The tree at git ``ref`` under ``bench/build/ref-<sha>`` (byte-compiled)."""
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", ref],
+        capture_output=True,
+        check=True,
+        text=True,
+    ).stdout.strip()
+    dest = BENCH / "build" / f"ref-{sha}"
+    if not (dest / "acp_proxy").is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", sha, "acp_proxy"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    compileall.compile_dir(str(dest / "acp_proxy"), quiet=1)
+    return dest
+
+
+def _once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU (user+sys, the process and its reaped children) seconds of one run."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} exited with {proc.returncode}")
+    return wall, ru.ru_utime + ru.ru_stime
+
+
+def _cell(xs: list[float], scale: float = 1.0, digits: int = 0) -> str:
+    return (
+        f"{statistics.median(xs) * scale:.{digits}f} "
+        f"[{min(xs) * scale:.{digits}f}..{max(xs) * scale:.{digits}f}]"
+    )
+
+
+def run(reps: int = 20, baseline_ref: str | None = None) -> dict[str, Any]:
+    """Wall times (s) per variant and proxy/relay ratios, ``reps`` interleaved repetitions."""
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
+    env = _env()
+    variants = {name: (argv, env) for name, argv in VARIANTS.items()}
+    if baseline_ref is not None:
+        name = f"proxy@{baseline_ref}"
+        TITLES[name] = f"acp-proxy -- true at {baseline_ref} (before)"
+        variants[name] = (VARIANTS["proxy"], _env(export_ref(baseline_ref)))
+    for argv, e in variants.values():  # warm the page cache once
+        _once(argv, e)
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):
+        for name, (argv, e) in variants.items():
+            wall, used = _once(argv, e)
+            times[name].append(wall)
+            cpu[name].append(used)
+
+    def vs_relay(xs: dict[str, list[float]]) -> dict[str, list[float]]:
+        return {name: [t / r for t, r in zip(xs[name], xs["relay"], strict=True)] for name in xs}
+
+    return {
+        "reps": reps,
+        "wall_s": times,
+        "cpu_s": cpu,
+        "vs_relay": vs_relay(times),
+        "cpu_vs_relay": vs_relay(cpu),
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    out = [
+        "| start-up | wall ms | wall ÷ relay | CPU ms | CPU ÷ relay |",
+        "|---|---|---|---|---|",
+    ]
+    for name, xs in result["wall_s"].items():
+        out.append(
+            f"| {TITLES[name]} | {_cell(xs, 1000)} | {_cell(result['vs_relay'][name], 1, 2)} "
+            f"| {_cell(result['cpu_s'][name], 1000)} "
+            f"| {_cell(result['cpu_vs_relay'][name], 1, 2)} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--baseline-ref", help="also run the proxy at this git ref (before/after)")
+    a = ap.parse_args()
+    print(markdown(run(a.reps, a.baseline_ref)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The fused annotation path (issue 13) against the general one: same bytes, same messages.
+
+``Connection`` takes the fused path (``RulesMiddleware.fused_v2`` + ``rawjson.splice_member``)
+for v2 upsert notifications when its chain is one rules middleware; with ``_fused`` unset it runs
+the chain and ``_rewrite``, the reference the RFD property tests (test_annotate, test_rawjson)
+were written against. Every generated frame must come out identical both ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_rawjson import WS, json_strings, json_text
+
+from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
+from acp_proxy.jsontypes import JsonValue
+from acp_proxy.meta.registry import UPSERT_KINDS
+from acp_proxy.wire import rawjson
+from acp_proxy.wire.chain import Chain, Direction, Link
+from acp_proxy.wire.framing import Line
+from acp_proxy.wire.pipeline import Connection
+
+KEYS = ["example.dev/route", "example.dev/team", "traceparent"]
+_VALUES: list[JsonValue] = [None, "edge", "core", 1, 1.0, True, [], {}, {"a": None}]
+VALUES = st.sampled_from(_VALUES)
+KINDS = sorted(UPSERT_KINDS[2])
+
+
+@st.composite
+def rules(draw: st.DrawFn) -> list[Rule]:
+    out = []
+    for i in range(draw(st.integers(1, 3))):
+        kinds = draw(st.one_of(st.none(), st.lists(st.sampled_from(KINDS), min_size=1)))
+        out.append(
+            Rule(
+                name=f"r{i}",
+                set_meta=draw(st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=2)),
+                remove_meta=tuple(draw(st.lists(st.sampled_from(KEYS), max_size=2))),
+                overwrite=draw(st.booleans()),
+                direction=draw(st.sampled_from([*RuleDirection, RuleDirection.BOTH])),
+                method=draw(st.sampled_from([None, None, "session/update", "session/*", "other"])),
+                update_kinds=tuple(kinds) if kinds is not None else None,
+                update_upserts=draw(st.booleans()),
+            )
+        )
+    return out
+
+
+def _meta_text(draw: st.DrawFn) -> str | None:
+    """The update's ``_meta`` member text: absent, null, junk, or an object."""
+    choice = draw(st.integers(0, 4))
+    if choice == 0:
+        return None
+    if choice == 1:
+        return "null"
+    if choice == 2:
+        return draw(st.sampled_from(['"junk"', "[1]", "12345678901234567890123", "1e400"]))
+    keys = draw(st.lists(st.sampled_from([*KEYS, "x/y"]), max_size=3, unique=True))
+    ws = draw(WS)
+    members = [
+        ws + json.dumps(k) + ws + ":" + ws + draw(st.sampled_from(['"edge"', "null", "1", "{}"]))
+        for k in keys
+    ]
+    return "{" + ",".join(members) + "}"
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    ws = draw(WS)
+    kind = draw(st.sampled_from([*KINDS, *KINDS, "agent_message_chunk"]))
+    members = [f'"sessionUpdate":{ws}"{kind}"']
+    spec = UPSERT_KINDS[2].get(kind)
+    if spec is not None and spec.key_field is not None and draw(st.integers(0, 9)):
+        members.append(f'"{spec.key_field}":{ws}"t1"')
+    members.append('"title":' + draw(json_strings()))
+    members.append('"rawOutput":' + ws + draw(json_text(2)))
+    meta = _meta_text(draw)
+    if meta is not None:
+        members.insert(draw(st.integers(0, len(members))), '"_meta":' + ws + meta)
+    if draw(st.integers(0, 9)) == 0:  # a repeated key on the way
+        members.append(draw(st.sampled_from(['"_meta":{}', '"sessionUpdate":"plan"'])))
+    update = "{" + ws + ("," + ws).join(members) + ws + "}"
+    params = '{"sessionId":' + ws + '"s",' + ws + '"update":' + ws + update + "}"
+    if draw(st.integers(0, 9)) == 0:
+        params = params[:-1] + ',"update":{}}'
+    head = '{"jsonrpc":"2.0",' + ws
+    if draw(st.integers(0, 9)) == 0:
+        head += '"id":7,'
+    method = draw(st.sampled_from(["session/update"] * 9 + ["session/other"]))
+    text = head + '"method":' + ws + json.dumps(method) + "," + ws + '"params":' + params + "}"
+    if draw(st.integers(0, 2)) == 0:  # orjson's own form, when it can be written so
+        with contextlib.suppress(orjson.JSONDecodeError):
+            text = orjson.dumps(orjson.loads(text)).decode()
+    return text.encode()
+
+
+def _connection(rule_list: list[Rule], *, fused: bool) -> Connection:
+    conn = Connection(Chain([Link(RulesMiddleware(rule_list))]))
+    if not fused:
+        conn._fused = None
+    conn.handle(Direction.CLIENT_TO_AGENT, Line(b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'))
+    conn.handle(
+        Direction.AGENT_TO_CLIENT, Line(b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}')
+    )
+    return conn
+
+
+def _same(a: Any, b: Any) -> bool:
+    return rawjson.json_equal(a, b)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rule_list=rules(), raw=frames(), direction=st.sampled_from(list(Direction)))
+def test_fused_path_gives_the_general_paths_output(
+    rule_list: list[Rule], raw: bytes, direction: Direction
+) -> None:
+    fast = _connection(rule_list, fused=True)
+    slow = _connection(rule_list, fused=False)
+    a = fast.handle(direction, Line(raw))
+    b = slow.handle(direction, Line(raw))
+    assert [f.raw for f in a.forward] == [f.raw for f in b.forward]
+    assert len(a.forward) == len(b.forward)
+    for x, y in zip(a.forward, b.forward, strict=True):
+        assert _same(x.message, y.message)
+    assert [f.raw for f in a.reply] == [f.raw for f in b.reply]
+    assert a.notes == b.notes
+    assert fast.stats == slow.stats
+
+
+def test_the_fused_path_is_taken_for_the_bench_rule() -> None:
+    """The bench's annotation rule on a compact and a spaced frame: answered without the
+    middleware's ``__call__`` (no message built), same bytes as before the fused path."""
+    rule = Rule(
+        name="edge-route",
+        set_meta={"example.dev/route": "edge"},
+        direction=RuleDirection.AGENT_TO_CLIENT,
+        method="session/update",
+        update_kinds=("tool_call_update", "terminal_update"),
+    )
+    conn = _connection([rule], fused=True)
+    middleware = conn.chain.links[0].middleware
+    assert isinstance(middleware, RulesMiddleware)
+    calls: list[Any] = []
+
+    def counting(self: RulesMiddleware, message: Any, ctx: Any) -> Any:
+        calls.append(message)
+        return RulesMiddleware.__call__(self, message, ctx)
+
+    middleware.__class__ = type("Counting", (RulesMiddleware,), {"__call__": counting})
+    compact = (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+        b'{"sessionUpdate":"tool_call_update","toolCallId":"t","_meta":{"a/b":1}}}}'
+    )
+    spaced = compact.replace(b",", b", ").replace(b'":', b'": ')
+    out = conn.handle_many(Direction.AGENT_TO_CLIENT, [Line(compact), Line(spaced)])
+    assert [f.raw for f in out.forward] == [
+        compact.replace(b'{"a/b":1}', b'{"a/b":1,"example.dev/route":"edge"}'),
+        spaced.replace(b'{"a/b": 1}', b'{"a/b": 1,"example.dev/route":"edge"}'),
+    ]
+    assert calls == []
+    assert conn.stats.rewritten == 2
