@@ -7,4 +7,4 @@ transports, cli, logsetup, demo). See README.md.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
