@@ -165,3 +165,37 @@ sys.exit(os.waitstatus_to_exitcode(status) & 0xFF)
 def measured_cmd(rss_file: Path, cmd: list[str]) -> list[str]:
     """``cmd`` run under the RSS launcher; read the peak (KiB) from ``rss_file`` afterwards."""
     return [sys.executable, "-c", RUSAGE_LAUNCHER, str(rss_file), *cmd]
+
+
+class MemoryByteStream(anyio.abc.ByteStream):
+    """One end of a pair of bounded memory object streams, as bytes (in-process sessions)."""
+
+    def __init__(
+        self,
+        send: anyio.abc.ObjectSendStream[bytes],
+        receive: anyio.abc.ObjectReceiveStream[bytes],
+    ) -> None:
+        self._send, self._receive = send, receive
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            return await self._receive.receive()
+        except anyio.ClosedResourceError:
+            raise anyio.EndOfStream from None
+
+    async def send(self, item: bytes) -> None:
+        await self._send.send(item)
+
+    async def send_eof(self) -> None:
+        await self._send.aclose()
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+def memory_pipe_pair(buffer: int = 16) -> tuple[MemoryByteStream, MemoryByteStream]:
+    """Two connected byte streams; each direction holds at most ``buffer`` chunks."""
+    a_send, b_receive = anyio.create_memory_object_stream[bytes](buffer)
+    b_send, a_receive = anyio.create_memory_object_stream[bytes](buffer)
+    return MemoryByteStream(a_send, a_receive), MemoryByteStream(b_send, b_receive)

@@ -14,7 +14,15 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
-from proxy_harness import FAKE_AGENT, REPO, Lines, error_line, proxy_env
+from proxy_harness import (
+    FAKE_AGENT,
+    REPO,
+    Lines,
+    MemoryByteStream,
+    error_line,
+    memory_pipe_pair,
+    proxy_env,
+)
 
 from acp_proxy.config import Config, ConfigError, parse_config
 from acp_proxy.shell.runtime import READ_SIZE, BufferBudget, PumpSession, process_budget
@@ -111,37 +119,8 @@ async def test_100k_requests_in_flight_answered_at_agent_death_under_a_memory_ca
 # --- the process-wide buffer budget (issue 10.3) ------------------------------------------------
 
 
-class _MemoryByteStream(anyio.abc.ByteStream):
-    """One end of a pair of bounded memory object streams, as bytes."""
-
-    def __init__(
-        self,
-        send: anyio.abc.ObjectSendStream[bytes],
-        receive: anyio.abc.ObjectReceiveStream[bytes],
-    ) -> None:
-        self._send, self._receive = send, receive
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._receive.receive()
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def send(self, item: bytes) -> None:
-        await self._send.send(item)
-
-    async def send_eof(self) -> None:
-        await self._send.aclose()
-
-    async def aclose(self) -> None:
-        await self._send.aclose()
-        await self._receive.aclose()
-
-
-def _pipe_pair() -> tuple[_MemoryByteStream, _MemoryByteStream]:
-    a_send, b_receive = anyio.create_memory_object_stream[bytes](4)
-    b_send, a_receive = anyio.create_memory_object_stream[bytes](4)
-    return _MemoryByteStream(a_send, a_receive), _MemoryByteStream(b_send, b_receive)
+def _pipe_pair() -> tuple[MemoryByteStream, MemoryByteStream]:
+    return memory_pipe_pair(4)
 
 
 def big_frame(tag: int, size: int) -> bytes:

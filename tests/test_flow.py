@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 import orjson
 import pytest
-from proxy_harness import REPO, TESTS, Lines, proxy_env, request
+from proxy_harness import REPO, TESTS, Lines, MemoryByteStream, memory_pipe_pair, proxy_env, request
 from stream_agent import stream_lines
 
 from acp_proxy.config import Config
@@ -187,35 +187,8 @@ def _tiny_queues(tmp_path: Path) -> Path:
 # --- replies the proxy owes a sender -----------------------------------------------------------
 
 
-class _MemoryByteStream(anyio.abc.ByteStream):
-    def __init__(
-        self,
-        send: anyio.abc.ObjectSendStream[bytes],
-        receive: anyio.abc.ObjectReceiveStream[bytes],
-    ) -> None:
-        self._send, self._receive = send, receive
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._receive.receive()
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def send(self, item: bytes) -> None:
-        await self._send.send(item)
-
-    async def send_eof(self) -> None:
-        await self._send.aclose()
-
-    async def aclose(self) -> None:
-        await self._send.aclose()
-        await self._receive.aclose()
-
-
-def _pipe_pair() -> tuple[_MemoryByteStream, _MemoryByteStream]:
-    a_send, b_receive = anyio.create_memory_object_stream[bytes](4)
-    b_send, a_receive = anyio.create_memory_object_stream[bytes](4)
-    return _MemoryByteStream(a_send, a_receive), _MemoryByteStream(b_send, b_receive)
+def _pipe_pair() -> tuple[MemoryByteStream, MemoryByteStream]:
+    return memory_pipe_pair(16)
 
 
 async def test_replies_a_client_leaves_unread_stop_reading_that_client_only() -> None:

@@ -19,10 +19,12 @@ from proxy_harness import (
     GOLDEN,
     REPO,
     Lines,
+    MemoryByteStream,
     echo_response,
     error_line,
     init_response,
     measured_cmd,
+    memory_pipe_pair,
     proxy_cmd,
     proxy_env,
     request,
@@ -505,39 +507,8 @@ async def test_info_log_has_start_version_and_exit_summary() -> None:
 # --- pump_session over in-memory streams (the transport-agnostic core) ----------------------------
 
 
-class _MemoryByteStream(anyio.abc.ByteStream):
-    """One direction-pair of a memory object stream, as bytes."""
-
-    def __init__(
-        self,
-        send: anyio.abc.ObjectSendStream[bytes],
-        receive: anyio.abc.ObjectReceiveStream[bytes],
-    ) -> None:
-        self._send, self._receive = send, receive
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._receive.receive()
-        except anyio.EndOfStream:
-            raise
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def send(self, item: bytes) -> None:
-        await self._send.send(item)
-
-    async def send_eof(self) -> None:
-        await self._send.aclose()
-
-    async def aclose(self) -> None:
-        await self._send.aclose()
-        await self._receive.aclose()
-
-
-def _pipe_pair() -> tuple[_MemoryByteStream, _MemoryByteStream]:
-    a_send, b_receive = anyio.create_memory_object_stream[bytes](16)
-    b_send, a_receive = anyio.create_memory_object_stream[bytes](16)
-    return _MemoryByteStream(a_send, a_receive), _MemoryByteStream(b_send, b_receive)
+def _pipe_pair() -> tuple[MemoryByteStream, MemoryByteStream]:
+    return memory_pipe_pair(16)
 
 
 async def test_pump_session_over_memory_streams() -> None:
