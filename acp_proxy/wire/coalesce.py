@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import orjson
 
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.jsontypes import JsonObject
 from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     SESSION_UPDATE,
@@ -183,24 +183,11 @@ def _classify(message: object, version: int | None) -> _Info | None:
     return _Info(cls, (version, *key), kind, message)
 
 
-def _json_equal(a: JsonValue, b: JsonValue) -> bool:
-    """JSON equality: unlike ``==``, ``true`` is not ``1`` and ``1`` is not ``1.0``."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(_json_equal(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 def _equal_except(a: JsonObject, b: JsonObject, skip: str) -> bool:
     """``a`` and ``b`` are JSON-equal apart from the key ``skip``."""
     if a.keys() != b.keys():
         return False
-    return all(k == skip or _json_equal(v, b[k]) for k, v in a.items())
+    return all(k == skip or rawjson.json_equal(v, b[k]) for k, v in a.items())
 
 
 def _same_envelope(a: JsonObject, b: JsonObject) -> bool:

@@ -325,13 +325,6 @@ def splice(raw: bytes, old: JsonValue, new: JsonValue) -> bytes:
     return raw[:start] + b"".join(splicer.out) + raw[end:]
 
 
-def splice_span(raw: bytes, start: int, old: JsonValue, new: JsonValue) -> bytes:
-    """Like ``splice`` for the value starting at ``raw[start]`` (e.g. one entry of a batch)."""
-    splicer = _Splicer(raw)
-    splicer.value(start, old, new)
-    return b"".join(splicer.out)
-
-
 def splice_member(
     raw: bytes, path: tuple[str, ...], key: str, old: object, new: JsonValue, *, present: bool
 ) -> bytes:
