@@ -1025,3 +1025,22 @@ def test_a_merge_is_the_last_frame_with_only_merged_members_added() -> None:
         b'{"sessionUpdate":"tool_call_update","toolCallId":"t1","title":"\\u00e9"}}}'
     )
     assert run([first, second]) == lines(second[:-3] + b',"status":"in_progress"}}}')
+
+
+def test_deeply_nested_frames_merge_without_hitting_the_recursion_limit() -> None:
+    # Found in review: comparing envelopes recursed, so a hostile agent sending updates with a
+    # 990-level ``_meta`` to a slow client took the proxy down with RecursionError (no config).
+    deep = b"[" * 990 + b"]" * 990
+
+    def frame(status: bytes) -> bytes:
+        return (
+            b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","_meta":{"d":'
+            + deep
+            + b'},"update":{"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"'
+            + status
+            + b'"}}}'
+        )
+
+    assert run([frame(b"pending"), frame(b"in_progress"), frame(b"completed")]) == lines(
+        frame(b"completed")
+    )

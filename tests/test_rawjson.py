@@ -365,3 +365,15 @@ def test_rules_change_only_the_meta_they_set(
     assert exact(out.raw) == expected
     # Everything before the new member is the agent's own bytes.
     assert out.raw.startswith(raw[: raw.rindex(b"}}}")])
+
+
+def test_deep_values_never_hit_the_recursion_limit() -> None:
+    # A peer may nest 1024 levels (orjson's limit), past Python's recursion limit: an equal
+    # copy made by a middleware, and JSON equality itself, must not raise RecursionError.
+    raw = b'{"a":' + b"[" * 1000 + b"]" * 1000 + b"}"
+    old = rawjson.loads(raw)
+    copy = orjson.loads(raw)  # equal, no shared objects
+    assert rawjson.splice(raw, old, copy) == raw
+    assert rawjson.splice(raw, old, {**copy, "b": 1}) == raw[:-1] + b',"b":1}'
+    assert rawjson.json_equal(old, copy)
+    assert not rawjson.json_equal(old, {"a": [[[]]]})

@@ -150,18 +150,31 @@ def encode_value(value: object) -> bytes:
 
 
 def json_equal(a: object, b: object) -> bool:
-    """JSON equality: unlike ``==``, ``true`` is not ``1`` and ``1`` is not ``1.0``."""
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        assert isinstance(b, dict)
-        return a.keys() == b.keys() and all(json_equal(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        assert isinstance(b, list)
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+    """JSON equality: unlike ``==``, ``true`` is not ``1`` and ``1`` is not ``1.0``.
+
+    Iterative: a peer's value may be nested as deep as the parser allows (orjson: 1024 levels),
+    deeper than Python's recursion limit.
+    """
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if x is y:
+            continue
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            assert isinstance(y, dict)
+            if x.keys() != y.keys():
+                return False
+            stack.extend((v, y[k]) for k, v in x.items())
+        elif isinstance(x, list):
+            assert isinstance(y, list)
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif x != y:
+            return False
+    return True
 
 
 # --- Scanning --------------------------------------------------------------------------------
@@ -400,24 +413,36 @@ def _no_more(raw: bytes, i: int, key: str) -> int:
     return j + 1
 
 
+# How deep the splice walks into changed containers; below that, a container is compared whole
+# (``json_equal``, iterative) and copied or encoded. A peer's value may be nested 1024 levels
+# deep (orjson's limit), past Python's recursion limit.
+_MAX_SPLICE_DEPTH = 64
+
+
 class _Splicer:
     """Writes ``new`` into ``out``, copying from ``raw`` every part ``new`` shares with ``old``."""
 
-    __slots__ = ("out", "raw")
+    __slots__ = ("depth", "out", "raw")
 
     def __init__(self, raw: bytes) -> None:
         self.raw = raw
         self.out: list[bytes] = []
+        self.depth = 0
 
     def value(self, s: int, old: object, new: object) -> int:
         """Write the value at ``raw[s]`` as ``new``; return the offset just past it in ``raw``."""
         raw = self.raw
         if new is not old:
             tn = type(new)
-            if tn is dict and type(old) is dict:
-                return self.object(s, old, new)  # type: ignore[arg-type]
-            if tn is list and type(old) is list and len(new) == len(old):  # type: ignore[arg-type]
-                return self.array(s, old, new)  # type: ignore[arg-type]
+            if self.depth < _MAX_SPLICE_DEPTH:
+                self.depth += 1
+                try:
+                    if tn is dict and type(old) is dict:
+                        return self.object(s, old, new)  # type: ignore[arg-type]
+                    if tn is list and type(old) is list and len(new) == len(old):  # type: ignore[arg-type]
+                        return self.array(s, old, new)  # type: ignore[arg-type]
+                finally:
+                    self.depth -= 1
             if not json_equal(old, new):
                 self.out.append(encode_value(new))
                 return value_end(raw, s)
