@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from acp_proxy.record.format import (
+    UNREADABLE,
     RecordError,
     Redactor,
     delivered,
@@ -177,3 +178,12 @@ def test_client_player_maps_agent_request_ids_and_normalises_times() -> None:
     assert [json.loads(f) for f in player.due()] == [{**answer, "id": "agent-1"}]
     assert player.finish() == []
     assert normalise({"a": ["2026-01-01 10:00"]}) == {"a": ["<time>"]}
+
+
+def test_a_frame_nested_too_deep_to_walk_is_redacted_whole() -> None:
+    # Found in review: json.loads raised RecursionError (not ValueError) out of the recorder
+    # for a hostile frame holding a secret-looking key.
+    redactor = Redactor.build()
+    raw = b'{"apiKey":"sk-live","d":' + b"[" * 2000 + b"]" * 2000 + b"}"
+    assert redactor.frame(raw) == (UNREADABLE, True)
+    assert json.loads(UNREADABLE).startswith("[REDACTED")

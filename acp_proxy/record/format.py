@@ -88,6 +88,10 @@ class RecordConfig:
     redact_patterns: tuple[str, ...] = ()
 
 
+# What a frame that needs redaction but cannot be walked (nested too deep) is recorded as.
+UNREADABLE = b'"[REDACTED: a frame too deeply nested to redact key by key]"'
+
+
 @dataclass(frozen=True, slots=True)
 class Redactor:
     """Removes secrets from a frame's text before it is recorded or logged.
@@ -149,13 +153,20 @@ class Redactor:
             return raw, False  # recorded as raw_b64: patterns cannot be judged on bytes
         try:
             value = json.loads(text)  # stdlib: big integers and odd floats survive
+        except RecursionError:
+            # Nested deeper than the parser goes, and it names a secret-looking key or holds a
+            # secret-looking string: nothing of it is kept (still valid JSON: a string).
+            return UNREADABLE, True
         except ValueError:
             cleaned = self.text(text)
             return (cleaned.encode(), True) if cleaned != text else (raw, False)
-        redacted, changed = self._value(value)
-        if not changed:
-            return raw, False
-        text = json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
+        try:
+            redacted, changed = self._value(value)
+            if not changed:
+                return raw, False
+            text = json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
+        except RecursionError:
+            return UNREADABLE, True
         try:
             return text.encode("utf-8"), True
         except UnicodeEncodeError:  # a lone surrogate (``"\\ud800"``): keep it escaped
