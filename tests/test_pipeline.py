@@ -787,3 +787,20 @@ def test_observe_describes_every_frame_and_its_fate() -> None:
     res = conn.handle(A2C, Line(b"[INFO] hello"))
     [obs] = [n for n in res.notes if isinstance(n, Observed)]
     assert (obs.sent, obs.kind, obs.messages) == ((), "non-json", ())
+
+
+class _BadReply(BaseMiddleware):
+    """Answers every request with a reply that is not JSON (a set)."""
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        return Reply({"jsonrpc": "2.0", "id": message.get("id"), "result": {1, 2}})  # type: ignore[dict-item]
+
+
+def test_a_reply_that_is_not_json_becomes_an_error_with_the_requests_id_bytes() -> None:
+    conn = connect(Link(_BadReply()))
+    request = b'{"jsonrpc":"2.0","id":18446744073709551616,"method":"session/prompt","params":{}}'
+    [reply] = conn.handle(C2A, Line(request)).reply
+    assert reply.raw == (
+        b'{"jsonrpc":"2.0","id":18446744073709551616,'
+        b'"error":{"code":-32603,"message":"acp-proxy: bad reply"}}'
+    )

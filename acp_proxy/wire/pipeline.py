@@ -48,7 +48,6 @@ Rules (issue 3, "Streaming behaviour"):
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -788,14 +787,13 @@ class Connection:
             return Result((OutFrame(raw, message, version),), (), notes)
         update, meta = got
         data: bytes | None = None
-        if len(raw) <= _CANONICAL_CHECK_MAX:
+        if _canonical(raw, message):
+            update["_meta"] = meta
             try:
-                canonical = orjson.dumps(message) == raw
-            except TypeError:  # a big integer or a lone surrogate: not canonical
-                canonical = False
-            if canonical:
-                update["_meta"] = meta
-                data = orjson.dumps(message)
+                data = rawjson.encode_value(message)
+            except rawjson.Unencodable:  # a rule value orjson would turn into null
+                del update["_meta"]
+                return None
         if data is None:
             present = "_meta" in update
             try:
@@ -933,8 +931,13 @@ class Connection:
             encoded = None
         if encoded is None:  # a middleware's reply that is not JSON: an error for the request
             rid = request.get("id") if request is not None else None
-            encoded = _encode(error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply"))
-            encoded = encoded or orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
+            error = error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
+            try:  # the id keeps the request's bytes, as every reply's does
+                if raw is not None and request is not None:
+                    return rawjson.splice(raw, request, error)
+                return rawjson.encode_value(error)
+            except (rawjson.Unencodable, rawjson.Unparseable):
+                encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
         return encoded
 
     def _report(self, message: JsonObject, outcome: Outcome, notes: list[Note]) -> None:
@@ -1146,14 +1149,21 @@ def _rewrite(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
         fresh = rawjson.loads(raw)
         assert isinstance(fresh, dict)
         original = fresh
-    canonical = False
-    if len(raw) <= _CANONICAL_CHECK_MAX:
-        # TypeError: an integer beyond 64 bits or a lone surrogate: not canonical.
-        with contextlib.suppress(TypeError):
-            canonical = orjson.dumps(original) == raw
-    if canonical:
+    if _canonical(raw, original):
         return rawjson.encode_value(out)
     return rawjson.splice(raw, original, out)
+
+
+def _canonical(raw: bytes, value: JsonObject) -> bool:
+    """``raw`` is exactly what orjson writes for ``value`` (compact, no escapes, every number in
+    orjson's spelling), so encoding a changed ``value`` whole gives the splice's bytes. Checked
+    only up to ``_CANONICAL_CHECK_MAX``: bigger frames are spliced, which costs about the same."""
+    if len(raw) > _CANONICAL_CHECK_MAX:
+        return False
+    try:
+        return orjson.dumps(value) == raw
+    except TypeError:  # an integer beyond 64 bits or a lone surrogate: not canonical
+        return False
 
 
 def _join_array(raw: bytes, spans: list[tuple[int, int]], kept: list[bytes | None]) -> bytes:
