@@ -183,6 +183,29 @@ def test_plain_block_is_one_frame_with_exact_bytes() -> None:
     assert conn.stats.agent_to_client_in == 7 and conn.stats.agent_to_client_out == 7
 
 
+def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines() -> None:
+    """Issue 13: a batch (or a blank line) among plain updates goes through the per-line path
+    alone; the ``{"`` lines around it are still forwarded as whole runs (it used to send the
+    entire run line by line: a stream with the odd batch in it lost the block fast path)."""
+    conn = Connection(Chain([Link(TagToolCalls())]))
+    conn.handle_many(C2A, LineSplitter(1 << 20).feed(CLIENT_LINES[0] + b"\n"))
+    conn.handle_many(A2C, LineSplitter(1 << 20).feed(LINES[0] + b"\n"))
+    chunk = notif("agent_message_chunk")
+    batch = b"[" + chunk + b"," + notif("plan_update") + b"]"
+    body = b"\n".join([batch, chunk, chunk, batch, b"", b"  ", chunk, chunk, chunk, batch])
+    events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
+    assert events == [Block(body, 10)]
+    res = conn.handle_many(A2C, events, join=True)
+    assert [f.raw for f in res.forward] == [
+        batch,
+        chunk + b"\n" + chunk,
+        batch,
+        b"\n".join([chunk] * 3),
+        batch,
+    ]
+    assert conn.stats.agent_to_client_in == 1 + 8 and conn.stats.agent_to_client_out == 1 + 8
+
+
 def test_feed_blocks_splits_like_feed() -> None:
     sp = LineSplitter(100)
     assert sp.feed_blocks(b"ab") == []

@@ -48,6 +48,7 @@ Rules (issue 3, "Streaming behaviour"):
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ _FRAME_STARTS = frozenset(
     [b"{" + bytes([c]) for c in b' \t\r"}'] + [b"[" + bytes([c]) for c in b" \t\r]{["]
 )
 
+# The newline before a line of a block that does not start like ``{"``.
+_ODD_LINE = re.compile(rb'\n(?!\{")')
 # A leading run of terminal escape sequences (CSI, OSC, two-byte ESC) and whitespace.
 _ANSI_PREFIX = re.compile(
     rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[ \t\r])+"
@@ -480,8 +483,25 @@ class Connection:
             else:
                 self._flush_run(direction, lines, acc.forward, False)
             return
-        # A blank line, whitespace before a frame, or non-JSON output: the per-line path.
-        acc.extend(self.handle_many(direction, Block(run, newlines + 1).lines(), join=join))
+        # A batch, a blank line, whitespace before a frame, or non-JSON output: those lines take
+        # the per-line path (which diverts what cannot be a frame); the ``{"`` lines between
+        # them are still forwarded whole (a stream of updates with the odd batch in it).
+        pos = 0
+        starts = (m.end() for m in _ODD_LINE.finditer(run))  # each odd line's first byte
+        for start in itertools.chain((0,), starts) if run[:2] != b'{"' else starts:
+            if start > pos:
+                self._plain_run(direction, run[pos : start - 1], acc, join=join)
+            stop = run.find(b"\n", start)
+            if stop < 0:
+                stop = len(run)
+            line = run[start:stop]
+            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
+                acc.extend(self.handle_many(direction, [Line(line)], join=join))
+            pos = stop + 1
+            if pos > len(run):
+                return
+        if pos < len(run):
+            self._plain_run(direction, run[pos:], acc, join=join)
 
     def _flush_run(
         self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
