@@ -16,7 +16,7 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -218,28 +218,40 @@ def edit_params_meta(message: JsonObject, annotation: Annotation) -> JsonObject 
     params = message.get("params")
     if not isinstance(params, dict):
         return None
-    meta = params.get("_meta")
+    new = params_meta_after(params.get("_meta"), (annotation,))
+    if new is OMITTED:
+        return None
+    return {**message, "params": {**params, "_meta": new}}
+
+
+def params_meta_after(
+    meta: JsonValue, annotations: Sequence[Annotation]
+) -> dict[str, JsonValue] | Omitted:
+    """A message's ``params._meta`` after ``annotations`` applied in order (``edit_params_meta``
+    rule by rule, each on the previous one's output), built alone: a fresh dict, or ``OMITTED``
+    when nothing changes (also for a ``_meta`` that is neither an object nor ``null``/absent,
+    which is never touched). ``meta`` itself is not modified."""
     if meta is None:
         current: dict[str, JsonValue] = {}
     elif isinstance(meta, dict):
         current = meta
     else:
-        return None
+        return OMITTED
     new: dict[str, JsonValue] | None = None
-    for key, value in annotation.set.items():
-        if key in current and (not annotation.overwrite or _same_json(current[key], value)):
-            continue
-        if new is None:
-            new = dict(current)
-        new[key] = value
-    for key in annotation.remove:
-        if key in (current if new is None else new):
+    for annotation in annotations:
+        for key, value in annotation.set.items():
+            base = current if new is None else new
+            if key in base and (not annotation.overwrite or _same_json(base[key], value)):
+                continue
             if new is None:
                 new = dict(current)
-            del new[key]
-    if new is None:
-        return None
-    return {**message, "params": {**params, "_meta": new}}
+            new[key] = value
+        for key in annotation.remove:
+            if key in (current if new is None else new):
+                if new is None:
+                    new = dict(current)
+                del new[key]
+    return OMITTED if new is None else new
 
 
 _V2_UPSERTS: Final = registry.UPSERT_KINDS[2]
@@ -253,27 +265,85 @@ def _writes_back(value: JsonValue) -> bool:
         return False
 
 
+class _FusedKind(NamedTuple):
+    """What the rules of one direction do to a v2 `session/update` of one ``sessionUpdate``
+    kind (``RulesMiddleware._fused``): the entity annotations and the message-target ones that
+    apply when the update is an upsert (``registry.find_upsert``: the kind's key field is a
+    string), and the message-target ones that apply when it is not. ``spec`` is the kind's
+    upsert spec, None when the kind is not a v2 upsert kind."""
+
+    spec: registry.UpsertKind | None
+    entity: tuple[Annotation, ...]
+    message_if_upsert: tuple[Annotation, ...]
+    message_otherwise: tuple[Annotation, ...]
+
+
+def _applies(c: _Compiled, kind: str, upsert: bool) -> bool:
+    """Whether rule ``c`` (one that matches `session/update` in this direction) matches an
+    update of ``kind`` (an upsert or not), the way ``RulesMiddleware._matches`` decides, and
+    whether it then changes anything: an entity rule only ever changes an upsert."""
+    if c.rule.target is RuleTarget.ENTITY and not upsert:
+        return False
+    return not c.filter_kinds or kind in c.kinds or (c.upserts and upsert)
+
+
 def _fused_table(
     compiled: Sequence[_Compiled],
-) -> dict[Direction, tuple[tuple[frozenset[str], bool, Annotation], ...]] | None:
-    """``RulesMiddleware._fused``: per direction, the rules that may match a `session/update`."""
+) -> dict[Direction, tuple[dict[str, _FusedKind], tuple[Annotation, ...]]] | None:
+    """``RulesMiddleware._fused``: per direction, per ``sessionUpdate`` kind (each v2 upsert kind
+    and each kind a rule names), what the rules do (``_FusedKind``), and the message-target
+    annotations for any other kind (never an upsert, named by no rule). None when a rule sets a
+    value orjson would not write back exactly. Built once, so a frame costs one lookup."""
     for c in compiled:
-        if c.rule.target is not RuleTarget.ENTITY or not _writes_back(dict(c.rule.set_meta)):
+        if not _writes_back(dict(c.rule.set_meta)):
             return None
+    kinds = set(_V2_UPSERTS)
+    for c in compiled:
+        kinds.update(c.kinds)
     table = {}
     for direction in Direction:
-        entries = []
-        for c in compiled:
-            if direction not in c.directions:
-                continue
-            if c.exact_method is not None and c.exact_method != registry.SESSION_UPDATE:
-                continue
-            if c.method_regex is not None and c.method_regex.match(registry.SESSION_UPDATE) is None:
-                continue
-            # No kind filter, or ``upserts``: every upsert matches; else the kinds listed.
-            entries.append((c.kinds, not c.filter_kinds or c.upserts, c.annotation))
-        table[direction] = tuple(entries)
+        rules = [
+            c
+            for c in compiled
+            if direction in c.directions
+            and (c.exact_method is None or c.exact_method == registry.SESSION_UPDATE)
+            and (c.method_regex is None or c.method_regex.match(registry.SESSION_UPDATE))
+        ]
+
+        def pick(
+            kind: str, upsert: bool, target: RuleTarget, rules: list[_Compiled] = rules
+        ) -> tuple[Annotation, ...]:
+            return tuple(
+                c.annotation for c in rules if c.rule.target is target and _applies(c, kind, upsert)
+            )
+
+        by_kind = {
+            kind: _FusedKind(
+                _V2_UPSERTS.get(kind),
+                pick(kind, True, RuleTarget.ENTITY),
+                pick(kind, True, RuleTarget.MESSAGE),
+                pick(kind, False, RuleTarget.MESSAGE),
+            )
+            for kind in kinds
+        }
+        # Any other kind: only the rules without a kind filter can match it.
+        other = tuple(
+            c.annotation
+            for c in rules
+            if c.rule.target is RuleTarget.MESSAGE and not c.filter_kinds
+        )
+        table[direction] = (by_kind, other)
     return table
+
+
+class FusedEdit(NamedTuple):
+    """What ``RulesMiddleware.fused_v2`` changes in a v2 `session/update`: the new value of
+    ``params._meta`` and of ``params.update._meta`` (``OMITTED``: that member is unchanged)."""
+
+    params: JsonObject
+    params_meta: JsonValue | Omitted
+    update: JsonObject
+    update_meta: JsonValue | Omitted
 
 
 # In stateful v1 mode the middleware must see every v1 upsert sent to the client, matched by a
@@ -323,10 +393,10 @@ class RulesMiddleware(BaseMiddleware):
         )
         self.last_changed_by: tuple[str, ...] = ()
         self.last_skipped_v1: tuple[str, ...] = ()
-        # The fused v2 path (issue 13, ``fused_v2``): per direction, the entity rules that can
-        # match a `session/update`, as (kinds, any upsert, annotation); None when a rule rules
-        # it out (a message-target rule, or a value orjson would not write back as it is).
-        self._fused: dict[Direction, tuple[tuple[frozenset[str], bool, Annotation], ...]] | None
+        # The fused v2 path (issue 13, ``fused_v2``): per direction, the rules that can match a
+        # `session/update`; None when a rule rules it out (a value orjson would not write back
+        # as it is).
+        self._fused: dict[Direction, tuple[dict[str, _FusedKind], tuple[Annotation, ...]]] | None
         self._fused = _fused_table(self._compiled)
 
     @property
@@ -349,19 +419,19 @@ class RulesMiddleware(BaseMiddleware):
         """Whether ``fused_v2`` can answer for this rule set (the pipeline asks once)."""
         return self._fused is not None
 
-    def fused_v2(
-        self, message: JsonObject, direction: Direction
-    ) -> tuple[JsonObject, JsonValue] | Omitted | None:
+    def fused_v2(self, message: JsonObject, direction: Direction) -> FusedEdit | Omitted | None:
         """The common case of a v2 connection without building a message (issue 13).
 
-        For a v2 `session/update` upsert notification: ``OMITTED`` when the rules leave it as it
-        is, or ``(update, meta)``, the message's ``params.update`` object and the `_meta` value
-        the matching rules give it (``v2_meta_after``); the caller sets ``update["_meta"]``
-        itself and encodes only that member. ``None`` for anything else (another method, a
-        malformed or non-upsert update, a clear to split): ``__call__`` decides. The answer is
-        the one ``__call__`` gives on a message of version 2, exactly; it does not set
-        ``last_changed_by`` (only the debug log names the rules, and debug logging takes the
-        general path).
+        For a v2 `session/update` notification: ``OMITTED`` when the rules leave it as it is,
+        else a ``FusedEdit``: the message's ``params`` and ``params.update`` objects and the new
+        values the matching rules give their ``_meta`` members (``OMITTED``: that member is
+        unchanged): entity rules on an upsert (``v2_meta_after``), message-target rules
+        (``params_meta_after``). The two members are independent, so the file order of entity
+        and message rules does not matter here. The caller sets the members itself and encodes
+        only them. ``None`` for anything else (another method, a malformed update, a clear to
+        split): ``__call__`` decides. The answer is the one ``__call__`` gives on a message of
+        version 2, exactly; it does not set ``last_changed_by`` (only the debug log names the
+        rules, and debug logging takes the general path).
         """
         table = self._fused
         if table is None or message.get("method") != registry.SESSION_UPDATE:
@@ -373,22 +443,36 @@ class RulesMiddleware(BaseMiddleware):
         if type(update) is not dict:
             return None
         kind = update.get("sessionUpdate")
-        spec = _V2_UPSERTS.get(kind) if type(kind) is str else None
-        if spec is None:
+        if type(kind) is not str:
             return None
-        if spec.key_field is not None and type(update.get(spec.key_field)) is not str:
-            return None  # not an upsert to registry.find_upsert: no entity rule applies
-        annotations = [
-            a for kinds, any_upsert, a in table[direction] if any_upsert or kind in kinds
-        ]
-        if not annotations:
+        by_kind, other = table[direction]
+        plan = by_kind.get(kind)
+        entity: tuple[Annotation, ...] = ()
+        if plan is None:
+            on_message = other
+        else:
+            spec = plan.spec
+            # An upsert to ``registry.find_upsert``: a v2 upsert kind whose key field is a string.
+            if spec is not None and (
+                spec.key_field is None or type(update.get(spec.key_field)) is str
+            ):
+                entity, on_message = plan.entity, plan.message_if_upsert
+            else:
+                on_message = plan.message_otherwise
+        if not entity and not on_message:
             return OMITTED
-        meta = v2_meta_after(update, annotations)
-        if meta is OMITTED:
+        meta: JsonValue | Omitted = OMITTED
+        if entity:
+            got = v2_meta_after(update, entity)
+            if got is NEEDS_SPLIT:
+                return None
+            meta = got
+        params_meta: JsonValue | Omitted = OMITTED
+        if on_message:
+            params_meta = params_meta_after(params.get("_meta"), on_message)
+        if meta is OMITTED and params_meta is OMITTED:
             return OMITTED
-        if meta is NEEDS_SPLIT:
-            return None
-        return update, meta
+        return FusedEdit(params, params_meta, update, meta)
 
     def _matches(
         self, c: _Compiled, message: JsonObject, ctx: MessageContext, version: int

@@ -104,6 +104,7 @@ from acp_proxy.wire.tracking import (
 
 INVALID_REQUEST = -32600
 _UPDATE_PATH = ("params", "update")
+_PARAMS_PATH = ("params",)
 
 # Issue 10, "bounded memory" (README "Bounds"): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
@@ -789,12 +790,13 @@ class Connection:
     def _fused_frame(
         self, direction: Direction, raw: bytes, message: JsonObject, notes: tuple[Note, ...]
     ) -> Result | None:
-        """The annotation hot path (issue 13): a v2 upsert notification and a middleware with
-        ``fused_v2``. Only the new `_meta` is built; it is set on the parsed message (which no
-        one else holds) and only its bytes are encoded into the frame: the whole message when
-        the frame is exactly what orjson writes (one C call), else spliced into ``raw``
-        (``rawjson.splice_member``), the same bytes ``_rewrite`` gives. ``None``: take the
-        general path (nothing was changed)."""
+        """The annotation hot path (issue 13): a v2 `session/update` notification and a
+        middleware with ``fused_v2``. Only the new `_meta` members are built (the update's, for
+        entity rules; ``params._meta``, for message-target rules); they are set on the parsed
+        message (which no one else holds) and only their bytes are encoded into the frame: the
+        whole message when the frame is exactly what orjson writes (one C call), else spliced
+        into ``raw`` (``rawjson.splice_member``, one member after the other), the same bytes
+        ``_rewrite`` gives. ``None``: take the general path (the message is as it was)."""
         try:
             got = self._fused(message, direction)
         except Exception:  # the general path runs the middleware and reports the failure
@@ -805,24 +807,42 @@ class Connection:
         if got is OMITTED:
             self._count_out(direction, 1)
             return Result((OutFrame(raw, message, version),), (), notes)
-        update, meta = got
-        data: bytes | None = None
+        # (path to the object, the object, the new value of its ``_meta``)
+        edits: list[tuple[tuple[str, ...], JsonObject, JsonValue]] = []
+        if got.update_meta is not OMITTED:
+            edits.append((_UPDATE_PATH, got.update, got.update_meta))
+        if got.params_meta is not OMITTED:
+            edits.append((_PARAMS_PATH, got.params, got.params_meta))
         if _canonical(raw, message):
-            update["_meta"] = meta
+            saved = [(holder, holder.get("_meta", OMITTED)) for _, holder, _ in edits]
+            for _, holder, new in edits:
+                holder["_meta"] = new
+            # ``orjson.dumps`` directly, not ``rawjson.encode_value`` (which walks the whole
+            # message for NaN whenever the output holds a ``null``): the message was exactly
+            # ``raw`` under orjson, so it holds no NaN, and the fused table only takes rule
+            # values that orjson writes back exactly (``rules._writes_back``).
             try:
-                data = rawjson.encode_value(message)
-            except rawjson.Unencodable:  # a rule value orjson would turn into null
-                del update["_meta"]
+                data = orjson.dumps(message)
+            except TypeError:  # pragma: no cover - the parse of a canonical frame encodes
+                for holder, old in saved:  # put the message back as it was parsed
+                    if old is OMITTED:
+                        del holder["_meta"]
+                    else:
+                        holder["_meta"] = old
                 return None
-        if data is None:
-            present = "_meta" in update
+        else:
+            data = raw
             try:
-                data = rawjson.splice_member(
-                    raw, _UPDATE_PATH, "_meta", update.get("_meta"), meta, present=present
-                )
+                for path, holder, new in edits:
+                    present = "_meta" in holder
+                    old_value = holder.get("_meta")
+                    data = rawjson.splice_member(
+                        data, path, "_meta", old_value, new, present=present
+                    )
             except (rawjson.Unparseable, rawjson.Unencodable):
                 return None
-            update["_meta"] = meta
+            for _, holder, new in edits:
+                holder["_meta"] = new
         self.stats.rewritten += 1
         self._count_out(direction, 1)
         return Result((OutFrame(data, message, version),), (), notes)
