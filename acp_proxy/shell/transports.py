@@ -65,7 +65,12 @@ class FdStream(anyio.abc.ByteStream):
         # Readiness of the read fd, watched persistently while the reader keeps parking on it
         # (see _wait_readable).
         self._watch_loop: asyncio.AbstractEventLoop | None = None
-        self._read_waiter: asyncio.Future[None] | None = None
+        self._read_waiter: asyncio.Future[bytes | BaseException] | None = None
+        self._wait_size = read_size  # what the parked receive asked for
+        # Bytes (or the error) the readiness callback read for a receive that was cancelled
+        # before it got them: the next receive returns them first.
+        self._stash: bytes | BaseException | None = None
+        self._last_full = False  # the last read filled its buffer: read again before parking
         for fd in {read_fd, write_fd} - {None}:
             assert fd is not None
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -81,6 +86,10 @@ class FdStream(anyio.abc.ByteStream):
         fd = self._read_fd
         if fd is None or self._read_closed:
             raise anyio.ClosedResourceError
+        stash = self._stash
+        if stash is not None:  # read by the readiness callback for a receive that was cancelled
+            self._stash = None
+            return self._result(stash)
         # Interactive traffic parks on the selector (EAGAIN) after each read anyway; a reader
         # whose input is always ready yields every few reads so it cannot starve other tasks.
         # The scheduling point comes before the read, so a cancellation never loses bytes.
@@ -88,22 +97,34 @@ class FdStream(anyio.abc.ByteStream):
             self._ready_reads = 0
             await anyio.lowlevel.checkpoint()
         size = max(max_bytes, self._read_size)
-        while True:
+        if self._last_full or self._watch_loop is None:
+            # The last read filled the buffer (a stream in full flow: more is likely waiting),
+            # or the fd is not watched yet (first read, or a regular file epoll rejects): read.
             try:
                 data = os.read(fd, size)
             except BlockingIOError:
-                self._ready_reads = 0
-                await self._wait_readable(fd)
-                continue
+                pass
             except OSError as exc:
                 raise anyio.BrokenResourceError from exc
-            if not data:
-                raise anyio.EndOfStream
-            self._ready_reads += 1
-            return data
+            else:
+                return self._result(data, size)
+        # Interactive traffic: park until the fd is readable; the readiness callback reads the
+        # data itself (``_on_readable``), so the woken reader never reads just to find EAGAIN.
+        self._ready_reads = 0
+        return self._result(await self._wait_data(fd, size), size)
 
-    async def _wait_readable(self, fd: int) -> None:
-        """Park until ``fd`` is readable.
+    def _result(self, data: bytes | BaseException, size: int = 0) -> bytes:
+        if isinstance(data, BaseException):
+            raise data
+        if not data:
+            raise anyio.EndOfStream
+        self._ready_reads += 1
+        self._last_full = len(data) >= size > 0
+        return data
+
+    async def _wait_data(self, fd: int, size: int) -> bytes | BaseException:
+        """Park until ``fd`` is readable and ``_on_readable`` has read from it: the bytes read
+        (``b""`` at EOF) or the error to raise.
 
         ``anyio.wait_readable`` registers the fd with epoll and unregisters it on every call:
         two ``epoll_ctl`` calls and a few objects per message, about a third of the proxy's CPU
@@ -111,8 +132,15 @@ class FdStream(anyio.abc.ByteStream):
         ~100 us CPU per request/response, a persistent reader ~60 us). Here the fd stays
         registered while the reader keeps coming back to wait; the callback drops the
         registration when it fires with nobody waiting (the reader is busy or held by
-        backpressure), so a readable fd can never spin the loop. asyncio backend only, which is
-        the backend the proxy runs on (``anyio.run`` default).
+        backpressure), so a readable fd can never spin the loop, and nothing is read that no
+        one asked for. asyncio backend only, which is the backend the proxy runs on
+        (``anyio.run`` default).
+
+        Issue 13: the callback reads. Waking the reader only to read costs a loop iteration, and
+        it left the fd readable during the next poll, whose stale event then woke the reader
+        again for a read that found nothing (strace: one EAGAIN read and one extra
+        ``epoll_wait`` per message). Bytes the callback read for a receive that is then
+        cancelled are kept (``_stash``) for the next receive: a cancelled receive loses nothing.
         """
         loop = self._watch_loop
         if loop is None:
@@ -121,8 +149,13 @@ class FdStream(anyio.abc.ByteStream):
             self._watch_loop = loop
         waiter = loop.create_future()
         self._read_waiter = waiter
+        self._wait_size = size
         try:
-            await waiter
+            return await waiter  # type: ignore[no-any-return]
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._stash = waiter.result()  # read, not delivered: the next receive's
+            raise
         finally:
             self._read_waiter = None
 
@@ -130,9 +163,21 @@ class FdStream(anyio.abc.ByteStream):
         waiter = self._read_waiter
         if waiter is None:
             self._unwatch()  # nobody waits: level-triggered epoll would fire on every iteration
-        elif not waiter.done():
-            waiter.set_result(None)
-        # else: fired again before the woken reader ran (level-triggered): nothing to do
+            return
+        if waiter.done():
+            return  # fired again before the woken reader ran; it has its data
+        fd = self._read_fd
+        assert fd is not None
+        try:
+            data = os.read(fd, self._wait_size)
+        except BlockingIOError:
+            return  # a stale event (another reader of the same file took it): keep waiting
+        except OSError as exc:
+            err: BaseException = anyio.BrokenResourceError()
+            err.__cause__ = exc
+            waiter.set_result(err)
+            return
+        waiter.set_result(data)
 
     def _unwatch(self) -> None:
         loop, self._watch_loop = self._watch_loop, None
