@@ -321,6 +321,60 @@ def test_member_bytes() -> None:
     assert rawjson.member_bytes(b"[1]", "id") is None
 
 
+_ID_SPELLINGS = [
+    "0",
+    "-0",
+    "7",
+    "-12",
+    "1.0",
+    "1E2",
+    "1e-3",
+    "18446744073709551617",
+    '"a"',
+    '""',
+    '"x y"',
+    '"\\u0041"',
+    '"a\\"b"',
+    "null",
+    "[1]",
+    '{"id":2}',
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    top=st.sampled_from(_ID_SPELLINGS),
+    nested=st.one_of(st.none(), st.sampled_from(_ID_SPELLINGS)),
+    repeat=st.one_of(st.none(), st.sampled_from(_ID_SPELLINGS)),
+    key=st.sampled_from(['"id"', '"id"', '"\\u0069d"']),
+    params=json_text(2),
+    ws=WS,
+    first=st.booleans(),
+)
+def test_id_bytes_is_member_bytes(
+    *,
+    top: str,
+    nested: str | None,
+    repeat: str | None,
+    key: str,
+    params: str,
+    ws: str,
+    first: bool,
+) -> None:
+    """The fast read of a request id's bytes (issue 13) gives exactly what the full member scan
+    gives, whatever the spelling, escapes, nested or repeated ids around it."""
+    members = [f'"jsonrpc":{ws}"2.0"', f'"method":{ws}"session/prompt"', f'"params":{ws}{params}']
+    if nested is not None:
+        members[2] = f'"params":{ws}{{"id":{ws}{nested},{ws}"p":{ws}{params}}}'
+    member = f"{key}{ws}:{ws}{top}"
+    members.insert(0 if first else len(members), member)
+    if repeat is not None:
+        members.append(f'"id":{repeat}')
+    raw = ("{" + ws + ("," + ws).join(members) + ws + "}").encode()
+    rawjson.loads(raw)  # a frame that parses, as the pipeline's callers guarantee
+    assert rawjson.id_bytes(raw) == rawjson.member_bytes(raw, "id")
+
+
 # --- through the rules (the pipeline's rewrite) -----------------------------------------------
 
 EDGE_ROUTE = Rule(

@@ -1029,7 +1029,7 @@ class Connection:
             id_bytes = None
             if raw is not None:
                 try:
-                    id_bytes = rawjson.member_bytes(raw, "id")
+                    id_bytes = rawjson.id_bytes(raw)
                 except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
                     id_bytes = None
             if id_bytes is None:
@@ -1086,7 +1086,7 @@ class Connection:
         if not _is_id(rid) or self._tracker.knows(direction, rid):
             return None
         try:
-            id_bytes = rawjson.member_bytes(raw, "id") or b"null"
+            id_bytes = rawjson.id_bytes(raw) or b"null"
         except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
             id_bytes = _encode(rid) or b"null"  # type: ignore[arg-type]
         return self._full_reply(id_bytes)

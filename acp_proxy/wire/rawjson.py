@@ -322,6 +322,29 @@ def member_bytes(raw: bytes, key: str) -> bytes | None:
     return found
 
 
+# A top-level ``"id"`` member's value after its key: a number, a string without escapes, null.
+_ID_VALUE = re.compile(rb'[ \t\r\n]*:[ \t\r\n]*(-?[0-9][0-9.eE+-]*|"[^"]*"|null)')
+
+
+def id_bytes(raw: bytes) -> bytes | None:
+    """``member_bytes(raw, "id")``, fast for the common frame (issue 13: the full scan of the
+    object's members was a quarter of the proxy's CPU per request on interactive traffic).
+
+    When ``raw`` has no backslash, every key in it is written literally, so the top-level
+    ``"id"`` key of a message that has one is an occurrence of the bytes ``"id"`` (which cannot
+    occur inside a string: its quotes would be escaped); when those bytes occur exactly once, it
+    is that key, and its value is read with one regex match. Anything else (escapes, a repeated
+    or nested ``id``, an id that is an object or array) takes ``member_bytes``. The caller knows
+    the message has a top-level ``id``.
+    """
+    i = raw.find(b'"id"')
+    if i >= 0 and raw.find(b'"id"', i + 4) < 0 and raw.find(b"\\") < 0:
+        m = _ID_VALUE.match(raw, i + 4)
+        if m is not None:
+            return m.group(1)
+    return member_bytes(raw, "id")
+
+
 # --- Splicing --------------------------------------------------------------------------------
 
 
