@@ -180,3 +180,74 @@ async def test_eof_and_errors_found_by_the_callback_reach_the_receiver() -> None
         assert outcome == ["eof"]
     finally:
         await stream.aclose()
+
+
+async def test_a_consumer_handles_what_the_callback_reads_without_waking_the_receiver() -> None:
+    """``set_consumer`` (issue 13: the runtime handles a chunk on the readiness callback, no task
+    switch): HANDLED keeps the receive parked, HANDLED_WAKE returns None, NOT_HANDLED returns
+    the bytes, and an exception in the consumer is raised by the receive."""
+    r, w = os.pipe()
+    stream = FdStream(r, None, read_size=4096)
+    seen: list[bytes] = []
+    answers = [transports.HANDLED, transports.HANDLED, transports.HANDLED_WAKE]
+
+    def consumer(chunk: bytes) -> int:
+        seen.append(chunk)
+        if not answers:
+            return transports.NOT_HANDLED
+        return answers.pop(0)
+
+    stream.set_consumer(consumer)
+    try:
+        results: list[bytes | None] = []
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                results.append(await stream.receive_or_handled())
+                results.append(await stream.receive_or_handled())
+
+            tg.start_soon(reader)
+            for i in range(4):
+                while stream._read_waiter is None:
+                    await anyio.sleep(0)
+                os.write(w, b"m%d\n" % i)
+                stream._on_readable()
+                if i == 0:
+                    # handled on the callback: the receiver is still parked, nothing returned
+                    assert results == [] and stream._read_waiter is not None
+                    assert not stream._read_waiter.done()
+                await anyio.sleep(0)
+        assert seen == [b"m0\n", b"m1\n", b"m2\n", b"m3\n"]
+        assert results == [None, b"m3\n"]
+        # ``receive`` never offers chunks to the consumer.
+        async with anyio.create_task_group() as tg:
+            got: list[bytes] = []
+
+            async def plain() -> None:
+                got.append(await stream.receive())
+
+            tg.start_soon(plain)
+            while stream._read_waiter is None:
+                await anyio.sleep(0)
+            os.write(w, b"m4\n")
+            stream._on_readable()
+        assert got == [b"m4\n"] and seen[-1] == b"m3\n"
+
+        def failing(chunk: bytes) -> int:
+            raise RuntimeError("consumer bug")
+
+        stream.set_consumer(failing)
+        async with anyio.create_task_group() as tg:
+
+            async def reader2() -> None:
+                with pytest.raises(RuntimeError, match="consumer bug"):
+                    await stream.receive_or_handled()
+
+            tg.start_soon(reader2)
+            while stream._read_waiter is None:
+                await anyio.sleep(0)
+            os.write(w, b"m5\n")
+            stream._on_readable()
+    finally:
+        await stream.aclose()
+        os.close(w)

@@ -53,6 +53,7 @@ from acp_proxy.shell.process import (
     spawn_agent,
     spawn_error_exit,
 )
+from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.framing import LineSplitter
@@ -181,6 +182,14 @@ class BufferBudget:
                     self._waiters.remove(event)
         self.add(READ_SIZE)
         return READ_SIZE
+
+    def try_reserve_read(self, reader: object, partial: int) -> bool:
+        """``reserve_read`` without waiting: True (one read reserved) when ``reader`` may read
+        now, else False (nothing reserved)."""
+        if not self._may_read(reader, partial):
+            return False
+        self.add(READ_SIZE)
+        return True
 
     def release_owner(self, reader: object) -> None:
         """``reader`` finished its line (or stopped): the reserve is free for another."""
@@ -607,13 +616,59 @@ class PumpSession:
         dispatch = self._dispatch
         budget = self.budget
         receiving = self._receiving
+        stopping = self._stopping
         reserved = 0
+
+        def handle(chunk: bytes) -> bool:
+            """One chunk through the core and out (synchronous); whether it held events."""
+            # No backlog toward the peer (nothing queued, no write in flight): the complete lines
+            # of the chunk may travel as one block (``Connection._block``), forwarded whole
+            # unless a line needs parsing. With a backlog, frames stay one per line so the
+            # outbound queue can coalesce them (issue 4).
+            if forward.idle():
+                events: list[Any] = splitter.feed_blocks(chunk)
+                if events:
+                    dispatch(direction, handle_many(direction, events, join=True), forward, back)
+            else:
+                events = splitter.feed(chunk)
+                if events:
+                    dispatch(direction, handle_many(direction, events), forward, back)
+            self._account()
+            budget.add(-READ_SIZE)  # the read reserved before this chunk was read
+            if (events or not splitter.buffered) and budget.owned_by(splitter):
+                budget.release_owner(splitter)  # its line is complete
+            return bool(events)
+
+        def consume(chunk: bytes) -> int:
+            """Issue 13: a chunk read by the stream's readiness callback while this reader is
+            parked in ``receive_or_handled`` is handled right there, without waking the reader
+            task (one loop iteration and one task switch less per message). When the next read
+            may follow at once (the same three conditions as the loop's waits below), the
+            callback reserves it and the reader stays parked; otherwise the reader wakes to
+            wait. Not while stopping: the reader takes the chunk, as without a consumer."""
+            if stopping[direction]:
+                return NOT_HANDLED
+            handle(chunk)
+            if (
+                forward.queue.has_room()
+                and back.has_reply_room()
+                and budget.try_reserve_read(splitter, splitter.buffered)
+            ):
+                receiving[direction] = time.monotonic()
+                return HANDLED
+            return HANDLED_WAKE
+
+        set_consumer = getattr(rx, "set_consumer", None)
+        receive: Callable[[int], Awaitable[bytes | None]] = rx.receive
+        if callable(set_consumer):
+            set_consumer(consume)
+            receive = rx.receive_or_handled  # type: ignore[attr-defined]
         # One cancel scope for the whole loop (``stop_*`` cancels it): the only awaits are the
         # waits for room and ``receive``, and a cancelled receive consumes nothing, while each
         # chunk is dispatched synchronously, so stopping never loses or splits a frame.
         with anyio.CancelScope() as scope:
             self._recv_scopes[direction] = scope
-            if self._stopping[direction]:
+            if stopping[direction]:
                 scope.cancel()
             try:
                 while True:
@@ -624,35 +679,19 @@ class PumpSession:
                     reserved = await budget.reserve_read(splitter, splitter.buffered)
                     receiving[direction] = time.monotonic()
                     try:
-                        chunk = await rx.receive(reserved)
+                        chunk = await receive(reserved)
                     except _STREAM_ERRORS:
                         break
                     finally:
                         receiving[direction] = None
-                    # No backlog toward the peer (nothing queued, no write in flight): the
-                    # complete lines of the chunk may travel as one block
-                    # (``Connection._block``), forwarded whole unless a line needs parsing.
-                    # With a backlog, frames stay one per line so the outbound queue can
-                    # coalesce them (issue 4).
-                    if forward.idle():
-                        events: list[Any] = splitter.feed_blocks(chunk)
-                        if events:
-                            dispatch(
-                                direction,
-                                handle_many(direction, events, join=True),
-                                forward,
-                                back,
-                            )
-                    else:
-                        events = splitter.feed(chunk)
-                        if events:
-                            dispatch(direction, handle_many(direction, events), forward, back)
-                    self._account()
-                    budget.add(-reserved)
+                    if chunk is not None:
+                        handle(chunk)  # gives the reserved read back
+                    # (``None``: the consumer handled what was read, and gave back the reserved
+                    # read of the last chunk it handled without reserving another.)
                     reserved = 0
-                    if (events or not splitter.buffered) and budget.owned_by(splitter):
-                        budget.release_owner(splitter)  # its line is complete
             finally:
+                if callable(set_consumer):
+                    set_consumer(None)
                 if reserved:
                     budget.add(-reserved)
                 budget.release_owner(splitter)

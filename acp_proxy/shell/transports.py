@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import stat
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -29,6 +30,11 @@ DEFAULT_READ_SIZE = 256 * 1024
 PIPE_SIZE = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _READS_PER_YIELD = 4
+
+# What a chunk consumer (``FdStream.set_consumer``) did with the bytes the readiness callback read.
+NOT_HANDLED = 0  # nothing: the parked receive gets them, as without a consumer
+HANDLED = 1  # handled, and the next read may follow: the receive stays parked
+HANDLED_WAKE = 2  # handled, but the reader must run before the next read: the receive returns None
 
 
 def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> None:
@@ -65,12 +71,16 @@ class FdStream(anyio.abc.ByteStream):
         # Readiness of the read fd, watched persistently while the reader keeps parking on it
         # (see _wait_readable).
         self._watch_loop: asyncio.AbstractEventLoop | None = None
-        self._read_waiter: asyncio.Future[bytes | BaseException] | None = None
+        self._read_waiter: asyncio.Future[bytes | BaseException | None] | None = None
         self._wait_size = read_size  # what the parked receive asked for
         # Bytes (or the error) the readiness callback read for a receive that was cancelled
         # before it got them: the next receive returns them first.
         self._stash: bytes | BaseException | None = None
         self._last_full = False  # the last read filled its buffer: read again before parking
+        # Runs on the bytes the readiness callback read while ``receive_or_handled`` is parked
+        # (``set_consumer``); None: every chunk goes to the receiver.
+        self._consumer: Callable[[bytes], int] | None = None
+        self._consumer_on = False  # the parked receive accepts a consumer's handling
         for fd in {read_fd, write_fd} - {None}:
             assert fd is not None
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -83,6 +93,28 @@ class FdStream(anyio.abc.ByteStream):
 
         Raises ``anyio.EndOfStream`` at EOF and ``anyio.ClosedResourceError`` after close.
         """
+        data = await self._receive(max_bytes, consumer=False)
+        assert data is not None
+        return data
+
+    def set_consumer(self, consumer: Callable[[bytes], int] | None) -> None:
+        """Let ``consumer`` handle what the readiness callback reads while a
+        ``receive_or_handled`` is parked (issue 13: the round trip without a task switch).
+
+        The consumer gets each chunk right where it was read, on the event loop's callback, and
+        answers ``NOT_HANDLED`` (the receive returns the chunk), ``HANDLED`` (the receive stays
+        parked and the next chunk comes to the consumer again) or ``HANDLED_WAKE`` (the receive
+        returns ``None``: the reader has something to wait for before it reads again). It must
+        not raise; if it does, the receive raises its exception.
+        """
+        self._consumer = consumer
+
+    async def receive_or_handled(self, max_bytes: int = 65536) -> bytes | None:
+        """``receive``, except that chunks read while parked may go to the consumer
+        (``set_consumer``): ``None`` when the consumer handled what was read."""
+        return await self._receive(max_bytes, consumer=True)
+
+    async def _receive(self, max_bytes: int, *, consumer: bool) -> bytes | None:
         fd = self._read_fd
         if fd is None or self._read_closed:
             raise anyio.ClosedResourceError
@@ -111,7 +143,14 @@ class FdStream(anyio.abc.ByteStream):
         # Interactive traffic: park until the fd is readable; the readiness callback reads the
         # data itself (``_on_readable``), so the woken reader never reads just to find EAGAIN.
         self._ready_reads = 0
-        return self._result(await self._wait_data(fd, size), size)
+        self._consumer_on = consumer
+        try:
+            got = await self._wait_data(fd, size)
+        finally:
+            self._consumer_on = False
+        if got is None:
+            return None
+        return self._result(got, size)
 
     def _result(self, data: bytes | BaseException, size: int = 0) -> bytes:
         if isinstance(data, BaseException):
@@ -122,7 +161,7 @@ class FdStream(anyio.abc.ByteStream):
         self._last_full = len(data) >= size > 0
         return data
 
-    async def _wait_data(self, fd: int, size: int) -> bytes | BaseException:
+    async def _wait_data(self, fd: int, size: int) -> bytes | BaseException | None:
         """Park until ``fd`` is readable and ``_on_readable`` has read from it: the bytes read
         (``b""`` at EOF) or the error to raise.
 
@@ -141,6 +180,7 @@ class FdStream(anyio.abc.ByteStream):
         again for a read that found nothing (strace: one EAGAIN read and one extra
         ``epoll_wait`` per message). Bytes the callback read for a receive that is then
         cancelled are kept (``_stash``) for the next receive: a cancelled receive loses nothing.
+        ``None``: a consumer handled what was read (``set_consumer``).
         """
         loop = self._watch_loop
         if loop is None:
@@ -153,7 +193,7 @@ class FdStream(anyio.abc.ByteStream):
         try:
             return await waiter  # type: ignore[no-any-return]
         except BaseException:
-            if waiter.done() and not waiter.cancelled():
+            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
                 self._stash = waiter.result()  # read, not delivered: the next receive's
             raise
         finally:
@@ -177,6 +217,18 @@ class FdStream(anyio.abc.ByteStream):
             err.__cause__ = exc
             waiter.set_result(err)
             return
+        consumer = self._consumer
+        if data and consumer is not None and self._consumer_on:
+            try:
+                outcome = consumer(data)
+            except BaseException as exc:
+                waiter.set_result(exc)
+                return
+            if outcome == HANDLED:
+                return  # still parked; the fd stays watched
+            if outcome == HANDLED_WAKE:
+                waiter.set_result(None)
+                return
         waiter.set_result(data)
 
     def _unwatch(self) -> None:
