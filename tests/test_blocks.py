@@ -246,7 +246,7 @@ def plain_block_is_one_frame_with_exact_bytes() -> None:
         + [notif("plan_update")] * 2
     )
     events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
-    assert events == [Block(body)] and events[0].count == 6
+    assert events == [Block(body)] and Block(body).count == 6
     res = conn.handle_many(A2C, events, join=True)
     tagged = orjson.loads(notif("tool_call_update"))
     tagged["params"]["update"]["_meta"] = {"x.dev/k": 1}
@@ -277,7 +277,7 @@ def batch_or_blank_line_in_a_block() -> None:
     batch = b"[" + chunk + b"," + notif("plan_update") + b"]"
     body = b"\n".join([batch, chunk, chunk, batch, b"", b"  ", chunk, chunk, chunk, batch])
     events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
-    assert events == [Block(body)] and events[0].count == 10
+    assert events == [Block(body)] and Block(body).count == 10
     res = conn.handle_many(A2C, events, join=True)
     assert [f.raw for f in res.forward] == [
         batch,
