@@ -102,9 +102,13 @@ def _choose() -> tuple[Callable[[bytes, tuple[bytes, ...]], ScanResult], str]:
     if os.environ.get("ACP_PROXY_PURE_PYTHON") == "1":
         return scan_py, "pure Python (ACP_PROXY_PURE_PYTHON=1)"
     try:
-        from acp_proxy.wire import _scan
-    except ImportError as exc:
-        return scan_py, f"pure Python (the C accelerator is not built: {exc})"
+        import acp_proxy.wire._scan as _scan
+    except ModuleNotFoundError as exc:
+        if exc.name != "acp_proxy.wire._scan":
+            raise
+        return scan_py, "pure Python (the C accelerator is not built)"
+    except ImportError as exc:  # built for another interpreter, a missing symbol, ...
+        return scan_py, f"pure Python (the C accelerator does not load: {exc})"
     return _scan.scan, "C"
 
 
