@@ -102,7 +102,9 @@ def _choose() -> tuple[Callable[[bytes, tuple[bytes, ...]], ScanResult], str]:
     if os.environ.get("ACP_PROXY_PURE_PYTHON") == "1":
         return scan_py, "pure Python (ACP_PROXY_PURE_PYTHON=1)"
     try:
-        import acp_proxy.wire._scan as _scan
+        # Not ``from acp_proxy.wire import _scan``: that raises a plain ImportError when the
+        # module is missing, this a ModuleNotFoundError naming it (told apart from a bad build).
+        import acp_proxy.wire._scan as _scan  # noqa: PLR0402
     except ModuleNotFoundError as exc:
         if exc.name != "acp_proxy.wire._scan":
             raise
