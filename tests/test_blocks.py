@@ -122,6 +122,11 @@ CLIENT_LINES = [
     b'{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s"}}',
     b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}',
     b'{"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}}',
+    # Escaped client frames are parsed on the per-line path (``_client_needs_parse``), so one
+    # with a broken escape is reported NotParsed; the block path used to forward it silently.
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"caf\\u00e9"}}',
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"\\u00zz"}}',
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"a\\/b"}}',
     b"garbage",
     b"",
 ]

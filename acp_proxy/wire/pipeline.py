@@ -420,7 +420,7 @@ class Connection:
         # Until the version is known the chain is off, and the initialize response inside this
         # block may turn it on halfway: take such blocks line by line (once per connection).
         waiting = self._has_links and not self._chain_on
-        needles = None if self._inspect_all or waiting else self._block_needles()
+        needles = None if self._inspect_all or waiting else self._block_needles(direction)
         if needles is None:
             acc.extend(self.handle_many(direction, block.lines(), join=join))
             return
@@ -442,9 +442,11 @@ class Connection:
         if lines > index:
             self._plain_run(direction, raw[pos:], lines - index, acc, join)
 
-    def _block_needles(self) -> tuple[bytes, ...] | None:
+    def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
         """What makes a line of a block need the per-line path; None: every line does."""
         needles: list[bytes] = [b'"id"']  # requests and responses, for the tracker
+        if direction is _C2A:
+            needles.extend(_ESCAPES)  # ``_client_needs_parse`` parses escaped client frames too
         if self._chain_on:
             for link_needles in self._link_needles:
                 if link_needles is None:
@@ -1193,6 +1195,9 @@ def _has_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
     """One of ``escapes`` occurs in ``raw`` (``escapes`` all start with a backslash)."""
     p = raw.find(b"\\")  # memchr: most frames have no backslash at all
     return p >= 0 and any(raw.find(e, p) >= 0 for e in escapes)
+
+
+_ESCAPES = (b"\\u", b"\\/")
 
 
 def _has_escape(raw: bytes) -> bool:
