@@ -44,11 +44,18 @@
 # when `metrics:` is set in the config file instead.
 
 # ---- build: install the project and its dependencies into /install (pip stays here) ----
+# gcc (build stage only) compiles the optional C block scanner (acp_proxy/wire/_scan.c, README
+# "Dependencies"); the check after the install fails the build if it fell back to pure Python.
 FROM python:3.11-slim AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY acp_proxy ./acp_proxy
-RUN pip install --no-cache-dir --no-warn-script-location --prefix=/install .
+RUN pip install --no-cache-dir --no-warn-script-location --prefix=/install . \
+    && cd / && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
+       "from acp_proxy.wire.scan import SCANNER; assert SCANNER == 'C', SCANNER"
 
 # ---- runtime: the installed files only ----
 FROM python:3.11-slim

@@ -76,6 +76,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the main command (options before ``--``)."""
+    from acp_proxy.wire.scan import SCANNER
+
     parser = argparse.ArgumentParser(
         prog="acp-proxy",
         usage="acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]\n"
@@ -91,7 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-V", "--version", action="version", version=f"acp-proxy {__version__}")
+    # Issue 13: which block scanner is active (the optional C accelerator, or why not).
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"acp-proxy {__version__}\nscanner: {SCANNER}"
+    )
     parser.add_argument(
         "--config",
         metavar="FILE",

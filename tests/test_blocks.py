@@ -1,17 +1,22 @@
 """The block fast path (``LineSplitter.feed_blocks`` + ``Connection.handle_many`` on ``Block``s)
 is an optimisation only: for any stream, any chunking and any chain, it must produce exactly what
-feeding the lines one by one produces (wire bytes, replies, notes, counters, tracker state)."""
+feeding the lines one by one produces (wire bytes, replies, notes, counters, tracker state), with
+either block scanner (``acp_proxy.wire.scan``: the pure-Python one and the C accelerator)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_proxy.config import NonJsonPolicy
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
@@ -24,6 +29,33 @@ from acp_proxy.wire.chain import (
 )
 from acp_proxy.wire.framing import Block, Line, LineSplitter
 from acp_proxy.wire.pipeline import Connection, Result
+from acp_proxy.wire.scan import ScanResult, scan_py
+
+try:
+    from acp_proxy.wire import _scan
+
+    C_SCAN: Callable[[bytes, tuple[bytes, ...]], ScanResult] | None = _scan.scan
+except ImportError:
+    C_SCAN = None
+
+SCANNERS = [
+    pytest.param("python", id="python"),
+    pytest.param(
+        "c", id="c", marks=pytest.mark.skipif(C_SCAN is None, reason="C accelerator not built")
+    ),
+]
+
+
+@contextmanager
+def scanner(name: str) -> Iterator[None]:
+    """Run the pipeline's block path on one scanner (not a fixture: hypothesis reruns the body)."""
+    saved = block_scan.scan
+    block_scan.scan = scan_py if name == "python" else C_SCAN  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        block_scan.scan = saved
+
 
 A2C = Direction.AGENT_TO_CLIENT
 C2A = Direction.CLIENT_TO_AGENT
@@ -32,7 +64,7 @@ C2A = Direction.CLIENT_TO_AGENT
 class TagToolCalls(BaseMiddleware):
     """Rewrites tool_call_update notifications (needle-filtered, like the rules middleware)."""
 
-    needles = (b'"tool_call_update"',)
+    needles: tuple[bytes, ...] = (b'"tool_call_update"',)
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
         params = message.get("params")
@@ -44,6 +76,18 @@ class TagToolCalls(BaseMiddleware):
         meta: JsonObject = {"x.dev/k": 1}
         new_update: JsonObject = {**update, "_meta": meta}
         return Replace(({**message, "params": {**params, "update": new_update}},))
+
+
+class TagWithNeedles(TagToolCalls):
+    """The same middleware behind other needles (hostile ones included: blank, one byte)."""
+
+    def __init__(self, needles: tuple[bytes, ...]) -> None:
+        self.needles = needles
+
+
+# Needles a middleware may declare: the usual one, and ones that hit blank, whitespace and
+# every line, or (holding a newline) none.
+ODD_NEEDLES = [(b'"tool_call_update"',), (b" ",), (b"",), (b"\n",), (b"t", b"\r"), (b"{",)]
 
 
 def notif(kind: str, extra: str = "") -> bytes:
@@ -78,6 +122,11 @@ CLIENT_LINES = [
     b'{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s"}}',
     b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}',
     b'{"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}}',
+    # Escaped client frames are parsed on the per-line path (``_client_needs_parse``), so one
+    # with a broken escape is reported NotParsed; the block path used to forward it silently.
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"caf\\u00e9"}}',
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"\\u00zz"}}',
+    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"a\\/b"}}',
     b"garbage",
     b"",
 ]
@@ -147,20 +196,51 @@ def traffic(draw: st.DrawFn) -> list[tuple[Direction, bytes]]:
     return out
 
 
+@pytest.mark.parametrize("scan_name", SCANNERS)
 @settings(max_examples=150, deadline=None)
 @given(traffic(), st.booleans(), st.sampled_from(list(NonJsonPolicy)), st.booleans())
 def test_blocks_equal_lines(
-    chunks: list[tuple[Direction, bytes]], with_chain: bool, non_json: NonJsonPolicy, join: bool
+    scan_name: str,
+    chunks: list[tuple[Direction, bytes]],
+    with_chain: bool,
+    non_json: NonJsonPolicy,
+    join: bool,
 ) -> None:
     def chain() -> Chain:
         return Chain([Link(TagToolCalls())] if with_chain else [])
 
     by_line = drive(chunks, chain(), blocks=False, join=False, non_json=non_json)
-    by_block = drive(chunks, chain(), blocks=True, join=join, non_json=non_json)
+    with scanner(scan_name):
+        by_block = drive(chunks, chain(), blocks=True, join=join, non_json=non_json)
     assert by_block == by_line
 
 
-def test_plain_block_is_one_frame_with_exact_bytes() -> None:
+@pytest.mark.parametrize("scan_name", SCANNERS)
+@settings(max_examples=60, deadline=None)
+@given(traffic(), st.sampled_from(ODD_NEEDLES), st.sampled_from(list(NonJsonPolicy)), st.booleans())
+def test_blocks_equal_lines_with_odd_needles(
+    scan_name: str,
+    chunks: list[tuple[Direction, bytes]],
+    needles: tuple[bytes, ...],
+    non_json: NonJsonPolicy,
+    join: bool,
+) -> None:
+    def chain() -> Chain:
+        return Chain([Link(TagWithNeedles(needles))])
+
+    by_line = drive(chunks, chain(), blocks=False, join=False, non_json=non_json)
+    with scanner(scan_name):
+        by_block = drive(chunks, chain(), blocks=True, join=join, non_json=non_json)
+    assert by_block == by_line
+
+
+@pytest.mark.parametrize("scan_name", SCANNERS)
+def test_plain_block_is_one_frame_with_exact_bytes(scan_name: str) -> None:
+    with scanner(scan_name):
+        plain_block_is_one_frame_with_exact_bytes()
+
+
+def plain_block_is_one_frame_with_exact_bytes() -> None:
     conn = Connection(Chain([Link(TagToolCalls())]))
     sp = LineSplitter(1 << 20)
     conn.handle_many(C2A, sp.feed(CLIENT_LINES[0] + b"\n"))
@@ -171,7 +251,7 @@ def test_plain_block_is_one_frame_with_exact_bytes() -> None:
         + [notif("plan_update")] * 2
     )
     events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
-    assert events == [Block(body, 6)]
+    assert events == [Block(body)] and Block(body).count == 6
     res = conn.handle_many(A2C, events, join=True)
     tagged = orjson.loads(notif("tool_call_update"))
     tagged["params"]["update"]["_meta"] = {"x.dev/k": 1}
@@ -183,10 +263,18 @@ def test_plain_block_is_one_frame_with_exact_bytes() -> None:
     assert conn.stats.agent_to_client_in == 7 and conn.stats.agent_to_client_out == 7
 
 
-def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines() -> None:
+@pytest.mark.parametrize("scan_name", SCANNERS)
+def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines(
+    scan_name: str,
+) -> None:
     """Issue 13: a batch (or a blank line) among plain updates goes through the per-line path
     alone; the ``{"`` lines around it are still forwarded as whole runs (it used to send the
     entire run line by line: a stream with the odd batch in it lost the block fast path)."""
+    with scanner(scan_name):
+        batch_or_blank_line_in_a_block()
+
+
+def batch_or_blank_line_in_a_block() -> None:
     conn = Connection(Chain([Link(TagToolCalls())]))
     conn.handle_many(C2A, LineSplitter(1 << 20).feed(CLIENT_LINES[0] + b"\n"))
     conn.handle_many(A2C, LineSplitter(1 << 20).feed(LINES[0] + b"\n"))
@@ -194,7 +282,7 @@ def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines() -
     batch = b"[" + chunk + b"," + notif("plan_update") + b"]"
     body = b"\n".join([batch, chunk, chunk, batch, b"", b"  ", chunk, chunk, chunk, batch])
     events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
-    assert events == [Block(body, 10)]
+    assert events == [Block(body)] and Block(body).count == 10
     res = conn.handle_many(A2C, events, join=True)
     assert [f.raw for f in res.forward] == [
         batch,
@@ -209,7 +297,7 @@ def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines() -
 def test_feed_blocks_splits_like_feed() -> None:
     sp = LineSplitter(100)
     assert sp.feed_blocks(b"ab") == []
-    assert sp.feed_blocks(b"c\n{1}\n{2}\n{3") == [Line(b"abc"), Block(b"{1}\n{2}", 2)]
+    assert sp.feed_blocks(b"c\n{1}\n{2}\n{3") == [Line(b"abc"), Block(b"{1}\n{2}")]
     assert sp.feed_blocks(b"}\n") == [Line(b"{3}")]
     assert sp.feed_blocks(b"\n \n") == []
     assert sp.end() == []

@@ -13,6 +13,7 @@ from proxy_harness import REPO, init_response, proxy_cmd, proxy_env, request, ru
 
 from acp_proxy import __version__, cli
 from acp_proxy.config import ConfigError, explain_config, load_config
+from acp_proxy.wire.scan import SCANNER
 
 pytestmark = pytest.mark.anyio
 
@@ -21,7 +22,7 @@ PROXY = [sys.executable, "-m", "acp_proxy"]
 
 async def test_version() -> None:
     ran = await run([*PROXY, "--version"])
-    assert (ran.rc, ran.stdout) == (0, f"acp-proxy {__version__}\n".encode())
+    assert (ran.rc, ran.stdout) == (0, f"acp-proxy {__version__}\nscanner: {SCANNER}\n".encode())
 
 
 async def test_help_has_usage_and_examples() -> None:

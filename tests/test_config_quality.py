@@ -32,6 +32,7 @@ from acp_proxy.config import (
     settings_table,
 )
 from acp_proxy.record.format import RecordConfig
+from acp_proxy.wire.scan import SCANNER
 
 SCHEMA_FILE = REPO / "config" / "acp-proxy.schema.json"
 EXAMPLE = REPO / "config" / "example.yaml"
@@ -291,7 +292,10 @@ def test_a_word_far_from_any_subcommand_is_an_agent() -> None:
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_version_flags(flag: str) -> None:
     ran = proxy(flag)
-    assert (ran.returncode, ran.stdout) == (0, f"acp-proxy {__version__}\n".encode())
+    assert (ran.returncode, ran.stdout) == (
+        0,
+        f"acp-proxy {__version__}\nscanner: {SCANNER}\n".encode(),
+    )
 
 
 @pytest.mark.parametrize("level", ["DEBUG", "Info", "WARNING", "error"])

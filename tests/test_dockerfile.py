@@ -199,3 +199,18 @@ def test_sidecar_usage_is_documented() -> None:
     # Issue 12.3: the pod advice is a Unix socket in a shared volume (or the pod's loopback).
     assert '"--listen", "unix:///run/acp/acp.sock",' in text
     assert "`--listen tcp://127.0.0.1:7777` works as well" in text
+
+
+def test_the_image_builds_the_c_scanner_in_the_build_stage_only(
+    instructions: list[Instruction],
+) -> None:
+    """Issue 13: the build stage has a compiler, builds the optional C block scanner and fails if
+    it fell back to pure Python; the runtime stage gets the compiled module, not the compiler."""
+    *builds, final = stages(instructions)
+    (build,) = builds
+    runs = [i.args for i in build if i.keyword == "RUN"]
+    assert any("apt-get install" in r and " gcc " in f"{r} " for r in runs)
+    copied = {src for i in build if i.keyword == "COPY" for src in copy_sources(i)[1]}
+    assert "setup.py" in copied
+    assert any("pip install" in r and "SCANNER == 'C'" in r for r in runs)
+    assert not any("gcc" in i.args for i in final if i.keyword == "RUN")

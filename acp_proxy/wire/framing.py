@@ -60,7 +60,12 @@ class Block:
     """
 
     raw: bytes
-    count: int
+
+    @property
+    def count(self) -> int:
+        # Computed on demand: the pipeline's block scan counts the lines in its own pass, and a
+        # ``bytes.count`` per 64 KiB read cost 0.3 us per message of pass-through (issue 13).
+        return self.raw.count(b"\n") + 1
 
     def lines(self) -> list[Line]:
         """The block's frames, as ``feed`` would have produced them (blank lines dropped)."""
@@ -145,7 +150,7 @@ class LineSplitter:
         if start <= last_nl:
             raw = data[start:last_nl]
             if raw and not raw.isspace():
-                out.append(Block(raw, raw.count(b"\n") + 1))
+                out.append(Block(raw))
         if last_nl + 1 < len(data):
             self._add_partial(data[last_nl + 1 :])
         return out

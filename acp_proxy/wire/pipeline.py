@@ -48,7 +48,6 @@ Rules (issue 3, "Streaming behaviour"):
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ import orjson
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson
+from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
     INTERNAL_ERROR,
     Chain,
@@ -132,8 +132,6 @@ _FRAME_STARTS = frozenset(
     [b"{" + bytes([c]) for c in b' \t\r"}'] + [b"[" + bytes([c]) for c in b" \t\r]{["]
 )
 
-# The newline before a line of a block that does not start like ``{"``.
-_ODD_LINE = re.compile(rb'\n(?!\{")')
 # A leading run of terminal escape sequences (CSI, OSC, two-byte ESC) and whitespace.
 _ANSI_PREFIX = re.compile(
     rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]|[ \t\r])+"
@@ -423,86 +421,53 @@ class Connection:
         # Until the version is known the chain is off, and the initialize response inside this
         # block may turn it on halfway: take such blocks line by line (once per connection).
         waiting = self._has_links and not self._chain_on
-        specials = None if self._inspect_all or waiting else self._specials(raw)
-        if specials is None:
+        needles = None if self._inspect_all or waiting else self._block_needles(direction)
+        if needles is None:
             acc.extend(self.handle_many(direction, block.lines(), join=join))
             return
+        # One pass (``acp_proxy.wire.scan``, C when built): the lines that hold a needle or do
+        # not start like ``{"`` (a batch, a blank line, whitespace before a frame, non-JSON
+        # output: the per-line path diverts what cannot be a frame). The runs of ``{"`` lines
+        # between them are forwarded whole (a stream of updates with the odd batch in it).
+        lines, specials = block_scan.scan(raw, needles)
+        index = 0  # the line index of ``pos``
         pos = 0
-        end = len(raw)
-        for hit in specials:
-            if hit < pos:
-                continue  # another hit on a line already handled
-            start = raw.rfind(b"\n", 0, hit) + 1
-            stop = raw.find(b"\n", hit)
-            if stop < 0:
-                stop = end
-            if start > pos:
-                self._plain_run(direction, raw[pos : start - 1], acc, join=join)
-            acc.extend(self.handle_many(direction, [Line(raw[start:stop])], join=join))
+        for line_index, start, stop in specials:
+            if line_index > index:
+                self._plain_run(direction, raw[pos : start - 1], line_index - index, acc, join)
+            line = raw[start:stop]
+            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
+                acc.extend(self.handle_many(direction, [Line(line)], join=join))
+            index = line_index + 1
             pos = stop + 1
-        if pos < end:
-            self._plain_run(direction, raw[pos:], acc, join=join)
+        if lines > index:
+            self._plain_run(direction, raw[pos:], lines - index, acc, join)
 
-    def _specials(self, raw: bytes) -> list[int] | None:
-        """Sorted offsets of one hit per line needing the per-line path; None: every line."""
-        needles: list[bytes] = [b'"id"']
+    def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
+        """What makes a line of a block need the per-line path; None: every line does."""
+        needles: list[bytes] = [b'"id"']  # requests and responses, for the tracker
+        if direction is _C2A:
+            needles.extend(_ESCAPES)  # ``_client_needs_parse`` parses escaped client frames too
         if self._chain_on:
             for link_needles in self._link_needles:
                 if link_needles is None:
                     return None
                 needles.extend(link_needles)
             needles.extend(self._escapes)
-        hits: list[int] = []
-        find = raw.find
-        for needle in needles:
-            i = find(needle)
-            while i >= 0:
-                hits.append(i)
-                eol = find(b"\n", i)
-                if eol < 0:
-                    break
-                i = find(needle, eol + 1)
-        hits.sort()
-        return hits
+        return tuple(needles)
 
-    def _plain_run(self, direction: Direction, run: bytes, acc: _Acc, *, join: bool) -> None:
-        """Lines no middleware and no tracker needs: forward them whole if each looks like JSON."""
-        newlines = run.count(b"\n")
-        # Every line starts ``{"`` (the shape of nearly every frame); anything else (a batch,
-        # whitespace, a log line) takes the per-line path, which diverts what cannot be a frame.
-        if run[:2] == b'{"' and newlines == run.count(b'\n{"'):
-            lines = run.split(b"\n") if not join and newlines else [run]
-            if join:
-                n = newlines + 1
-                if direction is _A2C:
-                    self.stats.agent_to_client_in += n
-                    self.stats.agent_to_client_out += n
-                else:
-                    self.stats.client_to_agent_in += n
-                    self.stats.client_to_agent_out += n
-                acc.forward.append(OutFrame(run, None, self.version))
+    def _plain_run(self, direction: Direction, run: bytes, n: int, acc: _Acc, join: bool) -> None:
+        """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""
+        if join:
+            if direction is _A2C:
+                self.stats.agent_to_client_in += n
+                self.stats.agent_to_client_out += n
             else:
-                self._flush_run(direction, lines, acc.forward, False)
-            return
-        # A batch, a blank line, whitespace before a frame, or non-JSON output: those lines take
-        # the per-line path (which diverts what cannot be a frame); the ``{"`` lines between
-        # them are still forwarded whole (a stream of updates with the odd batch in it).
-        pos = 0
-        starts = (m.end() for m in _ODD_LINE.finditer(run))  # each odd line's first byte
-        for start in itertools.chain((0,), starts) if run[:2] != b'{"' else starts:
-            if start > pos:
-                self._plain_run(direction, run[pos : start - 1], acc, join=join)
-            stop = run.find(b"\n", start)
-            if stop < 0:
-                stop = len(run)
-            line = run[start:stop]
-            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
-                acc.extend(self.handle_many(direction, [Line(line)], join=join))
-            pos = stop + 1
-            if pos > len(run):
-                return
-        if pos < len(run):
-            self._plain_run(direction, run[pos:], acc, join=join)
+                self.stats.client_to_agent_in += n
+                self.stats.client_to_agent_out += n
+            acc.forward.append(OutFrame(run, None, self.version))
+        else:
+            self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)
 
     def _flush_run(
         self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
@@ -1250,6 +1215,9 @@ def _has_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
     """One of ``escapes`` occurs in ``raw`` (``escapes`` all start with a backslash)."""
     p = raw.find(b"\\")  # memchr: most frames have no backslash at all
     return p >= 0 and any(raw.find(e, p) >= 0 for e in escapes)
+
+
+_ESCAPES = (b"\\u", b"\\/")
 
 
 def _has_escape(raw: bytes) -> bool:
