@@ -482,7 +482,7 @@ class Harness:
                 timeout * 3,  # the peers are slower than the proxy
                 read_size=read_size,
                 sleep_s=sleep_s,
-                check=(variant == "conductor-annotate") if repeat == 1 else None,
+                peer=(variant == "conductor-annotate", repeat),
             )
         argv = self.relay_argv(variant)
         assert argv is not None
@@ -584,11 +584,14 @@ class Harness:
         *,
         read_size: int,
         sleep_s: float,
-        check: bool | None = None,
+        peer: tuple[bool, int] | None = None,
     ) -> Run:
         """Stream ``ds`` through a sidecar that spawns ``agent`` itself (the proxy, a peer); the
-        agent's own CPU is subtracted. ``check`` (the peers): keep the output and check it as
-        JSON, against the agent file annotated when True."""
+        agent's own CPU is subtracted. ``peer`` = (annotated, passes) for the peers: one pass is
+        kept and checked as JSON (against the agent file annotated as the inject relay does, when
+        annotated); a run whose output stopped early (lines missing beyond dropped batches) is an
+        error, since its throughput would be a prefix's."""
+        check = peer is not None and peer[1] == 1
         agent_ru = self.tmp("agent-rusage.json")
         proxy_ru = self.tmp("proxy-rusage.json")
         stderr_path = self.tmp("proxy-stderr.log")
@@ -608,7 +611,7 @@ class Harness:
             target=_feed, args=(proc.stdin, Path(ds.client_path).read_bytes()), daemon=True
         )
         feeder.start()
-        with open(out_path, "wb") if check is not None else nullcontext() as keep:
+        with open(out_path, "wb") if check else nullcontext() as keep:
             sink = drain(
                 proc.stdout.fileno(), timeout, read_size=read_size, sleep_s=sleep_s, keep=keep
             )
@@ -621,14 +624,18 @@ class Harness:
         rx = self.measured(wait_rusage(proc, 30), proxy_ru)
         agent_cpu, agent_rss = read_agent_rusage(agent_ru)
         run = self._result(ds, sink, rx, t0, cpu_s=rx.cpu_s - agent_cpu)
-        if check is not None:
-            run.json_check = self.check_json(ds, out_path, check)
-            out_path.unlink()
-            jc = run.json_check
-            dropped = jc["batches_in"] - jc["batches_out"]
-            if run.ok and sink.lines + dropped < ds.lines * 0.99:
+        if peer is not None:
+            annotated, passes = peer
+            _, batches, _ = self.expected_messages(ds, False)
+            lines_in = ds.lines + (passes - 1) * (ds.lines - 2)  # the body is replayed
+            what = f"lines {sink.lines:,} of {lines_in:,}"
+            if check:
+                run.json_check = self.check_json(ds, out_path, annotated)
+                out_path.unlink()
+                what = json_check_text(run.json_check, ds.lines, sink.lines)
+            if run.ok and sink.lines + batches * passes < lines_in * 0.99:
                 run.ok = False  # stopped early: a throughput figure would be a prefix's
-                run.error = f"incomplete output ({json_check_text(jc, ds.lines, sink.lines)})"
+                run.error = f"incomplete output ({what})"
         if agent_rss > run.maxrss_kb * 0.9:
             # wait4's ru_maxrss is the max over the proxy and its reaped children: flag it.
             run.error = (run.error or "") + f" (agent RSS {agent_rss} kB close to the max)"
@@ -1046,7 +1053,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
     rows: list[Row] = []
     big = ensure(s.data_dir, "bigline", 2, s.bigline_size, s.seed)
     target_mb = 3 * s.bigline_size / 2**20 + 40
-    variants = ["py-line", "py-inject", "proxy-passthrough", "proxy-annotate"]
+    variants = ["py-line", "py-inject", "proxy-passthrough", "proxy-annotate", *PEER_VARIANTS]
     runs: dict[str, list[Run]] = {v: [] for v in variants}
     for _ in range(s.reps):
         for v in variants:
@@ -1066,6 +1073,9 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
             continue
         rss = stats([r.maxrss_kb / 1024 for r in ok])
         assert rss is not None
+        check: dict[str, Any] = {"lines_out": [r.out_lines for r in ok], "lines_in": big.lines}
+        if v in PEER_VARIANTS:
+            check["json"] = [r.json_check for r in ok]
         rows.append(
             Row(
                 4,
@@ -1074,7 +1084,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
                 title,
                 metrics={"peak_rss_mb": rss, "line_mb": s.bigline_size / 2**20},
                 ratios={"target": {"median": rss["median"] / target_mb, "target_mb": target_mb}},
-                check={"lines_out": [r.out_lines for r in ok], "lines_in": big.lines},
+                check=check,
             )
         )
         log(f"  s4 bigline {v}: peak RSS {rss['median']:.1f} MiB (target {target_mb:.0f} MiB)")
@@ -1090,14 +1100,19 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "py-line": "Python line relay, slow client",
         "proxy-coalesce-on": "acp-proxy, slow client, coalescing on",
         "proxy-coalesce-off": "acp-proxy, slow client, coalescing off",
+        "conductor": "TypeScript conductor (no components), slow client",
+        "sdk-relay": "Python SDK relay, slow client",
     }
     for v, title in slow_titles.items():
-        reason = h.skip_reason("proxy-passthrough") if v.startswith("proxy") else None
+        reason = h.skip_reason("proxy-passthrough" if v.startswith("proxy") else v)
         if reason:
             rows.append(skipped(4, "slow-client", v, title, reason))
             continue
         r = h.stream(
-            v if v == "py-line" else "proxy-passthrough", burst, config=configs.get(v), slow=True
+            "proxy-passthrough" if v.startswith("proxy") else v,
+            burst,
+            config=configs.get(v),
+            slow=True,
         )
         if not r.ok:
             rows.append(Row(4, "slow-client", v, title, "error", r.error))
@@ -1116,7 +1131,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
                     "peak_rss_mb": r.maxrss_kb / 1024,
                     "wall_s": r.wall_s,
                 },
-                check={"identical": r.identical},
+                check={"identical": r.identical, "json": r.json_check},
             )
         )
         peak = r.maxrss_kb / 1024
@@ -1125,37 +1140,44 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
 
 
 def long_stream_rows(h: Harness, log: Callable[[str], None]) -> list[Row]:
-    """Peak RSS of the proxy for one pass of a notification stream and for ``long_repeat``
-    passes (~1 GB in the full run): the target is that it does not grow with stream length."""
+    """Peak RSS of the proxy (and of the peers) for one pass of a notification stream and for
+    ``long_repeat`` passes (~1 GB in the full run): the target is that it does not grow with
+    stream length. Row ids: ``proxy-1x``, ``proxy-long``, ``conductor-1x``, ..."""
     s = h.s
     ds = ensure(s.data_dir, "notify", 2, s.size, s.seed)
     body = ds.bytes - header_bytes(ds)
-    passes = {"proxy-1x": 1, "proxy-long": s.long_repeat}
-    runs: dict[str, Run] = {}
-    reason = h.skip_reason("proxy-passthrough")
+    who = {
+        "proxy": ("proxy-passthrough", "acp-proxy, pass-through rules"),
+        "conductor": ("conductor", "TypeScript conductor (no components)"),
+        "sdk-relay": ("sdk-relay", "Python SDK relay"),
+    }
     rows: list[Row] = []
-    for v, k in passes.items():
-        total_mb = (ds.bytes + (k - 1) * body) / 1e6
-        title = f"acp-proxy, pass-through rules: {total_mb:,.0f} MB stream ({k} pass(es))"
-        if reason:
-            rows.append(skipped(4, "long-stream", v, title, reason))
-            continue
-        r = h.stream("proxy-passthrough", ds, repeat=k)
-        runs[v] = r
-        if not r.ok:
-            rows.append(Row(4, "long-stream", v, title, "error", r.error))
-            continue
-        metrics = {
-            "peak_rss_mb": r.maxrss_kb / 1024,
-            "stream_mb": total_mb,
-            "mb_s": total_mb / r.xfer_s,
-        }
-        ratios: dict[str, Any] = {}
-        first = runs.get("proxy-1x")
-        if v != "proxy-1x" and first is not None and first.ok:
-            ratios["vs_1x"] = {"median": r.maxrss_kb / first.maxrss_kb}
-        rows.append(Row(4, "long-stream", v, title, metrics=metrics, ratios=ratios))
-        log(f"  s4 long {v}: {total_mb:,.0f} MB, peak RSS {r.maxrss_kb / 1024:.1f} MiB")
+    for prefix, (variant, name) in who.items():
+        reason = h.skip_reason(variant)
+        first: Run | None = None
+        for k in (1, s.long_repeat):
+            v = f"{prefix}-1x" if k == 1 else f"{prefix}-long"
+            total_mb = (ds.bytes + (k - 1) * body) / 1e6
+            title = f"{name}: {total_mb:,.0f} MB stream ({k} pass(es))"
+            if reason:
+                rows.append(skipped(4, "long-stream", v, title, reason))
+                continue
+            r = h.stream(variant, ds, repeat=k)
+            if k == 1:
+                first = r
+            if not r.ok:
+                rows.append(Row(4, "long-stream", v, title, "error", r.error))
+                continue
+            metrics = {
+                "peak_rss_mb": r.maxrss_kb / 1024,
+                "stream_mb": total_mb,
+                "mb_s": total_mb / r.xfer_s,
+            }
+            ratios: dict[str, Any] = {}
+            if k != 1 and first is not None and first.ok:
+                ratios["vs_1x"] = {"median": r.maxrss_kb / first.maxrss_kb}
+            rows.append(Row(4, "long-stream", v, title, metrics=metrics, ratios=ratios))
+            log(f"  s4 long {v}: {total_mb:,.0f} MB, peak RSS {r.maxrss_kb / 1024:.1f} MiB")
     return rows
 
 
@@ -1252,6 +1274,15 @@ def _sock_feed(sk: socket.socket, data: bytes) -> None:
 
 
 def scenario_sockets(h: Harness, log: Callable[[str], None]) -> list[Row]:
+    # Issue 13: neither peer can listen; one explicit "n/a" row each (or why it is missing).
+    peer_rows = [
+        skipped(5, "mixed-v2", p, t, h.peer_errors.get(p) or PEER_NO_LISTEN[p])
+        for p, t in PEER_TITLES.items()
+    ]
+    return proxy_socket_rows(h, log) + peer_rows
+
+
+def proxy_socket_rows(h: Harness, log: Callable[[str], None]) -> list[Row]:
     s = h.s
     titles = {
         "stdio": "acp-proxy over stdio (reference)",
@@ -1600,7 +1631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("scenario 6: start-up")
             import startup  # bench/startup.py
 
-            startup_result = startup.run(5 if s.quick else 20)
+            startup_result = startup.run(5 if s.quick else 20, build_dir=s.build_dir)
     finally:
         shutil.rmtree(s.work_dir, ignore_errors=True)
     result: dict[str, Any] = {
