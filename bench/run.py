@@ -1142,17 +1142,18 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
 def long_stream_rows(h: Harness, log: Callable[[str], None]) -> list[Row]:
     """Peak RSS of the proxy (and of the peers) for one pass of a notification stream and for
     ``long_repeat`` passes (~1 GB in the full run): the target is that it does not grow with
-    stream length. Row ids: ``proxy-1x``, ``proxy-long``, ``conductor-1x``, ..."""
+    stream length. Row ids: ``proxy-1x``, ``proxy-long``, ``conductor-1x``, ... The Python-SDK
+    relay streams the v1 data set: it stops reading at the first batch, and v2's has some."""
     s = h.s
-    ds = ensure(s.data_dir, "notify", 2, s.size, s.seed)
-    body = ds.bytes - header_bytes(ds)
     who = {
-        "proxy": ("proxy-passthrough", "acp-proxy, pass-through rules"),
-        "conductor": ("conductor", "TypeScript conductor (no components)"),
-        "sdk-relay": ("sdk-relay", "Python SDK relay"),
+        "proxy": ("proxy-passthrough", "acp-proxy, pass-through rules", 2),
+        "conductor": ("conductor", "TypeScript conductor (no components)", 2),
+        "sdk-relay": ("sdk-relay", "Python SDK relay, notify-v1 (no batches)", 1),
     }
     rows: list[Row] = []
-    for prefix, (variant, name) in who.items():
+    for prefix, (variant, name, version) in who.items():
+        ds = ensure(s.data_dir, "notify", version, s.size, s.seed)
+        body = ds.bytes - header_bytes(ds)
         reason = h.skip_reason(variant)
         first: Run | None = None
         for k in (1, s.long_repeat):
