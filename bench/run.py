@@ -113,7 +113,8 @@ PEER_NO_LISTEN = {
     "another framing than --listen",
 }
 # The ratio columns of scenarios 1 and 2: each row divided by these baselines, rep by rep.
-RATIO_BASES = ("py-line", "py-inject", "c-relay")
+# "proxy-passthrough" (issue 13): the peers against the proxy, this row ÷ the proxy's.
+RATIO_BASES = ("py-line", "py-inject", "c-relay", "proxy-passthrough")
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -1438,6 +1439,7 @@ def markdown(result: dict[str, Any]) -> str:
                     fmt(rr.get("py-line"), 2),
                     fmt(rr.get("py-inject"), 2),
                     fmt(rr.get("c-relay"), 3),
+                    fmt(rr.get("proxy-passthrough"), 2),
                     check,
                 ]
             )
@@ -1451,6 +1453,7 @@ def markdown(result: dict[str, Any]) -> str:
             "vs py line",
             "vs py inject",
             "vs C relay",
+            "vs proxy",
             "output",
         ],
         body,
@@ -1469,18 +1472,27 @@ def markdown(result: dict[str, Any]) -> str:
         body.append(
             [r["profile"], r["title"]]
             + (
-                [st, "", "", ""]
+                [st, "", "", "", ""]
                 if st
                 else [
                     fmt(mm["cpu_us_per_msg"], 2),
                     fmt(mm["startup_cpu_ms"], 0),
                     fmt(rr.get("py-line"), 2),
                     fmt(rr.get("py-inject"), 2),
+                    fmt(rr.get("proxy-passthrough"), 2),
                 ]
             )
         )
     table(
-        ["profile", "variant", "µs CPU / msg", "start-up CPU ms", "vs py line", "vs py inject"],
+        [
+            "profile",
+            "variant",
+            "µs CPU / msg",
+            "start-up CPU ms",
+            "vs py line",
+            "vs py inject",
+            "vs proxy",
+        ],
         body,
     )
 
