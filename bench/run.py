@@ -106,8 +106,9 @@ VARIANT_TITLES["conductor-annotate"] = (
 )
 # Scenario 5: why a peer has no socket row.
 PEER_NO_LISTEN = {
-    "conductor": "n/a: the conductor cannot listen: it serves one client through a "
-    "ComponentConnection its embedder supplies, and ships only stdio and in-process connectors",
+    "conductor": "n/a: the conductor cannot listen for ACP clients: it serves one client through "
+    "a ComponentConnection its embedder supplies; its connectors are stdio and in-process, its "
+    "only listener the MCP bridge's HTTP one",
     "sdk-relay": "n/a: the SDK has no newline-delimited JSON listener; its servers are an "
     "experimental ASGI app (Streamable HTTP, WebSocket; the [http] extra and an ASGI server), "
     "another framing than --listen",
