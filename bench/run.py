@@ -898,21 +898,15 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "direct": "client -> echo agent, direct",
         "proxy-passthrough": "through acp-proxy (pass-through)",
     }
-    title.update(PEER_TITLES)
+    title.update({v: VARIANT_TITLES[v] for v in PEER_VARIANTS})
     variants = ["direct", "proxy-passthrough"]
     reason = h.skip_reason("proxy-passthrough")
     if reason:
         variants = ["direct"]
     agent = [PY, str(BENCH / "echo_agent.py")]
-    peer_argv = {
-        "conductor": ["node", str(BENCH / "peer_conductor.mjs"), *agent],
-        "sdk-relay": [PY, str(BENCH / "peer_sdk_relay.py"), *agent],
-    }
-    peer_env = {
-        "conductor": env_with(CONDUCTOR_MODULE=str(setup_peers.conductor_module(s.build_dir))),
-        "sdk-relay": env_with(PYTHONPATH=str(setup_peers.sdk_path(s.build_dir))),
-    }
-    variants += [v for v in PEER_TITLES if h.peer_errors.get(v) is None]
+    peer_argv = {v: h.peer_argv(v, agent) for v in PEER_VARIANTS}
+    peer_env = {v: h.peer_env(v) for v in PEER_VARIANTS}
+    variants += [v for v in PEER_VARIANTS if h.skip_reason(v) is None]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stderr_path = h.tmp("latency-proxy-stderr.log")
     with open(stderr_path, "wb") as err:
@@ -977,9 +971,9 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         proc.stdout.close()
     rows: list[Row] = []
     pct: dict[str, dict[str, float]] = {}
-    for v in ["direct", "proxy-passthrough", *PEER_TITLES]:
+    for v in ["direct", "proxy-passthrough", *PEER_VARIANTS]:
         if v not in variants:
-            why = h.peer_errors.get(v) if v in PEER_TITLES else reason
+            why = h.skip_reason(v) if v in PEER_VARIANTS else reason
             rows.append(skipped(3, "rtt-v2", v, title[v], why or "unavailable"))
             continue
         xs = sorted(samples[v])
@@ -1017,9 +1011,10 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
     else:
         rows.append(skipped(3, "rtt-v2", "added", added_title, reason or "a side failed"))
     # Issue 13: what each peer adds, and the proxy's added latency as a fraction of it.
-    for peer, peer_title in PEER_TITLES.items():
+    for peer in PEER_VARIANTS:
+        peer_title = VARIANT_TITLES[peer]
         if "direct" not in pct or peer not in pct:
-            why = h.peer_errors.get(peer) or errors.get(peer) or "a side failed"
+            why = h.skip_reason(peer) or errors.get(peer) or "a side failed"
             rows.append(skipped(3, "rtt-v2", f"added-{peer}", f"added by {peer_title}", why))
             continue
         d, p = pct["direct"], pct[peer]

@@ -46,10 +46,8 @@ EXPECTED_IDS = (
             "direct",
             "proxy-passthrough",
             "added",
-            "conductor",
-            "sdk-relay",
-            "added-conductor",
-            "added-sdk-relay",
+            *PEER_VARIANTS,
+            *(f"added-{v}" for v in PEER_VARIANTS),
         )
     }
     | {
