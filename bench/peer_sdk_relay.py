@@ -5,7 +5,11 @@ Contract: ``python bench/peer_sdk_relay.py AGENT_CMD [ARG...]`` with the SDK imp
 objects, one on our stdio and one on the agent's pipes, each with a handler that forwards what it
 receives to the other side (a request waits for the other side's response). What a user would
 write to put a Python-SDK middle box between an editor and an agent; like the conductor it
-renumbers request ids. Exits when the client closes its input and the agent has exited.
+renumbers request ids. It ends, as a sidecar does, when the agent's output ends (EOF, or the
+SDK's receive loop stopping: it fails on a JSON-RPC batch, a list it cannot ``.get`` from):
+what was read is flushed to the client, the agent's stdin closed and the agent reaped. When the
+client closes its input first, the agent's stdin is closed and the relay waits for its output
+to end.
 """
 
 from __future__ import annotations
@@ -37,14 +41,20 @@ async def main(argv: list[str]) -> int:
 
         return handler
 
-    client = Connection(forward("agent"), writer, reader, listening=False)
-    side["client"] = client
-    side["agent"] = Connection(forward("client"), proc.stdin, proc.stdout)
-    try:
-        await client.main_loop()
-    finally:
+    side["client"] = Connection(forward("agent"), writer, reader, listening=False)
+    side["agent"] = Connection(forward("client"), proc.stdin, proc.stdout, listening=False)
+    client_loop = asyncio.ensure_future(side["client"].main_loop())
+    agent_loop = asyncio.ensure_future(side["agent"].main_loop())
+    await asyncio.wait({client_loop, agent_loop}, return_when=asyncio.FIRST_COMPLETED)
+    if not agent_loop.done():  # the client closed its input: the agent's turn to finish
         proc.stdin.close()
-        await proc.wait()
+        await asyncio.wait({agent_loop})
+    for _ in range(3):  # let the handlers of the last messages queue their sends
+        await asyncio.sleep(0)
+    await side["client"].close()  # the sender writes out its queue first
+    proc.stdin.close()
+    await proc.wait()
+    client_loop.cancel()
     return 0
 
 

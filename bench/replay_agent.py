@@ -10,6 +10,16 @@ before exiting: the harness subtracts it from the proxy's ``wait4`` figures, whi
 proxy's reaped children. Usage: ``python bench/replay_agent.py AGENT_FILE [REPEAT]``: with
 REPEAT > 1, everything after the first two lines (the initialize and session/new responses) is
 sent REPEAT times, for files whose body is notifications only (generate.py profile ``notify``).
+
+``--renumber CLIENT_FILE`` (issue 13, the peers): a peer (the conductor, the Python-SDK relay)
+renumbers the requests it forwards, so the file's responses, which carry the client's ids, would
+answer nothing. In this mode every response in the file to a request of CLIENT_FILE is held back
+until that request has arrived (the n-th request of a method in CLIENT_FILE is the n-th request
+of that method received) and is written with the id it arrived with; everything between
+responses is copied unchanged. The file is scanned for those responses before the first read,
+so the scan is start-up, not stream time. At the end the agent closes its stdout and, like a real
+agent, runs until its stdin closes (the conductor drops whatever an exited agent left unread).
+Without the flag the output is the file byte for byte (the proxy rows' identity check).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import os
 import resource
 import sys
 import threading
+from dataclasses import dataclass
 
 
 def _drain() -> None:
@@ -61,9 +72,129 @@ def report_rusage() -> None:
             json.dump({"utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}, f)
 
 
+@dataclass(slots=True)
+class Held:
+    """One response of the agent file held back until its request arrives (``--renumber``)."""
+
+    start: int  # offset of the response line in the agent file
+    end: int
+    message: dict[str, object]
+    method: str  # the method of the request it answers ...
+    ordinal: int  # ... and which request of that method it is, counting from 0
+
+
+def plan(agent_path: str, client_path: str) -> list[Held]:
+    """The responses of ``agent_path`` to the requests of ``client_path``, in file order."""
+    which: dict[str, tuple[str, int]] = {}  # the client's id (JSON text) -> (method, ordinal)
+    seen: dict[str, int] = {}
+    with open(client_path, "rb") as f:
+        for line in f:
+            msg = json.loads(line) if line.strip() else None
+            if isinstance(msg, dict) and "method" in msg and "id" in msg:
+                method = str(msg["method"])
+                which[json.dumps(msg["id"])] = (method, seen.get(method, 0))
+                seen[method] = seen.get(method, 0) + 1
+    held: list[Held] = []
+    offset = 0
+    with open(agent_path, "rb") as f:
+        for line in f:
+            if (
+                line.lstrip().startswith(b"{")
+                and (b'"result"' in line or b'"error"' in line)
+                and b'"method"' not in line
+            ):
+                msg = json.loads(line)
+                key = json.dumps(msg.get("id")) if isinstance(msg, dict) else ""
+                if key in which:
+                    held.append(Held(offset, offset + len(line), msg, *which[key]))
+            offset += len(line)
+    return held
+
+
+class Received:
+    """The ids of the requests read from stdin, per method, as they arrive (a reader thread)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, list[object]] = {}
+        self.eof = False
+        self.cond = threading.Condition()
+
+    def read(self) -> None:
+        tail = b""
+        try:
+            while data := os.read(0, 1 << 16):
+                lines = (tail + data).split(b"\n")
+                tail = lines.pop()
+                found = []
+                for line in lines:
+                    if b'"method"' in line and b'"id"' in line:
+                        try:
+                            msg = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(msg, dict) and "method" in msg and "id" in msg:
+                            found.append((str(msg["method"]), msg["id"]))
+                if found:
+                    with self.cond:
+                        for method, rid in found:
+                            self.ids.setdefault(method, []).append(rid)
+                        self.cond.notify_all()
+        except OSError:
+            pass
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def wait_for(self, method: str, ordinal: int) -> object | None:
+        """The id of request ``ordinal`` of ``method`` once it arrived; None at EOF without it."""
+        with self.cond:
+            while len(self.ids.get(method, ())) <= ordinal and not self.eof:
+                self.cond.wait()
+            got = self.ids.get(method, [])
+            return got[ordinal] if len(got) > ordinal else None
+
+
+def renumbered(agent_path: str, client_path: str, repeat: int) -> int:
+    held = plan(agent_path, client_path)
+    received = Received()
+    reader = threading.Thread(target=received.read, daemon=True)
+    reader.start()
+    fd = os.open(agent_path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0
+        for h in held:
+            _copy(fd, h.start, offset)
+            rid = received.wait_for(h.method, h.ordinal)
+            line = json.dumps({**h.message, "id": rid}, separators=(",", ":")).encode() + b"\n"
+            view = memoryview(line if rid is not None else os.pread(fd, h.end - h.start, h.start))
+            while view:
+                view = view[os.write(1, view) :]
+            offset = h.end
+        _copy(fd, size, offset)
+        if repeat > 1:
+            with open(agent_path, "rb") as f:
+                body = len(f.readline()) + len(f.readline())
+            for _ in range(repeat - 1):
+                _copy(fd, size, body)
+    except BrokenPipeError:
+        return 1
+    finally:
+        os.close(fd)
+    os.close(1)
+    reader.join()  # a real agent runs until the client side closes its stdin
+    report_rusage()
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[1] == "--renumber":
+        if len(argv) not in (4, 5):
+            print("usage: replay_agent.py --renumber CLIENT AGENT_FILE [REPEAT]", file=sys.stderr)
+            return 2
+        return renumbered(argv[3], argv[2], int(argv[4]) if len(argv) == 5 else 1)
     if len(argv) not in (2, 3):
-        print("usage: replay_agent.py AGENT_FILE [REPEAT]", file=sys.stderr)
+        print("usage: replay_agent.py [--renumber CLIENT] AGENT_FILE [REPEAT]", file=sys.stderr)
         return 2
     repeat = int(argv[2]) if len(argv) == 3 else 1
     seen = b""

@@ -19,6 +19,15 @@ Scenarios:
   6. start-up wall and CPU time of ``acp-proxy -- true`` against the minimal relay's
      (``bench/startup.py``).
 
+The peers (issue 13; installed by ``bench/setup_peers.py``, skipped with the reason when they
+are not): the TypeScript conductor with no components and with one annotating component, and a
+relay on the official Python SDK, are rows of scenarios 1, 2, 3, 4 and 6 (scenario 5: an "n/a"
+row each, neither can listen). Both renumber request ids, so their agent is
+``replay_agent.py --renumber`` (it answers the ids it receives); their output is checked as JSON
+(message by message, agent requests' ids aside) instead of byte for byte, and the output cell
+says what came out (the conductor drops JSON-RPC batches; the SDK's Connection stops reading at
+the first one).
+
 Usage: ``python bench/run.py`` (full, ~50 MB per data set) or ``python bench/run.py --quick``
 (seconds; the CI smoke run); ``--out results.json``; ``--help`` for the rest.
 """
@@ -44,12 +53,15 @@ import tempfile
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+import relay_min
 import setup_peers
 from generate import DEFAULT_SEED, Dataset, ensure, parse_size
 
@@ -79,13 +91,31 @@ VARIANT_TITLES = {
     "proxy-example": "acp-proxy, config/example.yaml",
 }
 PROFILES = (("mixed", 2), ("mixed", 1), ("chunks", 2))
-# Issue 13: the peers in scenario 3 (installed by bench/setup_peers.py into the build dir).
+# Issue 13: the peers (installed by bench/setup_peers.py into the build dir). Scenario 3 has the
+# two peers; scenarios 1, 2 and 4 also the conductor with one annotating component.
+_CONDUCTOR = setup_peers.CONDUCTOR.removeprefix("@thinkwell/conductor@")
+_SDK = setup_peers.SDK.removeprefix("agent-client-protocol==")
 PEER_TITLES = {
-    "conductor": "TypeScript conductor (@thinkwell/conductor, no components)",
-    "sdk-relay": "Python SDK relay (agent-client-protocol Connection each way)",
+    "conductor": f"TypeScript conductor (@thinkwell/conductor {_CONDUCTOR}, no components)",
+    "sdk-relay": f"Python SDK relay (agent-client-protocol {_SDK}, a Connection each way)",
+}
+PEER_VARIANTS = ("conductor", "conductor-annotate", "sdk-relay")
+VARIANT_TITLES.update(PEER_TITLES)
+VARIANT_TITLES["conductor-annotate"] = (
+    f"TypeScript conductor ({_CONDUCTOR}), one annotating component (in-process)"
+)
+# Scenario 5: why a peer has no socket row.
+PEER_NO_LISTEN = {
+    "conductor": "n/a: the conductor cannot listen for ACP clients: it serves one client through "
+    "a ComponentConnection its embedder supplies; its connectors are stdio and in-process, its "
+    "only listener the MCP bridge's HTTP one",
+    "sdk-relay": "n/a: the SDK has no newline-delimited JSON listener; its servers are an "
+    "experimental ASGI app (Streamable HTTP, WebSocket; the [http] extra and an ASGI server), "
+    "another framing than --listen",
 }
 # The ratio columns of scenarios 1 and 2: each row divided by these baselines, rep by rep.
-RATIO_BASES = ("py-line", "py-inject", "c-relay")
+# "proxy-passthrough" (issue 13): the peers against the proxy, this row ÷ the proxy's.
+RATIO_BASES = ("py-line", "py-inject", "c-relay", "proxy-passthrough")
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -228,8 +258,16 @@ class Sink:
     timed_out: bool = False
 
 
-def drain(fd: int, timeout: float, *, read_size: int = 1 << 20, sleep_s: float = 0.0) -> Sink:
-    """Read ``fd`` to EOF (the client side), counting bytes, lines and a CRC of the output."""
+def drain(
+    fd: int,
+    timeout: float,
+    *,
+    read_size: int = 1 << 20,
+    sleep_s: float = 0.0,
+    keep: IO[bytes] | None = None,
+) -> Sink:
+    """Read ``fd`` to EOF (the client side), counting bytes, lines and a CRC of the output;
+    with ``keep``, the output is also written there (the peers' JSON check)."""
     sink = Sink()
     deadline = time.monotonic() + timeout
     while True:
@@ -249,6 +287,8 @@ def drain(fd: int, timeout: float, *, read_size: int = 1 << 20, sleep_s: float =
         sink.bytes += len(data)
         sink.lines += data.count(b"\n")
         sink.crc = zlib.crc32(data, sink.crc)
+        if keep is not None:
+            keep.write(data)
         if sleep_s:
             time.sleep(sleep_s)
     sink.last = time.perf_counter()
@@ -276,6 +316,7 @@ class Run:
     out_bytes: int = 0
     out_lines: int = 0
     identical: bool = False
+    json_check: dict[str, int] | None = None  # the peers: what came out, message by message
 
 
 class Harness:
@@ -289,6 +330,7 @@ class Harness:
         self.proxy_error: str | None = None
         self.peer_errors: dict[str, str | None] = {}  # issue 13: peer -> why it is skipped
         self.crcs: dict[str, int] = {}
+        self.expected: dict[tuple[str, bool], tuple[Counter[bytes], int, int]] = {}
         self.counter = 0
 
     # -- set-up -------------------------------------------------------------------------------
@@ -389,6 +431,8 @@ class Harness:
         return [PY, "-m", "acp_proxy", "--config", str(config), *extra, "--", *agent]
 
     def skip_reason(self, variant: str) -> str | None:
+        if variant in PEER_VARIANTS:
+            return self.peer_errors.get(peer_of(variant), "peers not checked")
         if variant == "c-relay" and self.c_relay is None:
             return self.c_error or "C relay not built"
         if variant.startswith("proxy"):
@@ -420,13 +464,27 @@ class Harness:
         sleep_s = self.s.slow_sleep_s if slow else 0.0
         timeout = self.timeout_for(ds) * (20 if slow else repeat)
         if variant.startswith("proxy"):
-            return self._stream_proxy(
-                config or self.proxy_config(variant),
+            cfg = config or self.proxy_config(variant)
+            return self._stream_wrapped(
+                lambda agent: self.proxy_argv(cfg, agent),
+                env_with(),
+                [PY, str(BENCH / "replay_agent.py"), ds.agent_path, str(repeat)],
                 ds,
                 timeout,
                 read_size=read_size,
                 sleep_s=sleep_s,
-                repeat=repeat,
+            )
+        if variant in PEER_VARIANTS:
+            replay = [PY, str(BENCH / "replay_agent.py"), "--renumber", ds.client_path]
+            return self._stream_wrapped(
+                lambda agent: self.peer_argv(variant, agent),
+                self.peer_env(variant),
+                [*replay, ds.agent_path, str(repeat)],
+                ds,
+                timeout * 3,  # the peers are slower than the proxy
+                read_size=read_size,
+                sleep_s=sleep_s,
+                peer=(variant == "conductor-annotate", repeat),
             )
         argv = self.relay_argv(variant)
         assert argv is not None
@@ -457,28 +515,97 @@ class Harness:
         wait_rusage(agent, 10)
         return self._result(ds, sink, rx, t0, cpu_s=rx.cpu_s)
 
-    def _stream_proxy(
+    # -- the peers (issue 13) ------------------------------------------------------------------
+    def peer_argv(self, variant: str, agent: list[str]) -> list[str]:
+        if variant == "sdk-relay":
+            return [PY, str(BENCH / "peer_sdk_relay.py"), *agent]
+        flags = ["--annotate"] if variant == "conductor-annotate" else []
+        return ["node", str(BENCH / "peer_conductor.mjs"), *flags, *agent]
+
+    def peer_env(self, variant: str) -> dict[str, str]:
+        if variant == "sdk-relay":
+            return env_with(PYTHONPATH=str(setup_peers.sdk_path(self.s.build_dir)))
+        return env_with(CONDUCTOR_MODULE=str(setup_peers.conductor_module(self.s.build_dir)))
+
+    def expected_messages(self, ds: Dataset, annotate: bool) -> tuple[Counter[bytes], int, int]:
+        """The agent file's messages as ``json_key``s (annotated as the inject relay does when
+        ``annotate``), with the number of batches and of messages inside them."""
+        key = (ds.agent_path, annotate)
+        if key not in self.expected:
+            counts: Counter[bytes] = Counter()
+            batches = in_batches = 0
+            with open(ds.agent_path, "rb") as f:
+                for line in f:
+                    msg = orjson.loads(line)
+                    entries = msg if isinstance(msg, list) else [msg]
+                    if isinstance(msg, list):
+                        batches += 1
+                        in_batches += len(msg)
+                    for entry in entries:
+                        if annotate:
+                            relay_min._inject_one(entry)
+                        counts[json_key(entry)] += 1
+            self.expected[key] = (counts, batches, in_batches)
+        return self.expected[key]
+
+    def check_json(self, ds: Dataset, out_path: Path, annotate: bool) -> dict[str, int]:
+        """What a peer delivered, message by message, against the agent file (as JSON values;
+        an agent request's id aside, since the peers renumber those too)."""
+        expected, batches, in_batches = self.expected_messages(ds, annotate)
+        got: Counter[bytes] = Counter()
+        batches_out = unparsable = 0
+        with open(out_path, "rb") as f:
+            for line in f:
+                try:
+                    msg = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    unparsable += 1
+                    continue
+                if isinstance(msg, list):
+                    batches_out += 1
+                for entry in msg if isinstance(msg, list) else [msg]:
+                    got[json_key(entry)] += 1
+        equal = sum((expected & got).values())
+        return {
+            "messages_in": ds.messages,
+            "messages_out": sum(got.values()),
+            "messages_equal": equal,
+            "batches_in": batches,
+            "batch_messages_in": in_batches,
+            "batches_out": batches_out,
+            "unparsable_lines_out": unparsable,
+        }
+
+    def _stream_wrapped(
         self,
-        config: Path,
+        make_argv: Callable[[list[str]], list[str]],
+        env: dict[str, str],
+        agent: list[str],
         ds: Dataset,
         timeout: float,
         *,
         read_size: int,
         sleep_s: float,
-        repeat: int,
+        peer: tuple[bool, int] | None = None,
     ) -> Run:
+        """Stream ``ds`` through a sidecar that spawns ``agent`` itself (the proxy, a peer); the
+        agent's own CPU is subtracted. ``peer`` = (annotated, passes) for the peers: one pass is
+        kept and checked as JSON (against the agent file annotated as the inject relay does, when
+        annotated); a run whose output stopped early (lines missing beyond dropped batches) is an
+        error, since its throughput would be a prefix's."""
+        check = peer is not None and peer[1] == 1
         agent_ru = self.tmp("agent-rusage.json")
         proxy_ru = self.tmp("proxy-rusage.json")
         stderr_path = self.tmp("proxy-stderr.log")
-        agent = [PY, str(BENCH / "replay_agent.py"), ds.agent_path, str(repeat)]
+        out_path = self.tmp("output.jsonl")
         t0 = time.perf_counter()
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(
-                self.wrap(self.proxy_argv(config, agent), proxy_ru),
+                self.wrap(make_argv(agent), proxy_ru),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
-                env=env_with(BENCH_AGENT_RUSAGE=str(agent_ru)),
+                env={**env, "BENCH_AGENT_RUSAGE": str(agent_ru)},
                 start_new_session=True,
             )
         assert proc.stdin is not None and proc.stdout is not None
@@ -486,7 +613,10 @@ class Harness:
             target=_feed, args=(proc.stdin, Path(ds.client_path).read_bytes()), daemon=True
         )
         feeder.start()
-        sink = drain(proc.stdout.fileno(), timeout, read_size=read_size, sleep_s=sleep_s)
+        with open(out_path, "wb") if check else nullcontext() as keep:
+            sink = drain(
+                proc.stdout.fileno(), timeout, read_size=read_size, sleep_s=sleep_s, keep=keep
+            )
         proc.stdout.close()
         feeder.join(5)
         with suppress(OSError):
@@ -496,11 +626,23 @@ class Harness:
         rx = self.measured(wait_rusage(proc, 30), proxy_ru)
         agent_cpu, agent_rss = read_agent_rusage(agent_ru)
         run = self._result(ds, sink, rx, t0, cpu_s=rx.cpu_s - agent_cpu)
+        if peer is not None:
+            annotated, passes = peer
+            _, batches, _ = self.expected_messages(ds, False)
+            lines_in = ds.lines + (passes - 1) * (ds.lines - 2)  # the body is replayed
+            what = f"lines {sink.lines:,} of {lines_in:,}"
+            if check:
+                run.json_check = self.check_json(ds, out_path, annotated)
+                out_path.unlink()
+                what = json_check_text(run.json_check, ds.lines, sink.lines)
+            if run.ok and sink.lines + batches * passes < lines_in * 0.99:
+                run.ok = False  # stopped early: a throughput figure would be a prefix's
+                run.error = f"incomplete output ({what})"
         if agent_rss > run.maxrss_kb * 0.9:
             # wait4's ru_maxrss is the max over the proxy and its reaped children: flag it.
             run.error = (run.error or "") + f" (agent RSS {agent_rss} kB close to the max)"
         if not run.ok:
-            run.error = f"{run.error}; proxy stderr: {tail_of(stderr_path)}"
+            run.error = f"{run.error}; stderr: {tail_of(stderr_path)}"
         return run
 
     def _result(self, ds: Dataset, sink: Sink, rx: Exit, t0: float, *, cpu_s: float) -> Run:
@@ -524,6 +666,35 @@ class Harness:
             out_lines=sink.lines,
             identical=sink.bytes == ds.bytes and sink.crc == self.crc(ds),
         )
+
+
+def peer_of(variant: str) -> str:
+    """The installed peer a variant runs (``conductor-annotate`` is the conductor)."""
+    return "sdk-relay" if variant == "sdk-relay" else "conductor"
+
+
+def json_key(msg: Any) -> bytes:
+    """A message as canonical JSON (sorted keys), an agent request's id left out."""
+    if isinstance(msg, dict) and "method" in msg and "id" in msg:
+        msg = {k: v for k, v in msg.items() if k != "id"}
+    return orjson.dumps(msg, option=orjson.OPT_SORT_KEYS)
+
+
+def json_check_text(jc: dict[str, int], lines_in: int, lines_out: int) -> str:
+    """The "output" cell of a peer: what came out, message by message."""
+    text = (
+        f"lines {lines_out:,} of {lines_in:,}; {jc['messages_equal']:,} of "
+        f"{jc['messages_in']:,} messages equal as JSON"
+    )
+    if jc["batches_in"]:
+        dropped = jc["batches_in"] - jc["batches_out"]
+        text += f"; {dropped:,} of {jc['batches_in']:,} batches dropped"
+    other = jc["messages_out"] - jc["messages_equal"]
+    if other:
+        text += f"; {other:,} other message(s) out"
+    if jc["unparsable_lines_out"]:
+        text += f"; {jc['unparsable_lines_out']:,} lines not JSON"
+    return text
 
 
 def read_agent_rusage(path: Path) -> tuple[float, int]:
@@ -585,13 +756,15 @@ def paired_ratios(
 # -- scenarios 1 and 2 ----------------------------------------------------------------------
 def scenario_throughput(h: Harness, log: Callable[[str], None]) -> list[Row]:
     s = h.s
-    variants = [*BASELINES, *PROXY_VARIANTS]
+    variants = [*BASELINES, *PROXY_VARIANTS, *PEER_VARIANTS]
     empty = ensure(s.data_dir, "empty", 2, 1, s.seed)
     startup: dict[str, float] = {}
     for v in variants:
         if h.skip_reason(v) is None:
             r = h.stream(v, empty)
             startup[v] = r.cpu_s if r.ok else 0.0
+            if not r.ok:
+                log(f"  start-up run of {v} failed (nothing subtracted): {r.error}")
     rows: list[Row] = []
     for profile, version in PROFILES:
         ds = ensure(s.data_dir, profile, version, s.size, s.seed)
@@ -633,6 +806,8 @@ def scenario_throughput(h: Harness, log: Callable[[str], None]) -> list[Row]:
                 "identical": [r.identical for r in runs[v]],
                 "errors": errors,
             }
+            if v in PEER_VARIANTS:
+                check["json"] = [r.json_check for r in runs[v]]
             if not ok:
                 rows.append(
                     Row(1, pname, v, title, "error", errors[0] if errors else "no run", check=check)
@@ -723,21 +898,15 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "direct": "client -> echo agent, direct",
         "proxy-passthrough": "through acp-proxy (pass-through)",
     }
-    title.update(PEER_TITLES)
+    title.update({v: VARIANT_TITLES[v] for v in PEER_VARIANTS})
     variants = ["direct", "proxy-passthrough"]
     reason = h.skip_reason("proxy-passthrough")
     if reason:
         variants = ["direct"]
     agent = [PY, str(BENCH / "echo_agent.py")]
-    peer_argv = {
-        "conductor": ["node", str(BENCH / "peer_conductor.mjs"), *agent],
-        "sdk-relay": [PY, str(BENCH / "peer_sdk_relay.py"), *agent],
-    }
-    peer_env = {
-        "conductor": env_with(CONDUCTOR_MODULE=str(setup_peers.conductor_module(s.build_dir))),
-        "sdk-relay": env_with(PYTHONPATH=str(setup_peers.sdk_path(s.build_dir))),
-    }
-    variants += [v for v in PEER_TITLES if h.peer_errors.get(v) is None]
+    peer_argv = {v: h.peer_argv(v, agent) for v in PEER_VARIANTS}
+    peer_env = {v: h.peer_env(v) for v in PEER_VARIANTS}
+    variants += [v for v in PEER_VARIANTS if h.skip_reason(v) is None]
     procs: dict[str, subprocess.Popen[bytes]] = {}
     stderr_path = h.tmp("latency-proxy-stderr.log")
     with open(stderr_path, "wb") as err:
@@ -802,9 +971,9 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         proc.stdout.close()
     rows: list[Row] = []
     pct: dict[str, dict[str, float]] = {}
-    for v in ["direct", "proxy-passthrough", *PEER_TITLES]:
+    for v in ["direct", "proxy-passthrough", *PEER_VARIANTS]:
         if v not in variants:
-            why = h.peer_errors.get(v) if v in PEER_TITLES else reason
+            why = h.skip_reason(v) if v in PEER_VARIANTS else reason
             rows.append(skipped(3, "rtt-v2", v, title[v], why or "unavailable"))
             continue
         xs = sorted(samples[v])
@@ -842,9 +1011,10 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
     else:
         rows.append(skipped(3, "rtt-v2", "added", added_title, reason or "a side failed"))
     # Issue 13: what each peer adds, and the proxy's added latency as a fraction of it.
-    for peer, peer_title in PEER_TITLES.items():
+    for peer in PEER_VARIANTS:
+        peer_title = VARIANT_TITLES[peer]
         if "direct" not in pct or peer not in pct:
-            why = h.peer_errors.get(peer) or errors.get(peer) or "a side failed"
+            why = h.skip_reason(peer) or errors.get(peer) or "a side failed"
             rows.append(skipped(3, "rtt-v2", f"added-{peer}", f"added by {peer_title}", why))
             continue
         d, p = pct["direct"], pct[peer]
@@ -880,7 +1050,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
     rows: list[Row] = []
     big = ensure(s.data_dir, "bigline", 2, s.bigline_size, s.seed)
     target_mb = 3 * s.bigline_size / 2**20 + 40
-    variants = ["py-line", "py-inject", "proxy-passthrough", "proxy-annotate"]
+    variants = ["py-line", "py-inject", "proxy-passthrough", "proxy-annotate", *PEER_VARIANTS]
     runs: dict[str, list[Run]] = {v: [] for v in variants}
     for _ in range(s.reps):
         for v in variants:
@@ -900,6 +1070,9 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
             continue
         rss = stats([r.maxrss_kb / 1024 for r in ok])
         assert rss is not None
+        check: dict[str, Any] = {"lines_out": [r.out_lines for r in ok], "lines_in": big.lines}
+        if v in PEER_VARIANTS:
+            check["json"] = [r.json_check for r in ok]
         rows.append(
             Row(
                 4,
@@ -908,7 +1081,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
                 title,
                 metrics={"peak_rss_mb": rss, "line_mb": s.bigline_size / 2**20},
                 ratios={"target": {"median": rss["median"] / target_mb, "target_mb": target_mb}},
-                check={"lines_out": [r.out_lines for r in ok], "lines_in": big.lines},
+                check=check,
             )
         )
         log(f"  s4 bigline {v}: peak RSS {rss['median']:.1f} MiB (target {target_mb:.0f} MiB)")
@@ -924,14 +1097,19 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "py-line": "Python line relay, slow client",
         "proxy-coalesce-on": "acp-proxy, slow client, coalescing on",
         "proxy-coalesce-off": "acp-proxy, slow client, coalescing off",
+        "conductor": "TypeScript conductor (no components), slow client",
+        "sdk-relay": "Python SDK relay, slow client",
     }
     for v, title in slow_titles.items():
-        reason = h.skip_reason("proxy-passthrough") if v.startswith("proxy") else None
+        reason = h.skip_reason("proxy-passthrough" if v.startswith("proxy") else v)
         if reason:
             rows.append(skipped(4, "slow-client", v, title, reason))
             continue
         r = h.stream(
-            v if v == "py-line" else "proxy-passthrough", burst, config=configs.get(v), slow=True
+            "proxy-passthrough" if v.startswith("proxy") else v,
+            burst,
+            config=configs.get(v),
+            slow=True,
         )
         if not r.ok:
             rows.append(Row(4, "slow-client", v, title, "error", r.error))
@@ -950,7 +1128,7 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
                     "peak_rss_mb": r.maxrss_kb / 1024,
                     "wall_s": r.wall_s,
                 },
-                check={"identical": r.identical},
+                check={"identical": r.identical, "json": r.json_check},
             )
         )
         peak = r.maxrss_kb / 1024
@@ -959,37 +1137,45 @@ def scenario_memory(h: Harness, log: Callable[[str], None]) -> list[Row]:
 
 
 def long_stream_rows(h: Harness, log: Callable[[str], None]) -> list[Row]:
-    """Peak RSS of the proxy for one pass of a notification stream and for ``long_repeat``
-    passes (~1 GB in the full run): the target is that it does not grow with stream length."""
+    """Peak RSS of the proxy (and of the peers) for one pass of a notification stream and for
+    ``long_repeat`` passes (~1 GB in the full run): the target is that it does not grow with
+    stream length. Row ids: ``proxy-1x``, ``proxy-long``, ``conductor-1x``, ... The Python-SDK
+    relay streams the v1 data set: it stops reading at the first batch, and v2's has some."""
     s = h.s
-    ds = ensure(s.data_dir, "notify", 2, s.size, s.seed)
-    body = ds.bytes - header_bytes(ds)
-    passes = {"proxy-1x": 1, "proxy-long": s.long_repeat}
-    runs: dict[str, Run] = {}
-    reason = h.skip_reason("proxy-passthrough")
+    who = {
+        "proxy": ("proxy-passthrough", "acp-proxy, pass-through rules", 2),
+        "conductor": ("conductor", "TypeScript conductor (no components)", 2),
+        "sdk-relay": ("sdk-relay", "Python SDK relay, notify-v1 (no batches)", 1),
+    }
     rows: list[Row] = []
-    for v, k in passes.items():
-        total_mb = (ds.bytes + (k - 1) * body) / 1e6
-        title = f"acp-proxy, pass-through rules: {total_mb:,.0f} MB stream ({k} pass(es))"
-        if reason:
-            rows.append(skipped(4, "long-stream", v, title, reason))
-            continue
-        r = h.stream("proxy-passthrough", ds, repeat=k)
-        runs[v] = r
-        if not r.ok:
-            rows.append(Row(4, "long-stream", v, title, "error", r.error))
-            continue
-        metrics = {
-            "peak_rss_mb": r.maxrss_kb / 1024,
-            "stream_mb": total_mb,
-            "mb_s": total_mb / r.xfer_s,
-        }
-        ratios: dict[str, Any] = {}
-        first = runs.get("proxy-1x")
-        if v != "proxy-1x" and first is not None and first.ok:
-            ratios["vs_1x"] = {"median": r.maxrss_kb / first.maxrss_kb}
-        rows.append(Row(4, "long-stream", v, title, metrics=metrics, ratios=ratios))
-        log(f"  s4 long {v}: {total_mb:,.0f} MB, peak RSS {r.maxrss_kb / 1024:.1f} MiB")
+    for prefix, (variant, name, version) in who.items():
+        ds = ensure(s.data_dir, "notify", version, s.size, s.seed)
+        body = ds.bytes - header_bytes(ds)
+        reason = h.skip_reason(variant)
+        first: Run | None = None
+        for k in (1, s.long_repeat):
+            v = f"{prefix}-1x" if k == 1 else f"{prefix}-long"
+            total_mb = (ds.bytes + (k - 1) * body) / 1e6
+            title = f"{name}: {total_mb:,.0f} MB stream ({k} pass(es))"
+            if reason:
+                rows.append(skipped(4, "long-stream", v, title, reason))
+                continue
+            r = h.stream(variant, ds, repeat=k)
+            if k == 1:
+                first = r
+            if not r.ok:
+                rows.append(Row(4, "long-stream", v, title, "error", r.error))
+                continue
+            metrics = {
+                "peak_rss_mb": r.maxrss_kb / 1024,
+                "stream_mb": total_mb,
+                "mb_s": total_mb / r.xfer_s,
+            }
+            ratios: dict[str, Any] = {}
+            if k != 1 and first is not None and first.ok:
+                ratios["vs_1x"] = {"median": r.maxrss_kb / first.maxrss_kb}
+            rows.append(Row(4, "long-stream", v, title, metrics=metrics, ratios=ratios))
+            log(f"  s4 long {v}: {total_mb:,.0f} MB, peak RSS {r.maxrss_kb / 1024:.1f} MiB")
     return rows
 
 
@@ -1086,6 +1272,15 @@ def _sock_feed(sk: socket.socket, data: bytes) -> None:
 
 
 def scenario_sockets(h: Harness, log: Callable[[str], None]) -> list[Row]:
+    # Issue 13: neither peer can listen; one explicit "n/a" row each (or why it is missing).
+    peer_rows = [
+        skipped(5, "mixed-v2", p, t, h.peer_errors.get(p) or PEER_NO_LISTEN[p])
+        for p, t in PEER_TITLES.items()
+    ]
+    return proxy_socket_rows(h, log) + peer_rows
+
+
+def proxy_socket_rows(h: Harness, log: Callable[[str], None]) -> list[Row]:
     s = h.s
     titles = {
         "stdio": "acp-proxy over stdio (reference)",
@@ -1178,6 +1373,13 @@ def fmt(x: Any, digits: int = 1) -> str:
 def output_check(check: dict[str, Any]) -> str:
     """The "output" cell: identical bytes, same line count, or how many lines came out."""
     ident, lines_out = check.get("identical") or [], check.get("lines_out") or []
+    if check.get("json"):  # a peer: checked as JSON, message by message
+        texts = [
+            json_check_text(jc, check["lines_in"], n)
+            for jc, n in zip(check["json"], lines_out, strict=False)
+            if jc is not None
+        ]
+        return " / ".join(dict.fromkeys(texts)) or "-"
     if ident and all(ident):
         return "identical bytes"
     if lines_out and all(n == check["lines_in"] for n in lines_out):
@@ -1233,6 +1435,7 @@ def markdown(result: dict[str, Any]) -> str:
                     fmt(rr.get("py-line"), 2),
                     fmt(rr.get("py-inject"), 2),
                     fmt(rr.get("c-relay"), 3),
+                    fmt(rr.get("proxy-passthrough"), 2),
                     check,
                 ]
             )
@@ -1246,6 +1449,7 @@ def markdown(result: dict[str, Any]) -> str:
             "vs py line",
             "vs py inject",
             "vs C relay",
+            "vs proxy",
             "output",
         ],
         body,
@@ -1264,18 +1468,27 @@ def markdown(result: dict[str, Any]) -> str:
         body.append(
             [r["profile"], r["title"]]
             + (
-                [st, "", "", ""]
+                [st, "", "", "", ""]
                 if st
                 else [
                     fmt(mm["cpu_us_per_msg"], 2),
                     fmt(mm["startup_cpu_ms"], 0),
                     fmt(rr.get("py-line"), 2),
                     fmt(rr.get("py-inject"), 2),
+                    fmt(rr.get("proxy-passthrough"), 2),
                 ]
             )
         )
     table(
-        ["profile", "variant", "µs CPU / msg", "start-up CPU ms", "vs py line", "vs py inject"],
+        [
+            "profile",
+            "variant",
+            "µs CPU / msg",
+            "start-up CPU ms",
+            "vs py line",
+            "vs py inject",
+            "vs proxy",
+        ],
         body,
     )
 
@@ -1427,7 +1640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("scenario 6: start-up")
             import startup  # bench/startup.py
 
-            startup_result = startup.run(5 if s.quick else 20)
+            startup_result = startup.run(5 if s.quick else 20, build_dir=s.build_dir)
     finally:
         shutil.rmtree(s.work_dir, ignore_errors=True)
     result: dict[str, Any] = {

@@ -51,7 +51,7 @@ def ensure(build_dir: Path, *, install: bool = True) -> dict[str, str | None]:
         out["conductor"] = None if conductor_module(build_dir).exists() else missing
         ready = (sdk_path(build_dir) / "acp" / "connection.py").exists()
         out["sdk-relay"] = None if ready else missing
-        return out
+        return _needs_node(out)
     peers.mkdir(parents=True, exist_ok=True)
     if conductor_module(build_dir).exists():
         out["conductor"] = None
@@ -69,6 +69,13 @@ def ensure(build_dir: Path, *, install: bool = True) -> dict[str, str | None]:
         target = str(sdk_path(build_dir))
         pip = [sys.executable, "-m", "pip", "install", "-q", "--target", target, SDK]
         out["sdk-relay"] = _run(pip, peers)
+    return _needs_node(out)
+
+
+def _needs_node(out: dict[str, str | None]) -> dict[str, str | None]:
+    """An installed conductor still needs ``node`` on PATH to run."""
+    if out.get("conductor") is None and shutil.which("node") is None:
+        out["conductor"] = "node not installed"
     return out
 
 

@@ -9,7 +9,12 @@ once with stdin from ``/dev/null`` (so each exits at once) and records its wall 
 * ``anyio``: ``python -c "import anyio; anyio.run(...)"`` (the event-loop floor any anyio
   program pays);
 * ``proxy``: ``python -m acp_proxy --log-level warning -- true`` (spawns ``true``, waits for it,
-  exits).
+  exits);
+* the peers (issue 13), when bench/setup_peers.py installed them: ``conductor``,
+  ``node bench/peer_conductor.mjs true`` (Node, the conductor's module; it spawns its agent only
+  on the client's ``initialize``, so at EOF it never starts ``true``), and ``sdk-relay``,
+  ``python bench/peer_sdk_relay.py true`` (imports the SDK, spawns ``true``, waits for it).
+  A peer that is not installed is listed under ``skipped`` with the reason.
 
 The proxy's package is byte-compiled first (``compileall``), as an installed wheel is: with
 ``PYTHONDONTWRITEBYTECODE`` set (as on the bench machine) the proxy would otherwise compile its
@@ -21,8 +26,8 @@ steps of the scheduler's period, CPU time does not. Ratios are paired by repetit
 With ``--baseline-ref REF`` the tree at git ``REF`` is exported into ``bench/build/`` and run as a
 further variant ``proxy@REF`` (before/after in the same run).
 
-Usage: ``python bench/startup.py [--reps N] [--baseline-ref REF]`` prints a Markdown table;
-``run(reps)`` returns the numbers for ``bench/run.py``.
+Usage: ``python bench/startup.py [--reps N] [--baseline-ref REF] [--build-dir DIR]`` prints a
+Markdown table; ``run(reps)`` returns the numbers for ``bench/run.py``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import setup_peers
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -54,7 +61,26 @@ TITLES = {
     "relay": "minimal Python relay (relay_min.py line): baseline",
     "anyio": "python + anyio.run (event-loop floor)",
     "proxy": "acp-proxy -- true",
+    "conductor": "TypeScript conductor (peer_conductor.mjs true; spawns nothing before initialize)",
+    "sdk-relay": "Python SDK relay (peer_sdk_relay.py true)",
 }
+PEERS = ("conductor", "sdk-relay")
+
+
+def peer_variants(
+    build_dir: Path,
+) -> tuple[dict[str, tuple[list[str], dict[str, str]]], dict[str, str]]:
+    """The installed peers' start-up commands and environments, and why the others are left out."""
+    ready = setup_peers.ensure(build_dir, install=False)
+    found: dict[str, tuple[list[str], dict[str, str]]] = {}
+    skipped = {p: why for p, why in ready.items() if why is not None and p in PEERS}
+    if ready.get("conductor") is None:
+        env = {**_env(), "CONDUCTOR_MODULE": str(setup_peers.conductor_module(build_dir))}
+        found["conductor"] = (["node", str(BENCH / "peer_conductor.mjs"), "true"], env)
+    if ready.get("sdk-relay") is None:
+        env = {**_env(), "PYTHONPATH": str(setup_peers.sdk_path(build_dir))}
+        found["sdk-relay"] = ([PY, str(BENCH / "peer_sdk_relay.py"), "true"], env)
+    return found, skipped
 
 
 def _env(root: Path = ROOT) -> dict[str, str]:
@@ -109,11 +135,16 @@ def _cell(xs: list[float], scale: float = 1.0, digits: int = 0) -> str:
     )
 
 
-def run(reps: int = 20, baseline_ref: str | None = None) -> dict[str, Any]:
-    """Wall times (s) per variant and proxy/relay ratios, ``reps`` interleaved repetitions."""
+def run(
+    reps: int = 20, baseline_ref: str | None = None, build_dir: Path = BENCH / "build"
+) -> dict[str, Any]:
+    """Wall times (s) per variant and proxy/relay ratios, ``reps`` interleaved repetitions;
+    the peers installed in ``build_dir`` too."""
     compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
     env = _env()
     variants = {name: (argv, env) for name, argv in VARIANTS.items()}
+    peers, skipped = peer_variants(build_dir)
+    variants.update(peers)
     if baseline_ref is not None:
         name = f"proxy@{baseline_ref}"
         TITLES[name] = f"acp-proxy -- true at {baseline_ref} (before)"
@@ -137,6 +168,7 @@ def run(reps: int = 20, baseline_ref: str | None = None) -> dict[str, Any]:
         "cpu_s": cpu,
         "vs_relay": vs_relay(times),
         "cpu_vs_relay": vs_relay(cpu),
+        "skipped": skipped,
     }
 
 
@@ -151,6 +183,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {_cell(result['cpu_s'][name], 1000)} "
             f"| {_cell(result['cpu_vs_relay'][name], 1, 2)} |"
         )
+    for name, why in result.get("skipped", {}).items():
+        out.append(f"| {TITLES[name]} | skipped: {why} | | | |")
     return "\n".join(out)
 
 
@@ -158,8 +192,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--baseline-ref", help="also run the proxy at this git ref (before/after)")
+    ap.add_argument("--build-dir", type=Path, default=BENCH / "build", help="where the peers are")
     a = ap.parse_args()
-    print(markdown(run(a.reps, a.baseline_ref)))
+    print(markdown(run(a.reps, a.baseline_ref, a.build_dir.resolve())))
     return 0
 
 

@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
 PROFILES = ("mixed-v2", "mixed-v1", "chunks-v2")
+# Issue 13: the peers are rows of scenarios 1, 2 and 4 too (skipped here: --quick with an empty
+# build dir does not install them), an "n/a" row each in scenario 5, start-up rows in 6.
+PEERS = ("conductor", "sdk-relay")
+PEER_VARIANTS = ("conductor", "conductor-annotate", "sdk-relay")
 THROUGHPUT_VARIANTS = (
     "pipe-cat",
     "c-relay",
@@ -32,6 +36,7 @@ THROUGHPUT_VARIANTS = (
     "proxy-annotate",
     "proxy-annotate-nc",
     "proxy-example",
+    *PEER_VARIANTS,
 )
 EXPECTED_IDS = (
     {f"s{n}/{p}/{v}" for n in (1, 2) for p in PROFILES for v in THROUGHPUT_VARIANTS}
@@ -41,16 +46,20 @@ EXPECTED_IDS = (
             "direct",
             "proxy-passthrough",
             "added",
-            "conductor",
-            "sdk-relay",
-            "added-conductor",
-            "added-sdk-relay",
+            *PEER_VARIANTS,
+            *(f"added-{v}" for v in PEER_VARIANTS),
         )
     }
-    | {f"s4/bigline/{v}" for v in ("py-line", "py-inject", "proxy-passthrough", "proxy-annotate")}
-    | {f"s4/slow-client/{v}" for v in ("py-line", "proxy-coalesce-on", "proxy-coalesce-off")}
-    | {f"s4/long-stream/{v}" for v in ("proxy-1x", "proxy-long")}
-    | {f"s5/mixed-v2/{v}" for v in ("stdio", "tcp", "unix")}
+    | {
+        f"s4/bigline/{v}"
+        for v in ("py-line", "py-inject", "proxy-passthrough", "proxy-annotate", *PEER_VARIANTS)
+    }
+    | {
+        f"s4/slow-client/{v}"
+        for v in ("py-line", "proxy-coalesce-on", "proxy-coalesce-off", "conductor", "sdk-relay")
+    }
+    | {f"s4/long-stream/{who}-{n}" for who in ("proxy", *PEERS) for n in ("1x", "long")}
+    | {f"s5/mixed-v2/{v}" for v in ("stdio", "tcp", "unix", "conductor", "sdk-relay")}
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
 # (parallel development), sockets not implemented yet (issue 5), example config absent.
@@ -130,8 +139,9 @@ def test_json_has_the_documented_keys(quick_run: tuple[dict[str, Any], str]) -> 
     result, _ = quick_run
     assert set(result) == {"schema", "meta", "rows", "startup"}
     startup = result["startup"]  # scenario 6 (issue 13): every variant, one number per rep
-    assert set(startup) == {"reps", "wall_s", "cpu_s", "vs_relay", "cpu_vs_relay"}
+    assert set(startup) == {"reps", "wall_s", "cpu_s", "vs_relay", "cpu_vs_relay", "skipped"}
     assert set(startup["wall_s"]) == {"python-S", "python", "relay", "anyio", "proxy"}
+    assert set(startup["skipped"]) == {"conductor", "sdk-relay"}  # not installed in tmp/build
     assert all(len(xs) == startup["reps"] for xs in startup["cpu_s"].values())
     assert result["schema"] == "acp-proxy-bench/1"
     assert set(result["meta"]) == META_KEYS
