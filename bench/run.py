@@ -899,10 +899,12 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         "proxy-passthrough": "through acp-proxy (pass-through)",
     }
     title.update({v: VARIANT_TITLES[v] for v in PEER_VARIANTS})
-    variants = ["direct", "proxy-passthrough"]
+    # Issue 13: the floor the round trip approaches, a two-way asyncio relay that only copies.
+    title["asyncio-relay"] = "minimal asyncio relay (bench/relay_asyncio.py): the floor"
+    variants = ["direct", "asyncio-relay", "proxy-passthrough"]
     reason = h.skip_reason("proxy-passthrough")
     if reason:
-        variants = ["direct"]
+        variants = ["direct", "asyncio-relay"]
     agent = [PY, str(BENCH / "echo_agent.py")]
     peer_argv = {v: h.peer_argv(v, agent) for v in PEER_VARIANTS}
     peer_env = {v: h.peer_env(v) for v in PEER_VARIANTS}
@@ -914,6 +916,8 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
             argv = (
                 agent
                 if v == "direct"
+                else [PY, str(BENCH / "relay_asyncio.py"), *agent]
+                if v == "asyncio-relay"
                 else peer_argv[v]
                 if v in peer_argv
                 else h.proxy_argv(s.passthrough_config, agent)
@@ -971,7 +975,7 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
         proc.stdout.close()
     rows: list[Row] = []
     pct: dict[str, dict[str, float]] = {}
-    for v in ["direct", "proxy-passthrough", *PEER_VARIANTS]:
+    for v in ["direct", "asyncio-relay", "proxy-passthrough", *PEER_VARIANTS]:
         if v not in variants:
             why = h.skip_reason(v) if v in PEER_VARIANTS else reason
             rows.append(skipped(3, "rtt-v2", v, title[v], why or "unavailable"))
@@ -1011,10 +1015,12 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
     else:
         rows.append(skipped(3, "rtt-v2", "added", added_title, reason or "a side failed"))
     # Issue 13: what each peer adds, and the proxy's added latency as a fraction of it.
-    for peer in PEER_VARIANTS:
-        peer_title = VARIANT_TITLES[peer]
+    for peer in ("asyncio-relay", *PEER_VARIANTS):
+        peer_title = title[peer]
         if "direct" not in pct or peer not in pct:
-            why = h.skip_reason(peer) or errors.get(peer) or "a side failed"
+            why = (h.skip_reason(peer) if peer in PEER_VARIANTS else None) or errors.get(
+                peer, "a side failed"
+            )
             rows.append(skipped(3, "rtt-v2", f"added-{peer}", f"added by {peer_title}", why))
             continue
         d, p = pct["direct"], pct[peer]
@@ -1509,7 +1515,7 @@ def markdown(result: dict[str, Any]) -> str:
                 else [fmt(mm["p50_us"], 0), fmt(mm["p99_us"], 0), fmt(mm["max_us"], 0), vs]
             )
         )
-    table(["path", "p50", "p99", "max", "proxy's added ÷ this peer's (p50 / p99)"], body)
+    table(["path", "p50", "p99", "max", "proxy's added ÷ this one's (p50 / p99)"], body)
     out.append(
         "Targets for the added latency: p50 ≤ 100 µs, p99 ≤ 500 µs; issue 13: ≤ 0.6 x the "
         "conductor's added p50 and ≤ 0.5 x its p99. The peers renumber request ids (the echo "

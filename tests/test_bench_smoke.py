@@ -44,8 +44,10 @@ EXPECTED_IDS = (
         f"s3/rtt-v2/{v}"
         for v in (
             "direct",
+            "asyncio-relay",
             "proxy-passthrough",
             "added",
+            "added-asyncio-relay",
             *PEER_VARIANTS,
             *(f"added-{v}" for v in PEER_VARIANTS),
         )
