@@ -29,6 +29,7 @@ from patch_fixtures import (
 
 from acp_proxy.jsontypes import OMITTED
 from acp_proxy.meta.annotate import (
+    NEEDS_SPLIT,
     AnnotateStatus,
     Annotation,
     V1MetaStore,
@@ -36,6 +37,7 @@ from acp_proxy.meta.annotate import (
     annotate,
     annotate_message,
     followup_fields,
+    v2_meta_after,
 )
 from acp_proxy.meta.registry import UPSERT_KINDS, find_upsert
 from acp_proxy.meta.state import ClientModel
@@ -97,6 +99,9 @@ def test_v2_unchanged(meta: Any, annotation: Annotation) -> None:
     messages, status = _v2(message, annotation)
     assert status is UNCHANGED
     assert messages[0] is message
+    # The fused path's answer (issue 13) for the same update: nothing to change, built alone.
+    assert v2_meta_after(message["params"]["update"], [annotation]) is OMITTED
+    assert v2_meta_after(message["params"]["update"], [annotation, annotation]) is OMITTED
 
 
 def test_v2_overwrite_tells_json_types_apart() -> None:
@@ -447,3 +452,42 @@ def test_v1_stateful_law(metas: list[Any], annotation: Annotation, first_meta: A
         assert {k: v for k, v in safe_meta.items() if k not in named} == {
             k: v for k, v in plain_meta.items() if k not in named
         }
+
+
+@pytest.mark.parametrize(
+    ("meta", "annotations", "expected"),
+    [
+        # absent: the annotation is the whole patch (sets, then removals as null)
+        (OMITTED, [ROUTE], {"proxy.dev/route": "edge", "secret.dev/token": None}),
+        # a clear followed by keys to set must be split (the general path does that)
+        (None, [ROUTE], "split"),
+        # a clear and only removals: nothing to add
+        (None, [Annotation(remove=("k",))], OMITTED),
+        # junk is treated as omitted (the SDKs' default-on-error)
+        ("junk", [Annotation(set={"k": 1})], {"k": 1}),
+        # an object: set what is missing, overwrite only when asked, removals become null
+        ({"a": 1}, [Annotation(set={"a": 2, "b": 3})], {"a": 1, "b": 3}),
+        ({"a": 1}, [Annotation(set={"a": 2}, overwrite=True)], {"a": 2}),
+        ({"a": 1}, [Annotation(remove=("a",))], {"a": None}),
+        ({"a": 1}, [Annotation(set={"b": 2, "c": 3})], {"a": 1, "b": 2, "c": 3}),
+        ({"r": 1}, [Annotation(set={"b": 2}, remove=("r",))], {"r": None, "b": 2}),
+        ({"a": None}, [Annotation(remove=("a",))], OMITTED),
+        # several rules, each on the previous one's output
+        (
+            {"a": 1},
+            [Annotation(set={"b": 2}), Annotation(set={"b": 3}, overwrite=True), Annotation()],
+            {"a": 1, "b": 3},
+        ),
+        ({"a": 1}, [Annotation(set={"b": 2}), Annotation(remove=("b",))], {"a": 1, "b": None}),
+    ],
+)
+def test_v2_meta_after(meta: Any, annotations: list[Annotation], expected: Any) -> None:
+    """The fused path's `_meta` (issue 13), case by case; tests/test_fused.py checks it against
+    the general path on generated frames."""
+    update = with_meta(TCU, meta)
+    got = v2_meta_after(update, annotations)
+    if expected == "split":
+        assert got == NEEDS_SPLIT
+    else:
+        assert got == expected
+    assert update == with_meta(TCU, meta)  # the update itself is never touched
