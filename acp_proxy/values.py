@@ -1,0 +1,165 @@
+"""Value classes that cost nothing to define: ``@value``, the start-up-friendly frozen dataclass.
+
+Contract: owns one class decorator for the proxy's internal value types (pipeline notes, queue
+frames, registry entries, counters). A decorated class behaves as ``@dataclass(frozen=True,
+slots=True)`` made it behave, the parts the proxy uses: the ``__init__`` signature (fields in
+order, defaults, ``field(default_factory=...)``), ``__slots__``, ``==`` and ``hash`` on the field
+tuple, the ``repr``, ``__match_args__``, ``FrozenInstanceError`` on assignment, copying and
+pickling. It is not a dataclass (``dataclasses.fields``/``replace`` do not apply): public and
+configuration types stay real dataclasses.
+
+Why (issue 13, start-up): ``dataclasses`` compiles six generated methods per class with
+``exec``, about a millisecond per class, paid at every start for dozens of classes most
+sessions never instantiate. Here the shared methods are plain functions and only ``__init__`` is
+generated, on the class's first instantiation, so a class costs about as much as a plain one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import MISSING, Field, FrozenInstanceError
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform, overload
+
+_T = TypeVar("_T", bound=type)
+
+# Marks a parameter left out whose field has a default factory (as dataclasses does).
+_FACTORY = object()
+
+
+@overload
+def value(cls: _T, /) -> _T: ...
+
+
+@overload
+def value(*, frozen: bool = True) -> Callable[[_T], _T]: ...
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(Field,))
+def value(cls: Any = None, /, *, frozen: bool = True) -> Any:
+    """``@value`` (frozen) or ``@value(frozen=False)`` on a class with annotated fields."""
+    if cls is None:
+        return lambda c: _build(c, frozen)
+    return _build(cls, frozen)
+
+
+def _build(cls: type, frozen: bool) -> type:
+    if any(hasattr(base, "_value_fields") for base in cls.__mro__[1:]):
+        raise TypeError(f"{cls.__qualname__}: a value class cannot extend another one")
+    names: list[str] = []
+    defaults: dict[str, Any] = {}
+    factories: dict[str, Callable[[], Any]] = {}
+    body = dict(cls.__dict__)
+    for name, annotation in inspect.get_annotations(cls).items():
+        if str(annotation).startswith(("ClassVar", "typing.ClassVar")):
+            continue
+        names.append(name)
+        if name in body:
+            default = body.pop(name)
+            if isinstance(default, Field):
+                if default.default_factory is not MISSING:
+                    factories[name] = default.default_factory
+                elif default.default is not MISSING:
+                    defaults[name] = default.default
+            else:
+                defaults[name] = default
+        elif defaults or factories:
+            raise TypeError(f"non-default argument {name!r} follows default argument")
+    body.pop("__dict__", None)
+    body.pop("__weakref__", None)
+    body["__slots__"] = tuple(names)
+    body["__match_args__"] = tuple(names)
+    body["_value_fields"] = tuple(names)
+    body["_value_defaults"] = defaults
+    body["_value_factories"] = factories
+    body["_value_frozen"] = frozen
+    if len(names) >= 2:
+        body["_value_key"] = attrgetter(*names)
+    elif names:
+        get = attrgetter(names[0])
+        body["_value_key"] = lambda self: (get(self),)
+    else:
+        body["_value_key"] = lambda self: ()
+    body["__init__"] = _first_init
+    body["__repr__"] = _repr
+    body["__eq__"] = _eq
+    body["__getstate__"] = _getstate
+    body["__setstate__"] = _setstate
+    if frozen:
+        body["__hash__"] = _hash
+        body["__setattr__"] = _frozen_setattr
+        body["__delattr__"] = _frozen_delattr
+    else:
+        body["__hash__"] = None  # eq without frozen: unhashable, as a dataclass is
+    new = type(cls)(cls.__name__, cls.__bases__, body)
+    new.__qualname__ = cls.__qualname__
+    return new
+
+
+def _init_source(cls: type) -> Callable[..., None]:
+    """The class's own ``__init__``, compiled once (the one ``exec`` a value class costs)."""
+    names: tuple[str, ...] = cls._value_fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = cls._value_defaults  # type: ignore[attr-defined]
+    factories: dict[str, Any] = cls._value_factories  # type: ignore[attr-defined]
+    frozen: bool = cls._value_frozen  # type: ignore[attr-defined]
+    scope: dict[str, Any] = {"_set": object.__setattr__, "_FACTORY": _FACTORY}
+    params, lines = [], []
+    for name in names:
+        if name in factories:
+            params.append(f"{name}=_FACTORY")
+            scope[f"_factory_{name}"] = factories[name]
+            lines.append(f" if {name} is _FACTORY: {name} = _factory_{name}()")
+        elif name in defaults:
+            params.append(f"{name}=_default_{name}")
+            scope[f"_default_{name}"] = defaults[name]
+        else:
+            params.append(name)
+        lines.append(f" _set(self, {name!r}, {name})" if frozen else f" self.{name} = {name}")
+    source = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(lines) or " pass")
+    exec(source, scope)  # our own field names only, as dataclasses does
+    init: Callable[..., None] = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
+def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    for klass in cls.__mro__:  # the value class itself (a subclass would inherit this)
+        if klass.__dict__.get("__init__") is _first_init:
+            klass.__init__ = _init_source(klass)  # type: ignore[misc]
+            break
+    cls.__init__(self, *args, **kwargs)
+
+
+def _repr(self: Any) -> str:
+    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._value_fields)
+    return f"{type(self).__qualname__}({fields})"
+
+
+def _eq(self: Any, other: object) -> Any:
+    cls: Any = self.__class__
+    if other.__class__ is cls:
+        return cls._value_key(self) == cls._value_key(other)
+    return NotImplemented
+
+
+def _hash(self: Any) -> int:
+    return hash(self.__class__._value_key(self))
+
+
+def _frozen_setattr(self: Any, name: str, value: object) -> None:
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def _getstate(self: Any) -> tuple[Any, ...]:
+    return tuple(getattr(self, name) for name in self._value_fields)
+
+
+def _setstate(self: Any, state: tuple[Any, ...]) -> None:
+    for name, item in zip(self._value_fields, state, strict=True):
+        object.__setattr__(self, name, item)
