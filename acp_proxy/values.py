@@ -137,10 +137,10 @@ def _repr(self: Any) -> str:
     return f"{type(self).__qualname__}({fields})"
 
 
-def _eq(self: Any, other: object) -> Any:
-    cls: Any = self.__class__
-    if other.__class__ is cls:
-        return cls._value_key(self) == cls._value_key(other)
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is self.__class__:
+        key = self.__class__._value_key
+        return key(self) == key(other)
     return NotImplemented
 
 
