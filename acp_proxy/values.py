@@ -44,6 +44,12 @@ def value(cls: Any = None, /, *, frozen: bool = True) -> Any:
     return _build(cls, frozen)
 
 
+def field_names(obj: object) -> tuple[str, ...]:
+    """The field names of a value class or instance, in order (``dataclasses.fields``)."""
+    names: tuple[str, ...] = obj._value_fields  # type: ignore[attr-defined]
+    return names
+
+
 def _build(cls: type, frozen: bool) -> type:
     if any(hasattr(base, "_value_fields") for base in cls.__mro__[1:]):
         raise TypeError(f"{cls.__qualname__}: a value class cannot extend another one")

@@ -23,6 +23,7 @@ from acp_proxy.config.rules import (
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.record.format import RecordConfig
+from acp_proxy.values import value
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -174,7 +175,7 @@ class NamedMiddleware:
         return self.inner(message, ctx)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _RulesFactory:
     rules: tuple[Rule, ...]
     v1_mode: V1Mode
@@ -189,7 +190,7 @@ class _RulesFactory:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _ImportedFactory:
     target: Callable[..., object]
     kwargs: Mapping[str, JsonValue]

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, TypeAlias, TypeVar
 
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.values import value
 
 # An entity's identity on a connection: (entity type, params.sessionId, id...). ``None`` only for
 # v1 message chunks without a ``messageId``.
@@ -49,7 +49,7 @@ class MetaRule(enum.StrEnum):
     CREATE = "create"  # v1 tool_call: (re)creates the entity; its `_meta` is the whole metadata
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UpsertKind:
     """One upsert kind: its entity, key, fields and schema requirements."""
 
@@ -67,7 +67,7 @@ class UpsertKind:
     meta_rule: MetaRule
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ChunkKind:
     """A chunk kind: appended, in order, to a field of an upserted entity."""
 
@@ -79,7 +79,7 @@ class ChunkKind:
     key_required: bool  # v1 message chunks may omit messageId
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SnapshotKind:
     """A kind whose update replaces the previous one for its entity as a whole."""
 
@@ -286,7 +286,7 @@ REMOVAL_KINDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
 EVENT_KINDS: Final = frozenset({"notice"})
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UpsertSite:
     """Where an upsert's patch `_meta` sits in a message, and which entity it belongs to."""
 

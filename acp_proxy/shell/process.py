@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ import anyio.abc
 
 from acp_proxy.config import AgentConfig, StderrMode
 from acp_proxy.shell.transports import FdStream, enlarge_pipe
+from acp_proxy.values import value
 
 # Shell conventions (POSIX "Command Search and Execution").
 EXIT_NOT_FOUND = 127
@@ -91,7 +92,7 @@ def describe_status(returncode: int) -> str:
 # -- supervision: process-wide state (the subreaper flag is per process) -------------------------
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class _Supervision:
     enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
     owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
@@ -308,7 +309,7 @@ class ChildProcess:
         self._release()
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class AgentProcess:
     """A running agent: its process, the streams to its stdin/stdout, and its process group."""
 

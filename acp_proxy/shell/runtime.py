@@ -33,7 +33,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -52,6 +52,7 @@ from acp_proxy.shell.process import (
     spawn_agent,
     spawn_error_exit,
 )
+from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.framing import LineSplitter
@@ -83,7 +84,7 @@ _BIG_FRAME = 64 * 1024
 _STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class SideStats:
     """What one writer did (toward the client or toward the agent)."""
 
@@ -92,7 +93,7 @@ class SideStats:
     discarded: int = 0  # frames dropped because the peer was gone
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class SessionStats:
     to_client: SideStats = field(default_factory=SideStats)
     to_agent: SideStats = field(default_factory=SideStats)

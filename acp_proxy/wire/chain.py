@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.values import value
 
 
 class Direction(enum.StrEnum):
@@ -130,7 +131,7 @@ class BaseMiddleware:
         return FORWARD
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Link:
     """A middleware in its place in the chain, with its failure policy."""
 
@@ -141,7 +142,7 @@ class Link:
     fail_closed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class MiddlewareFailure:
     """A middleware raised while handling a message."""
 
@@ -150,7 +151,7 @@ class MiddlewareFailure:
     fail_closed: bool
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outcome:
     """What the chain decided for one message."""
 
