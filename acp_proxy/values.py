@@ -1,21 +1,25 @@
-"""Value classes that cost nothing to define: ``@value``, the start-up-friendly frozen dataclass.
+"""Dataclasses that cost nothing to define: ``@value``, the start-up-friendly frozen dataclass.
 
-Contract: owns one class decorator for the proxy's internal value types (pipeline notes, queue
-frames, registry entries, counters). A decorated class behaves as ``@dataclass(frozen=True,
-slots=True)`` made it behave, the parts the proxy uses: the ``__init__`` signature (fields in
-order, defaults, ``field(default_factory=...)``), ``__slots__``, ``==`` and ``hash`` on the field
-tuple, the ``repr``, ``__match_args__``, ``FrozenInstanceError`` on assignment, copying and
-pickling. It is not a dataclass (``dataclasses.fields``/``replace`` do not apply): public and
-configuration types stay real dataclasses.
+Contract: owns one class decorator for the proxy's value types (configuration sections,
+middleware verdicts, pipeline notes, queue frames, registry entries, counters). A decorated
+class is what ``@dataclass(frozen=True, slots=True)`` (``@value(frozen=False)``:
+``@dataclass(slots=True)``) makes of it, for everything the proxy and its users rely on: the
+``__init__`` signature (fields in order, defaults, ``field(default_factory=...)``), ``__slots__``,
+``==`` and ``hash`` on the field tuple (``field(compare=False)`` left out), the ``repr``
+(``field(repr=False)`` left out), ``__match_args__``, ``FrozenInstanceError`` on assignment,
+copying and pickling, and the ``dataclasses`` functions (``fields``, ``replace``, ``asdict``,
+``is_dataclass``). Not supported (refused): ``init=False`` fields, ``InitVar``, ``__post_init__``,
+inheritance between value classes.
 
 Why (issue 13, start-up): ``dataclasses`` compiles six generated methods per class with
-``exec``, about a millisecond per class, paid at every start for dozens of classes most
-sessions never instantiate. Here the shared methods are plain functions and only ``__init__`` is
+``exec``, about a millisecond per class, paid at every start for dozens of classes most sessions
+never instantiate. Here the shared methods are plain functions and only ``__init__`` is
 generated, on the class's first instantiation, so a class costs about as much as a plain one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import MISSING, Field, FrozenInstanceError
@@ -44,46 +48,54 @@ def value(cls: Any = None, /, *, frozen: bool = True) -> Any:
     return _build(cls, frozen)
 
 
-def field_names(obj: object) -> tuple[str, ...]:
-    """The field names of a value class or instance, in order (``dataclasses.fields``)."""
-    names: tuple[str, ...] = obj._value_fields  # type: ignore[attr-defined]
-    return names
+def _field(name: str, annotation: object, spec: Any) -> Field[Any]:
+    """The ``dataclasses.Field`` describing one field (what ``dataclasses.fields`` returns)."""
+    if isinstance(spec, Field):
+        made = spec
+        if not made.init or made.kw_only is True:
+            raise TypeError(f"{name}: @value supports neither init=False nor kw_only fields")
+    else:
+        made = dataclasses.field(default=spec)  # MISSING: no default
+    made.name = name
+    made.type = annotation
+    made._field_type = dataclasses._FIELD  # type: ignore[attr-defined]  # a regular field
+    return made
 
 
 def _build(cls: type, frozen: bool) -> type:
     if any(hasattr(base, "_value_fields") for base in cls.__mro__[1:]):
         raise TypeError(f"{cls.__qualname__}: a value class cannot extend another one")
-    names: list[str] = []
-    defaults: dict[str, Any] = {}
-    factories: dict[str, Callable[[], Any]] = {}
+    if "__post_init__" in cls.__dict__:
+        raise TypeError(f"{cls.__qualname__}: @value has no __post_init__")
+    fields: dict[str, Field[Any]] = {}
     body = dict(cls.__dict__)
+    seen_default = False
     for name, annotation in inspect.get_annotations(cls).items():
-        if str(annotation).startswith(("ClassVar", "typing.ClassVar")):
+        text = str(annotation)
+        if text.startswith(("ClassVar", "typing.ClassVar")):
             continue
-        names.append(name)
-        if name in body:
-            default = body.pop(name)
-            if isinstance(default, Field):
-                if default.default_factory is not MISSING:
-                    factories[name] = default.default_factory
-                elif default.default is not MISSING:
-                    defaults[name] = default.default
-            else:
-                defaults[name] = default
-        elif defaults or factories:
+        if text.startswith(("InitVar", "dataclasses.InitVar")):
+            raise TypeError(f"{cls.__qualname__}.{name}: @value has no InitVar")
+        made = _field(name, annotation, body.pop(name, MISSING))
+        has_default = made.default is not MISSING or made.default_factory is not MISSING
+        if seen_default and not has_default:
             raise TypeError(f"non-default argument {name!r} follows default argument")
+        seen_default = seen_default or has_default
+        fields[name] = made
+    names = tuple(fields)
+    compared = tuple(name for name, f in fields.items() if f.compare)
     body.pop("__dict__", None)
     body.pop("__weakref__", None)
-    body["__slots__"] = tuple(names)
-    body["__match_args__"] = tuple(names)
-    body["_value_fields"] = tuple(names)
-    body["_value_defaults"] = defaults
-    body["_value_factories"] = factories
+    body["__slots__"] = names
+    body["__match_args__"] = names
+    body["__dataclass_fields__"] = fields
+    body["_value_fields"] = names
+    body["_value_repr"] = tuple(name for name, f in fields.items() if f.repr)
     body["_value_frozen"] = frozen
-    if len(names) >= 2:
-        body["_value_key"] = attrgetter(*names)
-    elif names:
-        get = attrgetter(names[0])
+    if len(compared) >= 2:
+        body["_value_key"] = attrgetter(*compared)
+    elif compared:
+        get = attrgetter(compared[0])
         body["_value_key"] = lambda self: (get(self),)
     else:
         body["_value_key"] = lambda self: ()
@@ -100,25 +112,35 @@ def _build(cls: type, frozen: bool) -> type:
         body["__hash__"] = None  # eq without frozen: unhashable, as a dataclass is
     new = type(cls)(cls.__name__, cls.__bases__, body)
     new.__qualname__ = cls.__qualname__
+    try:  # what @dataclass on a subclass reads; its signature is private (Python 3.11's)
+        params = dataclasses._DataclassParams(True, True, True, False, False, frozen)  # type: ignore[attr-defined]
+    except TypeError:
+        pass
+    else:
+        new.__dataclass_params__ = params  # type: ignore[attr-defined]
     return new
+
+
+def field_names(obj: object) -> tuple[str, ...]:
+    """The field names of a value class or instance, in order."""
+    names: tuple[str, ...] = obj._value_fields  # type: ignore[attr-defined]
+    return names
 
 
 def _init_source(cls: type) -> Callable[..., None]:
     """The class's own ``__init__``, compiled once (the one ``exec`` a value class costs)."""
-    names: tuple[str, ...] = cls._value_fields  # type: ignore[attr-defined]
-    defaults: dict[str, Any] = cls._value_defaults  # type: ignore[attr-defined]
-    factories: dict[str, Any] = cls._value_factories  # type: ignore[attr-defined]
+    fields: dict[str, Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
     frozen: bool = cls._value_frozen  # type: ignore[attr-defined]
     scope: dict[str, Any] = {"_set": object.__setattr__, "_FACTORY": _FACTORY}
     params, lines = [], []
-    for name in names:
-        if name in factories:
+    for name, f in fields.items():
+        if f.default_factory is not MISSING:
             params.append(f"{name}=_FACTORY")
-            scope[f"_factory_{name}"] = factories[name]
+            scope[f"_factory_{name}"] = f.default_factory
             lines.append(f" if {name} is _FACTORY: {name} = _factory_{name}()")
-        elif name in defaults:
+        elif f.default is not MISSING:
             params.append(f"{name}=_default_{name}")
-            scope[f"_default_{name}"] = defaults[name]
+            scope[f"_default_{name}"] = f.default
         else:
             params.append(name)
         lines.append(f" _set(self, {name!r}, {name})" if frozen else f" self.{name} = {name}")
@@ -139,7 +161,7 @@ def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _repr(self: Any) -> str:
-    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._value_fields)
+    fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._value_repr)
     return f"{type(self).__qualname__}({fields})"
 
 
