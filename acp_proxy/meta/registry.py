@@ -49,6 +49,16 @@ class MetaRule(enum.StrEnum):
     CREATE = "create"  # v1 tool_call: (re)creates the entity; its `_meta` is the whole metadata
 
 
+class V1Mode(enum.StrEnum):
+    """How `_meta` annotations are applied on a v1 connection (v1 has no patch rule; see
+    ``acp_proxy.meta.annotate``, which applies them and re-exports this name). It lives here so
+    that ``Config`` can name its default without importing the annotation code (start-up)."""
+
+    SAFE = "safe"  # annotate only where it cannot erase agent metadata; report the rest skipped
+    STATEFUL = "stateful"  # keep merged metadata per entity (bounded LRU), send the whole object
+    OFF = "off"  # never annotate v1 entities
+
+
 @value
 class UpsertKind:
     """One upsert kind: its entity, key, fields and schema requirements."""

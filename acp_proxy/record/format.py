@@ -30,12 +30,13 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import Field, field
+from typing import Any, ClassVar, Final
 
 import orjson
 
 from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.values import value
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = "acp-proxy-record"
@@ -77,9 +78,11 @@ def _norm(key: str) -> str:
     return key.lower().replace("_", "").replace("-", "")
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RecordConfig:
     """The ``record:`` settings (``--record`` overrides ``path``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     path: str | None = None
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -92,7 +95,7 @@ class RecordConfig:
 UNREADABLE = b'"[REDACTED: a frame too deeply nested to redact key by key]"'
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Redactor:
     """Removes secrets from a frame's text before it is recorded or logged.
 
