@@ -14,7 +14,8 @@ inheritance between value classes.
 Why (issue 13, start-up): ``dataclasses`` compiles six generated methods per class with
 ``exec``, about a millisecond per class, paid at every start for dozens of classes most sessions
 never instantiate. Here the shared methods are plain functions and only ``__init__`` is
-generated, on the class's first instantiation, so a class costs about as much as a plain one.
+generated, once the class has been instantiated a few times (the first instances bind their
+arguments generically), so a class costs about as much as a plain one.
 """
 
 from __future__ import annotations
@@ -151,13 +152,51 @@ def _init_source(cls: type) -> Callable[..., None]:
     return init
 
 
+# A value class's first instantiations bind their arguments generically (start-up makes one or
+# two instances of most classes); after this many, its own ``__init__`` is compiled (the hot path
+# makes many instances of a few classes, at the speed of a dataclass's ``__init__``).
+_COMPILE_AFTER = 8
+_calls: dict[type, int] = {}
+
+
 def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    cls = type(self)
-    for klass in cls.__mro__:  # the value class itself (a subclass would inherit this)
-        if klass.__dict__.get("__init__") is _first_init:
-            klass.__init__ = _init_source(klass)  # type: ignore[misc]
-            break
-    cls.__init__(self, *args, **kwargs)
+    klass = next(k for k in type(self).__mro__ if k.__dict__.get("__init__") is _first_init)
+    calls = _calls.get(klass, 0) + 1
+    if calls <= _COMPILE_AFTER and _bind(self, klass, args, kwargs):
+        _calls[klass] = calls
+        return
+    # Compiled now: also when the arguments do not fit, so that the TypeError is the one a
+    # dataclass raises.
+    _calls.pop(klass, None)
+    klass.__init__ = _init_source(klass)  # type: ignore[misc]
+    type(self).__init__(self, *args, **kwargs)
+
+
+def _bind(self: Any, klass: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Set the fields from ``args`` and ``kwargs`` as ``__init__`` would; False (nothing
+    changed) when they do not fit the signature."""
+    names: tuple[str, ...] = klass._value_fields
+    fields: dict[str, Field[Any]] = klass.__dataclass_fields__
+    if len(args) > len(names):
+        return False
+    values = dict(zip(names, args, strict=False))
+    for key in kwargs:
+        if key in values or key not in fields:
+            return False
+    values.update(kwargs)
+    for name in names[len(args) :]:
+        if name not in values:
+            f = fields[name]
+            if f.default_factory is not MISSING:
+                values[name] = f.default_factory()
+            elif f.default is not MISSING:
+                values[name] = f.default
+            else:
+                return False
+    assign = object.__setattr__ if klass._value_frozen else setattr
+    for name in names:
+        assign(self, name, values[name])
+    return True
 
 
 def _repr(self: Any) -> str:
