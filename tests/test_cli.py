@@ -233,6 +233,7 @@ _NOT_AT_START_UP = (
     "acp_proxy.shell.tracing",
     "acp_proxy.telemetry",
     "acp_proxy.shell.recorder",  # --record
+    "acp_proxy.record.format",  # --record, the debug log
     "acp_proxy.record.replay",
     "acp_proxy.record.transcript",
     "acp_proxy.shell.framelog",  # --log-level debug
@@ -281,11 +282,11 @@ def test_start_up_loads_what_the_command_line_asks_for(tmp_path: Path) -> None:
     # The default level logs "starting": structlog comes in then (and only structlog).
     assert _loaded_by(["--", "true"]) == (0, ["structlog"])
     rc, names = _loaded_by(["--log-level", "debug", "--", "true"])
-    assert (rc, names) == (0, ["acp_proxy.shell.framelog", "structlog"])
+    assert (rc, names) == (0, ["acp_proxy.record.format", "acp_proxy.shell.framelog", "structlog"])
     rc, names = _loaded_by(
         ["--log-level", "warning", "--record", str(tmp_path / "r.jsonl"), "--", "true"]
     )
-    assert (rc, names) == (0, ["acp_proxy.shell.recorder"])
+    assert (rc, names) == (0, ["acp_proxy.record.format", "acp_proxy.shell.recorder"])
     # An abbreviation is argparse's to read.
     assert _loaded_by(["--log-l", "warning", "--", "true"]) == (0, ["argparse"])
 

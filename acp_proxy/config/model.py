@@ -18,7 +18,7 @@ import orjson
 
 from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import V1Mode
-from acp_proxy.record.format import RecordConfig
+from acp_proxy.record.settings import RecordConfig
 from acp_proxy.values import value
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 

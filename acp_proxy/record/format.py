@@ -30,12 +30,13 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import Field, field
-from typing import Any, ClassVar, Final
+from dataclasses import field
+from typing import Final
 
 import orjson
 
 from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.record import settings
 from acp_proxy.values import value
 
 FORMAT_VERSION: Final = 1
@@ -43,7 +44,10 @@ MAGIC: Final = "acp-proxy-record"
 CLIENT_TO_AGENT: Final = "client_to_agent"
 AGENT_TO_CLIENT: Final = "agent_to_client"
 
-DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+# Defined with the settings (Config names them without importing this module); their public
+# home stays here.
+DEFAULT_MAX_BYTES: Final = settings.DEFAULT_MAX_BYTES
+RecordConfig = settings.RecordConfig
 REDACTED: Final = "[REDACTED]"
 
 # Key names whose values are never written (compared without case, `_` and `-`; a key matches
@@ -76,19 +80,6 @@ DEFAULT_REDACT_PATTERNS: Final[tuple[str, ...]] = (
 
 def _norm(key: str) -> str:
     return key.lower().replace("_", "").replace("-", "")
-
-
-@value
-class RecordConfig:
-    """The ``record:`` settings (``--record`` overrides ``path``)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
-
-    path: str | None = None
-    max_bytes: int = DEFAULT_MAX_BYTES
-    # Added to the defaults (the defaults always apply).
-    redact: tuple[str, ...] = ()
-    redact_patterns: tuple[str, ...] = ()
 
 
 # What a frame that needs redaction but cannot be walked (nested too deep) is recorded as.

@@ -32,7 +32,6 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -130,6 +129,12 @@ def enable_supervision() -> bool:
     return subreaper or os.getpid() == 1
 
 
+def _read(path: str) -> bytes:
+    """A /proc file's contents (plain ``open``: pathlib is not worth its import, issue 13)."""
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def _child_ids(pid: int) -> list[int]:
     """The children of ``pid`` (every thread's), from /proc; [] when they cannot be read."""
     children: list[int] = []
@@ -139,9 +144,9 @@ def _child_ids(pid: int) -> list[int]:
         return children
     for tid in tasks:
         try:
-            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            text = _read(f"/proc/{pid}/task/{tid}/children").decode()
         except FileNotFoundError:
-            if not Path(f"/proc/{pid}/task/{tid}").exists():
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
                 continue  # the thread ended
             return _child_ids_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
         except OSError:
@@ -157,7 +162,7 @@ def _child_ids_by_scan(pid: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            stat = _read(f"/proc/{entry}/stat")
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
@@ -182,7 +187,7 @@ def _descendants(pid: int) -> list[int]:
 
 def _has_cookie(pid: int, cookie: bytes) -> bool:
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        environ = _read(f"/proc/{pid}/environ")
     except OSError:  # gone, or not ours to read
         return False
     return cookie in environ.split(b"\0")
