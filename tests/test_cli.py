@@ -327,3 +327,34 @@ def test_the_fast_option_path_reads_what_argparse_reads(options: list[str]) -> N
 )
 def test_the_fast_option_path_leaves_the_rest_to_argparse(options: list[str]) -> None:
     assert cli._fast_options(options) is None
+
+
+def test_garbage_collection_is_off_only_during_start_up() -> None:
+    """Start-up (issue 13): the collector is off while the command line, the config and the
+    modules are loaded, frozen-and-on once the proxy's first coroutine runs, and as it was
+    before for an in-process caller afterwards."""
+    code = (
+        "import gc\n"
+        "from acp_proxy import cli\n"
+        "from acp_proxy.shell import runtime\n"
+        "seen = []\n"
+        "real = runtime.run_proxy\n"
+        "async def spy(*args, **kwargs):\n"
+        "    seen.append([gc.isenabled(), gc.get_freeze_count() > 0])\n"
+        "    return await real(*args, **kwargs)\n"
+        "runtime.run_proxy = spy\n"
+        "rc = cli.main(['--log-level', 'error', '--', 'true'])\n"
+        "print(rc, seen, gc.isenabled(), gc.get_freeze_count())\n"
+        "gc.disable()\n"
+        "cli.main(['--log-level', 'error', '--', 'true'])\n"
+        "print(gc.isenabled())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        timeout=60,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        env=proxy_env(),
+    ).stdout
+    assert out == b"0 [[True, True]] True 0\nFalse\n"
