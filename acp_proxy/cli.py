@@ -400,7 +400,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     finally:
-        gc.unfreeze()  # an in-process caller (a test) gets its objects collected again
+        if argv is not None:
+            # An in-process caller (a test) gets its objects collected again. The command
+            # itself (argv from sys.argv) keeps them frozen: the interpreter's collections at
+            # exit need not walk them (start-up, issue 13).
+            gc.unfreeze()
         if collecting:
             gc.enable()
 

@@ -332,7 +332,7 @@ def test_the_fast_option_path_leaves_the_rest_to_argparse(options: list[str]) ->
 def test_garbage_collection_is_off_only_during_start_up() -> None:
     """Start-up (issue 13): the collector is off while the command line, the config and the
     modules are loaded, frozen-and-on once the proxy's first coroutine runs, and as it was
-    before for an in-process caller afterwards."""
+    before for an in-process caller afterwards (the command itself exits frozen)."""
     code = (
         "import gc\n"
         "from acp_proxy import cli\n"
@@ -348,6 +348,11 @@ def test_garbage_collection_is_off_only_during_start_up() -> None:
         "gc.disable()\n"
         "cli.main(['--log-level', 'error', '--', 'true'])\n"
         "print(gc.isenabled())\n"
+        "gc.enable()\n"
+        "import sys\n"
+        "sys.argv = ['acp-proxy', '--log-level', 'error', '--', 'true']\n"
+        "cli.main()\n"  # the command itself: start-up's objects stay frozen until exit
+        "print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -357,4 +362,4 @@ def test_garbage_collection_is_off_only_during_start_up() -> None:
         stdin=subprocess.DEVNULL,
         env=proxy_env(),
     ).stdout
-    assert out == b"0 [[True, True]] True 0\nFalse\n"
+    assert out == b"0 [[True, True]] True 0\nFalse\nTrue True\n"
