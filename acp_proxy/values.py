@@ -168,8 +168,9 @@ def _first_init(self: Any, *args: Any, **kwargs: Any) -> None:
     # Compiled now: also when the arguments do not fit, so that the TypeError is the one a
     # dataclass raises.
     _calls.pop(klass, None)
-    klass.__init__ = _init_source(klass)  # type: ignore[misc]
-    type(self).__init__(self, *args, **kwargs)
+    init = _init_source(klass)
+    klass.__init__ = init  # type: ignore[misc]
+    init(self, *args, **kwargs)  # the value class's own (a subclass's __init__ is running)
 
 
 def _bind(self: Any, klass: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

@@ -135,3 +135,16 @@ def test_unsupported_dataclass_features_are_refused() -> None:
         @value
         class Sub(V):
             d: int = 0
+
+
+def test_a_subclass_init_that_calls_the_value_init_runs_once_per_instance() -> None:
+    runs: list[int] = []
+
+    class Sub(V):
+        def __init__(self, a: int) -> None:
+            runs.append(a)
+            super().__init__(a)
+
+    for n in range(20):  # across the compilation of V's __init__
+        assert Sub(n).a == n
+    assert runs == list(range(20))
