@@ -101,6 +101,7 @@ def _build(cls: type, frozen: bool) -> type:
     else:
         body["_value_key"] = lambda self: ()
     body["__init__"] = _first_init
+    body["__signature__"] = _SIGNATURE
     body["__repr__"] = _repr
     body["__eq__"] = _eq
     body["__getstate__"] = _getstate
@@ -120,6 +121,37 @@ def _build(cls: type, frozen: bool) -> type:
     else:
         new.__dataclass_params__ = params  # type: ignore[attr-defined]
     return new
+
+
+class _Signature:
+    """``inspect.signature`` of a value class: its dataclass ``__init__``'s, built when asked
+    (the ``__init__`` itself is generic until compiled)."""
+
+    def __get__(self, obj: object, cls: type) -> inspect.Signature:
+        if obj is not None:
+            raise AttributeError("__signature__")
+        fields: dict[str, Field[Any]] = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return inspect.Signature(
+            [
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=(
+                        dataclasses._HAS_DEFAULT_FACTORY  # type: ignore[attr-defined]
+                        if f.default_factory is not MISSING
+                        else inspect.Parameter.empty
+                        if f.default is MISSING
+                        else f.default
+                    ),
+                    annotation=f.type,
+                )
+                for name, f in fields.items()
+            ],
+            return_annotation=None,
+        )
+
+
+_SIGNATURE = _Signature()
 
 
 def field_names(obj: object) -> tuple[str, ...]:

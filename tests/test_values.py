@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import pickle
 from dataclasses import dataclass, field
 
@@ -79,6 +80,7 @@ def test_a_value_class_behaves_as_the_frozen_slotted_dataclass(rounds: int) -> N
     assert V.__match_args__ == D.__match_args__ == ("a", "b", "c", "lines", "secret")
     assert vars(V)["__slots__"] == ("a", "b", "c", "lines", "secret")
     assert V.__doc__ == "A value."
+    assert str(inspect.signature(V)) == str(inspect.signature(D))
 
 
 def test_a_value_is_frozen_copyable_and_picklable() -> None:
