@@ -9,18 +9,20 @@ then), and ``replay``, whose stdout is the protocol of the agent it plays.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
+import gc
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from acp_proxy import __version__
 
 if TYPE_CHECKING:
+    import argparse
+
     from acp_proxy.config import Config, ConfigError
 
 EXIT_USAGE = 2  # argparse's own code for usage errors; also used for config errors
@@ -65,6 +67,8 @@ _WRITABLE_HINT = (
 
 
 def _positive_int(text: str) -> int:
+    import argparse
+
     try:
         value = int(text)
     except ValueError:
@@ -76,6 +80,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the main command (options before ``--``)."""
+    import argparse
+
     from acp_proxy.wire.scan import SCANNER
 
     parser = argparse.ArgumentParser(
@@ -193,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _size(text: str) -> int:
+    import argparse
+
     from acp_proxy.config import parse_size
 
     value = parse_size(text)
@@ -206,6 +214,8 @@ def _size(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -216,7 +226,9 @@ def _positive_float(text: str) -> float:
 
 
 def _socket_options(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, config: Config
+    parser: argparse.ArgumentParser | None,
+    args: argparse.Namespace | SimpleNamespace,
+    config: Config,
 ) -> Config:
     """The config with the socket flags applied (the command line wins over the file), the
     addresses checked (usage error, exit 2, before anything is spawned or bound)."""
@@ -243,7 +255,7 @@ def _socket_options(
             try:
                 parse_address(url, listen=listen)
             except AddressError as exc:
-                parser.error(f"--{key}: {exc}")
+                _usage_error(parser, f"--{key}: {exc}")
     return config
 
 
@@ -258,6 +270,8 @@ def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> No
             f'"{word}" must come first (acp-proxy {word} ...); to run an agent named {word}, '
             "put -- before it"
         )
+    import difflib  # only for a word that is not an option (start-up, issue 13)
+
     close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.8)
     if close:
         parser.error(
@@ -267,6 +281,8 @@ def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> No
 
 
 def _schema(argv: Sequence[str]) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="acp-proxy schema",
         description="Print the JSON schema of the config file (for editors: "
@@ -339,6 +355,8 @@ def _print_config_errors(exc: ConfigError) -> None:
 
 
 def _check_config(argv: Sequence[str]) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="acp-proxy check-config",
         description="Validate a rules file and explain what it does (exit 0), or print the "
@@ -377,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits 130 like a shell, without a traceback; so does a closed stdout in ``check-config |
     head`` (exit 141, 128 + SIGPIPE).
     """
+    collecting = gc.isenabled()
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -385,6 +404,102 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Python's own advice: point stdout at devnull so the flush at exit does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    finally:
+        if argv is not None:
+            # An in-process caller (a test) gets its objects collected again. The command
+            # itself (argv from sys.argv) keeps them frozen: the interpreter's collections at
+            # exit need not walk them (start-up, issue 13).
+            gc.unfreeze()
+        if collecting:
+            gc.enable()
+
+
+# Start-up (issue 13): what the proxy allocates before its event loop runs (modules, classes,
+# the config, the loop itself) lives as long as the process, so the cyclic garbage collector's
+# passes over it (a few dozen, a tenth of the start-up's CPU) find nothing to free. It is off
+# from the command line's parsing until the proxy's first coroutine runs; then those objects
+# are frozen (gc.freeze: no later collection walks them again) and collection resumes.
+_COLLECT = {"after_start": False}
+
+
+async def _collecting(main: Callable[..., Awaitable[int]], *args: Any) -> int:
+    if _COLLECT["after_start"]:
+        gc.freeze()
+        gc.enable()
+    return await main(*args)
+
+
+# Start-up (issue 13): the options an editor's command line usually holds are read without
+# argparse (importing it and building the parser cost more than everything else the command line
+# does). Only exact spellings are taken here; anything else (an abbreviation, a value starting
+# with "-", -h, -V, the numeric options, a bare AGENT_CMD without --, a value outside the
+# choices) goes to argparse, which reports every error. tests/test_cli.py checks that both
+# give the same values.
+_FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "--config": ("config", None),
+    "--log-level": ("log_level", ("debug", "info", "warning", "error")),
+    "--log-format": ("log_format", ("json", "console")),
+    "--log-file": ("log_file", None),
+    "--agent-stderr": ("agent_stderr", ("log", "passthrough")),
+    "--record": ("record", None),
+    "--listen": ("listen", None),
+    "--connect": ("connect", None),
+    "--metrics": ("metrics", None),
+}
+_FAST_FLAGS = {"--log-frames": "log_frames", "--allow-remote": "allow_remote"}
+# build_parser's defaults, one per destination.
+_DEFAULTS: dict[str, object] = {
+    "config": None,
+    "log_level": "info",
+    "log_format": "console",
+    "log_file": None,
+    "log_frames": False,
+    "agent_stderr": None,
+    "max_frame_bytes": None,
+    "record": None,
+    "listen": None,
+    "connect": None,
+    "allow_remote": None,
+    "max_connections": None,
+    "connect_timeout": None,
+    "handshake_timeout": None,
+    "metrics": None,
+}
+
+
+def _fast_options(options: Sequence[str]) -> SimpleNamespace | None:
+    """What ``build_parser().parse_known_args(options)`` returns (with no extra arguments), or
+    ``None`` when ``options`` need argparse itself."""
+    values = dict(_DEFAULTS)
+    i = 0
+    while i < len(options):
+        name, eq, inline = options[i].partition("=")
+        if name in _FAST_FLAGS and not eq:
+            values[_FAST_FLAGS[name]] = True
+            i += 1
+            continue
+        if name not in _FAST_VALUES:
+            return None
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(options):
+            value, i = options[i + 1], i + 2
+        else:
+            return None
+        if value.startswith("-"):
+            return None
+        dest, choices = _FAST_VALUES[name]
+        if dest == "log_level":
+            value = value.lower()  # the option's type=str.lower
+        if choices is not None and value not in choices:
+            return None
+        values[dest] = value
+    return SimpleNamespace(**values)
+
+
+def _usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:
+    """argparse's usage error (exit 2), building the parser if the fast path skipped it."""
+    (parser or build_parser()).error(message)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -406,24 +521,29 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return replay.main(args_in[1:])
 
+    _COLLECT["after_start"] = gc.isenabled()
+    gc.disable()  # until the event loop runs (main() turns it back on if we never get there)
     if "--" in args_in:
         cut = args_in.index("--")
         options, agent_argv = args_in[:cut], args_in[cut + 1 :]
     else:
         options, agent_argv = args_in, []
-    parser = build_parser()
-    args, extra = parser.parse_known_args(options)
-    if extra:
-        # Without "--", a bare command is accepted when it comes after all options.
-        if agent_argv or extra[0].startswith("-"):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        _refuse_misspelled_command(parser, extra[0])
-        agent_argv = extra
+    parser: argparse.ArgumentParser | None = None  # built only when argparse is needed
+    args: argparse.Namespace | SimpleNamespace | None = _fast_options(options)
+    if args is None:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(options)
+        if extra:
+            # Without "--", a bare command is accepted when it comes after all options.
+            if agent_argv or extra[0].startswith("-"):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            _refuse_misspelled_command(parser, extra[0])
+            agent_argv = extra
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
     # Without --connect, an AGENT_CMD is needed unless the config file names an agent address:
     # report the missing command before reading any file when no file can supply one.
     if not agent_argv and not args.connect and not config_path:
-        parser.error("missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
+        _usage_error(parser, "missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
 
     from acp_proxy.config import ConfigError, load_config
 
@@ -450,12 +570,13 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
-        parser.error(
+        _usage_error(
+            parser,
             f"{where} names the agent's address; an AGENT_CMD cannot be used with it "
-            "(drop one of them)"
+            "(drop one of them)",
         )
     if config.connect is None and not agent_argv:
-        parser.error("missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
+        _usage_error(parser, "missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
 
     from acp_proxy.shell.logsetup import configure_logging
 
@@ -487,15 +608,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if config.listen is not None:
         from acp_proxy.shell.sockets import run_listen
 
-        return anyio.run(run_supervised, *_telemetry(config, run_listen, agent_argv))
+        return anyio.run(_collecting, run_supervised, *_telemetry(config, run_listen, agent_argv))
     if config.connect is not None:
         from acp_proxy.shell.sockets import run_connect
 
-        return anyio.run(run_supervised, *_telemetry(config, run_connect))
+        return anyio.run(_collecting, run_supervised, *_telemetry(config, run_connect))
 
     from acp_proxy.shell.runtime import run_proxy
 
-    return anyio.run(run_supervised, *_telemetry(config, run_proxy, agent_argv))
+    return anyio.run(_collecting, run_supervised, *_telemetry(config, run_proxy, agent_argv))
 
 
 def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) -> tuple[Any, ...]:

@@ -110,8 +110,11 @@ def export_ref(ref: str) -> Path:
     return dest
 
 
-def _once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU (user+sys, the process and its reaped children) seconds of one run."""
+def _once(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float]:
+    """Wall and CPU (user+sys, the process and its reaped children) seconds of one run.
+
+    ``cwd`` is the tree whose ``acp_proxy`` runs: ``python -m`` puts the working directory
+    first on ``sys.path``, ahead of ``PYTHONPATH``."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         argv,
@@ -119,6 +122,7 @@ def _once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
+        cwd=cwd,
     )
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -142,20 +146,21 @@ def run(
     the peers installed in ``build_dir`` too."""
     compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
     env = _env()
-    variants = {name: (argv, env) for name, argv in VARIANTS.items()}
+    variants = {name: (argv, env, ROOT) for name, argv in VARIANTS.items()}
     peers, skipped = peer_variants(build_dir)
-    variants.update(peers)
+    variants.update({name: (argv, env, ROOT) for name, (argv, env) in peers.items()})
     if baseline_ref is not None:
         name = f"proxy@{baseline_ref}"
         TITLES[name] = f"acp-proxy -- true at {baseline_ref} (before)"
-        variants[name] = (VARIANTS["proxy"], _env(export_ref(baseline_ref)))
-    for argv, e in variants.values():  # warm the page cache once
-        _once(argv, e)
+        tree = export_ref(baseline_ref)
+        variants[name] = (VARIANTS["proxy"], _env(tree), tree)
+    for argv, e, cwd in variants.values():  # warm the page cache once
+        _once(argv, e, cwd)
     times: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(reps):
-        for name, (argv, e) in variants.items():
-            wall, used = _once(argv, e)
+        for name, (argv, e, cwd) in variants.items():
+            wall, used = _once(argv, e, cwd)
             times[name].append(wall)
             cpu[name].append(used)
 

@@ -221,18 +221,146 @@ def test_check_config_into_a_closed_pipe_exits_141_without_traceback() -> None:
     assert done.stderr == b""
 
 
-def test_stdio_start_up_loads_neither_yaml_nor_the_socket_layer() -> None:
-    """Start-up (issue 13): ``acp-proxy -- AGENT`` without a config file imports only what
-    stdio mode needs: no PyYAML, no socket layer, no demo."""
+# Modules that a plain ``acp-proxy -- AGENT`` (stdio, no config, no --record, no debug log) must
+# not load (start-up, issue 13): each is imported when the command line asks for it.
+_NOT_AT_START_UP = (
+    "yaml",  # a config file
+    "structlog",  # the first log event at an enabled level (none at --log-level warning)
+    "argparse",  # an option spelling that the fast path leaves to argparse, or an error
+    "difflib",  # a misspelled subcommand
+    "acp_proxy.demo",
+    "acp_proxy.shell.sockets",  # --listen, --connect, --metrics
+    "acp_proxy.shell.telemetry",
+    "acp_proxy.shell.tracing",
+    "acp_proxy.telemetry",
+    "acp_proxy.shell.recorder",  # --record
+    "acp_proxy.record.format",  # --record, the debug log
+    "acp_proxy.record.replay",
+    "acp_proxy.record.transcript",
+    "acp_proxy.shell.framelog",  # --log-level debug
+    "acp_proxy.config.parser",  # a config file
+    "acp_proxy.config.reading",
+    "acp_proxy.config.schema",  # check-config, schema
+    "acp_proxy.config.rules",  # rules in a config file
+    "acp_proxy.meta.annotate",
+)
 
+
+def _loaded_by(argv: list[str]) -> tuple[int, list[str]]:
+    """The exit code of ``cli.main(argv)`` in a fresh interpreter, and which of
+    ``_NOT_AT_START_UP`` it imported (a module or any submodule of it)."""
     code = (
         "import sys\n"
         "from acp_proxy import cli\n"
-        "rc = cli.main(['--log-level', 'error', '--', 'true'])\n"
-        "print(rc, sorted(m for m in sys.modules if m.split('.')[0] == 'yaml'"
-        " or m in ('acp_proxy.shell.sockets', 'acp_proxy.demo')))\n"
+        f"rc = cli.main({argv!r})\n"
+        f"names = {_NOT_AT_START_UP!r}\n"
+        "loaded = sorted(n for n in names if any(m == n or m.startswith(n + '.') "
+        "for m in sys.modules))\n"
+        "import json\n"
+        "print(json.dumps([rc, loaded]))\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        timeout=60,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        env=proxy_env(),
     ).stdout
-    assert out == b"0 []\n"
+    rc, loaded = orjson.loads(out.splitlines()[-1])
+    return rc, loaded
+
+
+def test_stdio_start_up_loads_only_what_stdio_mode_needs() -> None:
+    """Start-up (issue 13): ``acp-proxy -- AGENT`` without a config file imports only what
+    stdio mode needs: no PyYAML, no structlog until something is logged, no argparse for the
+    usual options, no socket layer, recorder, debug frame log, rules engine or demo."""
+    assert _loaded_by(["--log-level", "warning", "--", "true"]) == (0, [])
+    assert _loaded_by(["--log-level=ERROR", "--log-format", "json", "--", "true"]) == (0, [])
+
+
+def test_start_up_loads_what_the_command_line_asks_for(tmp_path: Path) -> None:
+    # The default level logs "starting": structlog comes in then (and only structlog).
+    assert _loaded_by(["--", "true"]) == (0, ["structlog"])
+    rc, names = _loaded_by(["--log-level", "debug", "--", "true"])
+    assert (rc, names) == (0, ["acp_proxy.record.format", "acp_proxy.shell.framelog", "structlog"])
+    rc, names = _loaded_by(
+        ["--log-level", "warning", "--record", str(tmp_path / "r.jsonl"), "--", "true"]
+    )
+    assert (rc, names) == (0, ["acp_proxy.record.format", "acp_proxy.shell.recorder"])
+    # An abbreviation is argparse's to read.
+    assert _loaded_by(["--log-l", "warning", "--", "true"]) == (0, ["argparse"])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["--log-level", "warning"],
+        ["--log-level", "DEBUG", "--log-level=Info"],
+        ["--log-format", "json", "--log-file", "x.log", "--log-frames"],
+        ["--config", "rules.yaml", "--agent-stderr", "log", "--record=r.jsonl"],
+        ["--config="],
+        ["--listen", "tcp://127.0.0.1:1", "--allow-remote", "--metrics", "unix:///m.sock"],
+        ["--connect", "unix:///a.sock"],
+    ],
+)
+def test_the_fast_option_path_reads_what_argparse_reads(options: list[str]) -> None:
+    fast = cli._fast_options(options)
+    parsed, extra = cli.build_parser().parse_known_args(options)
+    assert fast is not None
+    assert (vars(fast), extra) == (vars(parsed), [])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--log-l", "debug"],  # an abbreviation
+        ["--log-level", "verbose"],  # not a choice: argparse's error
+        ["--log-level"],  # no value
+        ["--config", "-x"],  # a value that looks like an option
+        ["--log-frames=1"],
+        ["--max-frame-bytes", "1k"],
+        ["-V"],
+        ["--help"],
+        ["my-agent"],
+    ],
+)
+def test_the_fast_option_path_leaves_the_rest_to_argparse(options: list[str]) -> None:
+    assert cli._fast_options(options) is None
+
+
+def test_garbage_collection_is_off_only_during_start_up() -> None:
+    """Start-up (issue 13): the collector is off while the command line, the config and the
+    modules are loaded, frozen-and-on once the proxy's first coroutine runs, and as it was
+    before for an in-process caller afterwards (the command itself exits frozen)."""
+    code = (
+        "import gc\n"
+        "from acp_proxy import cli\n"
+        "from acp_proxy.shell import runtime\n"
+        "seen = []\n"
+        "real = runtime.run_proxy\n"
+        "async def spy(*args, **kwargs):\n"
+        "    seen.append([gc.isenabled(), gc.get_freeze_count() > 0])\n"
+        "    return await real(*args, **kwargs)\n"
+        "runtime.run_proxy = spy\n"
+        "rc = cli.main(['--log-level', 'error', '--', 'true'])\n"
+        "print(rc, seen, gc.isenabled(), gc.get_freeze_count())\n"
+        "gc.disable()\n"
+        "cli.main(['--log-level', 'error', '--', 'true'])\n"
+        "print(gc.isenabled())\n"
+        "gc.enable()\n"
+        "import sys\n"
+        "sys.argv = ['acp-proxy', '--log-level', 'error', '--', 'true']\n"
+        "cli.main()\n"  # the command itself: start-up's objects stay frozen until exit
+        "print(gc.isenabled(), gc.get_freeze_count() > 0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        timeout=60,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        env=proxy_env(),
+    ).stdout
+    assert out == b"0 [[True, True]] True 0\nFalse\nTrue True\n"

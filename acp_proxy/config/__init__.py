@@ -85,27 +85,43 @@ from acp_proxy.config.model import (
     StderrMode,
     TracingConfig,
 )
-from acp_proxy.config.schema import (
-    MATCH_KEYS,
-    MIDDLEWARE_FIELDS,
-    RULE_FIELDS,
-    RULE_KEYS,
-    SETTINGS,
-    TOP_KEYS,
-    Kind,
-    Setting,
-    json_schema,
-    settings_table,
-)
 
 if TYPE_CHECKING:
     from acp_proxy.config.explain import explain_config
     from acp_proxy.config.parser import parse_config, parse_size
     from acp_proxy.config.reading import read_config_file, writable_by_others
+    from acp_proxy.config.schema import (
+        MATCH_KEYS,
+        MIDDLEWARE_FIELDS,
+        RULE_FIELDS,
+        RULE_KEYS,
+        SETTINGS,
+        TOP_KEYS,
+        Kind,
+        Setting,
+        json_schema,
+        settings_table,
+    )
 
-# Start-up (issue 13): the modules that need PyYAML (``parser``, ``reading``) and ``explain`` are
-# imported on first use, so a proxy started without a config file never loads PyYAML.
+# Start-up (issue 13): the modules that need PyYAML (``parser``, ``reading``), ``explain`` and the
+# settings table (``schema``) are imported on first use, so a proxy started without a config
+# file loads none of them.
 _LAZY = {
+    **dict.fromkeys(
+        (
+            "MATCH_KEYS",
+            "MIDDLEWARE_FIELDS",
+            "RULE_FIELDS",
+            "RULE_KEYS",
+            "SETTINGS",
+            "TOP_KEYS",
+            "Kind",
+            "Setting",
+            "json_schema",
+            "settings_table",
+        ),
+        "acp_proxy.config.schema",
+    ),
     "explain_config": "acp_proxy.config.explain",
     "parse_config": "acp_proxy.config.parser",
     "parse_size": "acp_proxy.config.parser",

@@ -11,19 +11,19 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import cast
+from dataclasses import Field, field
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import orjson
 
-from acp_proxy.config.rules import (
-    Rule,
-    RulesMiddleware,
-)
 from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.meta.annotate import V1Mode
-from acp_proxy.record.format import RecordConfig
+from acp_proxy.meta.registry import V1Mode
+from acp_proxy.record.settings import RecordConfig
+from acp_proxy.values import value
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
+
+if TYPE_CHECKING:
+    from acp_proxy.config.rules import Rule
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Issue 10, "bounded memory" (README "Bounds"): a frame is parsed only when its estimated parsed
@@ -51,16 +51,18 @@ class StderrMode(enum.StrEnum):
     LOG = "log"  # each line becomes a structured log event
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class CoalesceConfig:
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
     enabled: bool = True
     max_queue_messages: int = 4096
     max_queue_bytes: int = 16 * 1024 * 1024
     min_interval_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class AgentConfig:
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
     env: Mapping[str, str] = field(default_factory=dict)  # overrides on top of the inherited env
     stderr: StderrMode = StderrMode.PASSTHROUGH
     grace_period_s: float = (
@@ -71,18 +73,22 @@ class AgentConfig:
     drain_timeout_s: float = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TracingConfig:
     """OpenTelemetry traces (issue 12.2); the exporter itself is set by the OTEL_* variables."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     enabled: bool = False
     # Give requests that carry no ``params._meta.traceparent`` the proxy span's one.
     inject: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     name: str
     factory: Callable[[], Middleware]
@@ -93,8 +99,9 @@ class MiddlewareSpec:
     line: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Config:
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
     source: str | None = None  # the file it came from; None for the built-in default
     middleware: tuple[MiddlewareSpec, ...] = ()
     v1_mode: V1Mode = V1Mode.SAFE
@@ -174,13 +181,16 @@ class NamedMiddleware:
         return self.inner(message, ctx)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _RulesFactory:
     rules: tuple[Rule, ...]
     v1_mode: V1Mode
     v1_max_entities: int
 
     def __call__(self) -> Middleware:
+        # Imported here: a proxy without rules never loads the rules engine (start-up, issue 13).
+        from acp_proxy.config.rules import RulesMiddleware
+
         # cast: chain.Middleware declares ``name`` as a settable attribute, BaseMiddleware (and so
         # RulesMiddleware) as a read-only property; both satisfy it at run time.
         return cast(
@@ -189,7 +199,7 @@ class _RulesFactory:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _ImportedFactory:
     target: Callable[..., object]
     kwargs: Mapping[str, JsonValue]

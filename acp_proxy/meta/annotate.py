@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue, Omitted
+from acp_proxy.meta import registry
 from acp_proxy.meta.patch import as_patch
 from acp_proxy.meta.registry import (
     REQUEST_PERMISSION,
@@ -43,15 +44,11 @@ from acp_proxy.meta.registry import (
     find_upsert,
 )
 
+# Defined with the registry (Config names its default without importing this module); its
+# public home stays here.
+V1Mode = registry.V1Mode
+
 META = "_meta"
-
-
-class V1Mode(enum.StrEnum):
-    """How `_meta` annotations are applied on a v1 connection (v1 has no patch rule)."""
-
-    SAFE = "safe"  # annotate only where it cannot erase agent metadata; report the rest skipped
-    STATEFUL = "stateful"  # keep merged metadata per entity (bounded LRU), send the whole object
-    OFF = "off"  # never annotate v1 entities
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, TypeAlias, TypeVar
 
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.values import value
 
 # An entity's identity on a connection: (entity type, params.sessionId, id...). ``None`` only for
 # v1 message chunks without a ``messageId``.
@@ -49,7 +49,17 @@ class MetaRule(enum.StrEnum):
     CREATE = "create"  # v1 tool_call: (re)creates the entity; its `_meta` is the whole metadata
 
 
-@dataclass(frozen=True, slots=True)
+class V1Mode(enum.StrEnum):
+    """How `_meta` annotations are applied on a v1 connection (v1 has no patch rule; see
+    ``acp_proxy.meta.annotate``, which applies them and re-exports this name). It lives here so
+    that ``Config`` can name its default without importing the annotation code (start-up)."""
+
+    SAFE = "safe"  # annotate only where it cannot erase agent metadata; report the rest skipped
+    STATEFUL = "stateful"  # keep merged metadata per entity (bounded LRU), send the whole object
+    OFF = "off"  # never annotate v1 entities
+
+
+@value
 class UpsertKind:
     """One upsert kind: its entity, key, fields and schema requirements."""
 
@@ -67,7 +77,7 @@ class UpsertKind:
     meta_rule: MetaRule
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ChunkKind:
     """A chunk kind: appended, in order, to a field of an upserted entity."""
 
@@ -79,7 +89,7 @@ class ChunkKind:
     key_required: bool  # v1 message chunks may omit messageId
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SnapshotKind:
     """A kind whose update replaces the previous one for its entity as a whole."""
 
@@ -286,7 +296,7 @@ REMOVAL_KINDS: Final[Mapping[str, tuple[str, str]]] = MappingProxyType(
 EVENT_KINDS: Final = frozenset({"notice"})
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UpsertSite:
     """Where an upsert's patch `_meta` sits in a message, and which entity it belongs to."""
 

@@ -30,19 +30,24 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final
 
 import orjson
 
 from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.record import settings
+from acp_proxy.values import value
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = "acp-proxy-record"
 CLIENT_TO_AGENT: Final = "client_to_agent"
 AGENT_TO_CLIENT: Final = "agent_to_client"
 
-DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+# Defined with the settings (Config names them without importing this module); their public
+# home stays here.
+DEFAULT_MAX_BYTES: Final = settings.DEFAULT_MAX_BYTES
+RecordConfig = settings.RecordConfig
 REDACTED: Final = "[REDACTED]"
 
 # Key names whose values are never written (compared without case, `_` and `-`; a key matches
@@ -77,22 +82,11 @@ def _norm(key: str) -> str:
     return key.lower().replace("_", "").replace("-", "")
 
 
-@dataclass(frozen=True, slots=True)
-class RecordConfig:
-    """The ``record:`` settings (``--record`` overrides ``path``)."""
-
-    path: str | None = None
-    max_bytes: int = DEFAULT_MAX_BYTES
-    # Added to the defaults (the defaults always apply).
-    redact: tuple[str, ...] = ()
-    redact_patterns: tuple[str, ...] = ()
-
-
 # What a frame that needs redaction but cannot be walked (nested too deep) is recorded as.
 UNREADABLE = b'"[REDACTED: a frame too deeply nested to redact key by key]"'
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Redactor:
     """Removes secrets from a frame's text before it is recorded or logged.
 

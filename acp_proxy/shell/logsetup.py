@@ -3,17 +3,22 @@
 Contract: owns where log events go and how they are rendered. stdout is the protocol channel, so
 no logger configured here ever writes to it (style.md, "Traps already known": structlog's bytes
 logger defaults to stdout). The rest of the shell gets loggers with ``get_logger()``.
+
+Start-up (issue 13): structlog costs tens of milliseconds to import, and a proxy started with
+``--log-level warning`` usually emits nothing. So ``configure_logging`` only opens the log file
+and remembers the set-up, and ``get_logger`` returns a small stand-in that drops events below
+the level itself; structlog is imported and configured (exactly as it always was, so the output
+is byte for byte the same) when the first event at an enabled level is emitted.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 import sys
 from typing import Any, BinaryIO, TextIO
 
-import orjson
-import structlog
+# The numeric levels of the ``logging`` module (and of structlog's filtering loggers).
+DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
 
 
 class LogFormat(enum.StrEnum):
@@ -22,13 +27,17 @@ class LogFormat(enum.StrEnum):
 
 
 LEVELS: dict[str, int] = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
+    "debug": DEBUG,
+    "info": INFO,
+    "warning": WARNING,
+    "error": ERROR,
 }
 
-_state: dict[str, Any] = {"level": logging.INFO, "file": None}
+# level: what configure_logging set (debug_enabled); threshold: events below it are dropped
+# before structlog is involved (0 until configured: structlog's own defaults then decide);
+# setup: the structlog configuration still to apply, (format, stream, colors); file: the log
+# file we opened (closed when replaced).
+_state: dict[str, Any] = {"level": INFO, "threshold": 0, "setup": None, "file": None}
 
 
 def configure_logging(
@@ -43,53 +52,142 @@ def configure_logging(
     """
     numeric = LEVELS[level]
     fmt = LogFormat(fmt)
+    old = _state["file"]
+    stream: BinaryIO | TextIO
+    if fmt is LogFormat.JSON:
+        stream = open(log_file, "ab") if log_file else sys.stderr.buffer  # noqa: SIM115
+        colors = False
+    else:
+        stream = (
+            open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+            if log_file
+            else sys.stderr
+        )
+        # Decided now, as structlog's configuration always was: the terminal, not a later one.
+        colors = not log_file and sys.stderr.isatty()
+    _state["file"] = stream if log_file else None
+    _state["setup"] = (fmt, stream, colors)
+    _state["level"] = numeric
+    _state["threshold"] = numeric
+    if "structlog" in sys.modules:
+        # Already loaded (an earlier configuration was used): reconfigure at once, so loggers
+        # that structlog already built never write to the file closed below.
+        _structlog()
+    if old is not None:
+        old.close()
+
+
+def _structlog() -> Any:
+    """The structlog module, with the pending configuration applied (imported on first use)."""
+    import structlog
+
+    setup = _state["setup"]
+    if setup is None:
+        return structlog
+    _state["setup"] = None
+    fmt, stream, colors = setup
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    old = _state["file"]
+    wrapper_class = structlog.make_filtering_bound_logger(_state["level"])
     if fmt is LogFormat.JSON:
-        binary: BinaryIO = open(log_file, "ab") if log_file else sys.stderr.buffer  # noqa: SIM115
-        _state["file"] = binary if log_file else None
+        import orjson
+
         structlog.configure(
             processors=[
                 *shared,
                 structlog.processors.format_exc_info,
                 structlog.processors.JSONRenderer(serializer=orjson.dumps),
             ],
-            wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            logger_factory=structlog.BytesLoggerFactory(file=binary),
+            wrapper_class=wrapper_class,
+            logger_factory=structlog.BytesLoggerFactory(file=stream),
             cache_logger_on_first_use=False,
         )
     else:
-        text: TextIO = (
-            open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
-            if log_file
-            else sys.stderr
-        )
-        _state["file"] = text if log_file else None
         structlog.configure(
             processors=[
                 *shared,
-                structlog.dev.ConsoleRenderer(
-                    colors=not log_file and sys.stderr.isatty(), sort_keys=False
-                ),
+                structlog.dev.ConsoleRenderer(colors=colors, sort_keys=False),
             ],
-            wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            logger_factory=structlog.PrintLoggerFactory(file=text),
+            wrapper_class=wrapper_class,
+            logger_factory=structlog.PrintLoggerFactory(file=stream),
             cache_logger_on_first_use=False,
         )
-    _state["level"] = numeric
-    if old is not None:
-        old.close()
+    return structlog
 
 
 def debug_enabled() -> bool:
     """True when debug events are emitted (lets the hot path skip building per-frame events)."""
-    return bool(_state["level"] <= logging.DEBUG)
+    return bool(_state["level"] <= DEBUG)
+
+
+class _Logger:
+    """What ``get_logger`` returns: structlog's bound logger, built on the first event that
+    passes the level. Events below the level return ``None`` at once, as structlog's filtering
+    loggers do; every other method and attribute is structlog's own."""
+
+    __slots__ = ("_context", "_real")
+
+    def __init__(self, context: dict[str, Any]) -> None:
+        self._context = context
+        self._real: Any = None
+
+    def _logger(self) -> Any:
+        if self._real is None or _state["setup"] is not None:
+            # structlog's lazy proxy reads the current configuration at every event, as the
+            # loggers handed out before this stand-in existed did.
+            self._real = _structlog().get_logger("acp_proxy", **self._context)
+        return self._real
+
+    def bind(self, **values: Any) -> _Logger:
+        return _Logger({**self._context, **values})
+
+    def new(self, **values: Any) -> _Logger:
+        return _Logger(dict(values))
+
+    def debug(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > DEBUG:
+            return None
+        return self._logger().debug(*args, **kw)
+
+    def info(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > INFO:
+            return None
+        return self._logger().info(*args, **kw)
+
+    def warning(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > WARNING:
+            return None
+        return self._logger().warning(*args, **kw)
+
+    warn = warning
+
+    def error(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > ERROR:
+            return None
+        return self._logger().error(*args, **kw)
+
+    def exception(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > ERROR:
+            return None
+        return self._logger().exception(*args, **kw)
+
+    def critical(self, *args: Any, **kw: Any) -> Any:
+        if _state["threshold"] > CRITICAL:
+            return None
+        return self._logger().critical(*args, **kw)
+
+    fatal = critical
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._logger(), name)
 
 
 def get_logger(**initial: Any) -> Any:
-    """A structlog bound logger (``Any``: structlog's filtering loggers are generated classes)."""
-    return structlog.get_logger("acp_proxy", **initial)
+    """A structlog bound logger (``Any``: structlog's filtering loggers are generated classes),
+    imported and configured on its first event at an enabled level."""
+    return _Logger(dict(initial))

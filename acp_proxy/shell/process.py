@@ -31,8 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import field
 from typing import Any
 
 import anyio
@@ -40,6 +39,7 @@ import anyio.abc
 
 from acp_proxy.config import AgentConfig, StderrMode
 from acp_proxy.shell.transports import FdStream, enlarge_pipe
+from acp_proxy.values import value
 
 # Shell conventions (POSIX "Command Search and Execution").
 EXIT_NOT_FOUND = 127
@@ -91,7 +91,7 @@ def describe_status(returncode: int) -> str:
 # -- supervision: process-wide state (the subreaper flag is per process) -------------------------
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class _Supervision:
     enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
     owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
@@ -129,6 +129,12 @@ def enable_supervision() -> bool:
     return subreaper or os.getpid() == 1
 
 
+def _read(path: str) -> bytes:
+    """A /proc file's contents (plain ``open``: pathlib is not worth its import, issue 13)."""
+    with open(path, "rb") as file:
+        return file.read()
+
+
 def _child_ids(pid: int) -> list[int]:
     """The children of ``pid`` (every thread's), from /proc; [] when they cannot be read."""
     children: list[int] = []
@@ -138,9 +144,9 @@ def _child_ids(pid: int) -> list[int]:
         return children
     for tid in tasks:
         try:
-            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            text = _read(f"/proc/{pid}/task/{tid}/children").decode()
         except FileNotFoundError:
-            if not Path(f"/proc/{pid}/task/{tid}").exists():
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
                 continue  # the thread ended
             return _child_ids_by_scan(pid)  # a kernel without CONFIG_PROC_CHILDREN
         except OSError:
@@ -156,7 +162,7 @@ def _child_ids_by_scan(pid: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_bytes()
+            stat = _read(f"/proc/{entry}/stat")
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
@@ -181,7 +187,7 @@ def _descendants(pid: int) -> list[int]:
 
 def _has_cookie(pid: int, cookie: bytes) -> bool:
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        environ = _read(f"/proc/{pid}/environ")
     except OSError:  # gone, or not ours to read
         return False
     return cookie in environ.split(b"\0")
@@ -308,7 +314,7 @@ class ChildProcess:
         self._release()
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class AgentProcess:
     """A running agent: its process, the streams to its stdin/stdout, and its process group."""
 

@@ -33,15 +33,14 @@ import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
-from acp_proxy.shell.framelog import FrameLog, redacted_text
 from acp_proxy.shell.logsetup import debug_enabled, get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
@@ -54,6 +53,7 @@ from acp_proxy.shell.process import (
     spawn_error_exit,
 )
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED
+from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.framing import LineSplitter
@@ -75,13 +75,17 @@ from acp_proxy.wire.pipeline import (
     VersionNegotiated,
 )
 
+if TYPE_CHECKING:
+    from acp_proxy.shell.framelog import FrameLog
+    from acp_proxy.shell.recorder import Recorder
+
 READ_SIZE = 256 * 1024
 # A frame at least this big is written with writev (frame, newline) rather than copied.
 _BIG_FRAME = 64 * 1024
 _STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class SideStats:
     """What one writer did (toward the client or toward the agent)."""
 
@@ -90,7 +94,7 @@ class SideStats:
     discarded: int = 0  # frames dropped because the peer was gone
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class SessionStats:
     to_client: SideStats = field(default_factory=SideStats)
     to_agent: SideStats = field(default_factory=SideStats)
@@ -496,7 +500,12 @@ class PumpSession:
         # Process-wide observers (metrics, tracing: issue 12) join the caller's.
         self.observers = (*observers, *hooks.session_observers(self))
         # Debug frame lines (issue 11); --log-frames needs each frame's bytes: observe mode.
-        self._frame_log = FrameLog(self.log, config.record) if self._debug else None
+        self._frame_log: FrameLog | None = None
+        if self._debug:
+            # Imported only here: its redaction rules and frame tables serve the debug log.
+            from acp_proxy.shell.framelog import FrameLog
+
+            self._frame_log = FrameLog(self.log, config.record)
         contents = self._frame_log is not None and self._frame_log.contents
         self.connection = connection or Connection(
             config.build_chain(),
@@ -893,6 +902,8 @@ class PumpSession:
             elif type(note) is NonJson:
                 # Warn once per kind (the pipeline marks the first), then only count (summary).
                 if note.first_of_kind or self._debug:
+                    from acp_proxy.shell.framelog import redacted_text
+
                     (log.warning if note.first_of_kind else log.debug)(
                         "agent wrote non-JSON output"
                         + ("; forwarded" if note.forwarded else "; diverted to the log")
@@ -1053,11 +1064,14 @@ async def run_proxy(
     )
     # Signals are handled from before the spawn (issue 10): one arriving right after the fork
     # takes the ladder, instead of the default action leaving the agent behind without us.
-    from acp_proxy.shell.recorder import exit_info, open_recorder
+    recorder: Recorder | None = None
+    if config.record.path is not None:
+        # Imported only with a record path (start-up, issue 13).
+        from acp_proxy.shell.recorder import exit_info, open_recorder
 
-    recorder = open_recorder(config, log=log, agent=agent_argv)
-    if config.record.path is not None and recorder is None:
-        return 2  # --record names a file that cannot be written: a usage error
+        recorder = open_recorder(config, log=log, agent=agent_argv)
+        if recorder is None:
+            return 2  # --record names a file that cannot be written: a usage error
     with anyio.open_signal_receiver(*_SIGNALS) as signals:
         try:
             agent = await spawn_agent(agent_argv, config.agent)

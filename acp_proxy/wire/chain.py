@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeAlias, runtime_checkable
+from dataclasses import Field
+from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.jsontypes import JsonObject
+from acp_proxy.values import value
 
 
 class Direction(enum.StrEnum):
@@ -63,9 +64,11 @@ class Direction(enum.StrEnum):
         return Direction.AGENT_TO_CLIENT
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class MessageContext:
     """What a middleware knows about a message besides its content."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     direction: Direction
     # The protocol version negotiated on this connection (``result.protocolVersion`` of the
@@ -75,31 +78,39 @@ class MessageContext:
     in_batch: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Forward:
     """Forward the message unchanged."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
 
 FORWARD = Forward()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Replace:
     """Send ``messages`` instead of the original, in order (see the module docstring)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     messages: tuple[JsonObject, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Drop:
     """Do not forward the message."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Reply:
     """Do not forward the message; send ``message`` back to its sender instead."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     message: JsonObject
 
@@ -130,7 +141,7 @@ class BaseMiddleware:
         return FORWARD
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Link:
     """A middleware in its place in the chain, with its failure policy."""
 
@@ -141,7 +152,7 @@ class Link:
     fail_closed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class MiddlewareFailure:
     """A middleware raised while handling a message."""
 
@@ -150,7 +161,7 @@ class MiddlewareFailure:
     fail_closed: bool
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outcome:
     """What the chain decided for one message."""
 

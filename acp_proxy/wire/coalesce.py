@@ -52,7 +52,6 @@ import base64
 import binascii
 import enum
 from collections import deque
-from dataclasses import dataclass
 
 import orjson
 
@@ -70,6 +69,7 @@ from acp_proxy.meta.registry import (
     upsert_entity_key,
 )
 from acp_proxy.meta.updates import merge_updates
+from acp_proxy.values import value
 from acp_proxy.wire import rawjson
 
 _NEEDLE = b'"session/update"'
@@ -78,7 +78,7 @@ _NEEDLE = b'"session/update"'
 _SLACK_BYTES = 512
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class OutFrame:
     """One frame to write: its bytes *without* the trailing newline."""
 
@@ -90,7 +90,7 @@ class OutFrame:
     version: int | None = None
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class QueueStats:
     # Counted in messages (lines): the shell may push a run of untouched lines as one frame.
     pushed: int = 0  # messages pushed
@@ -129,7 +129,7 @@ _V1_STREAM_KINDS = frozenset({"user_message_chunk", "agent_message_chunk", "agen
 EntityKey = tuple[object, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _Info:
     """A classified mergeable ``session/update``."""
 

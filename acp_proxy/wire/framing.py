@@ -21,23 +21,23 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 
 from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
 from acp_proxy.jsontypes import JsonValue
+from acp_proxy.values import value
 
 # How much of an oversize line is kept for ``read_request_id``.
 HEAD_BYTES = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Line:
     """One complete frame, without its trailing ``\\n`` (every other byte kept, even ``\\r``)."""
 
     raw: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Oversize:
     """A line longer than the frame limit; its bytes were discarded.
 
@@ -50,7 +50,7 @@ class Oversize:
     limit: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Block:
     """Several complete frames as they arrived: ``raw`` is the lines joined by ``\\n``, without
     the final ``\\n``; ``count`` is the number of newline-terminated lines in it.
@@ -233,7 +233,7 @@ _DECODER = json.JSONDecoder()
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class HeadInfo:
     """What could be read from the start of a truncated JSON object (its top-level keys)."""
 

@@ -6,22 +6,22 @@ the shell (logging, the exit summary, recording, metrics, tracing). No behaviour
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import TypeAlias
 
 from acp_proxy.jsontypes import JsonValue
+from acp_proxy.values import field_names, value
 from acp_proxy.wire.chain import Direction, MiddlewareFailure
 from acp_proxy.wire.coalesce import OutFrame
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class VersionNegotiated:
     """The ``initialize`` response fixed the connection's protocol version."""
 
     version: int
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class NonJson:
     """An agent stdout line that is not a JSON-RPC message (or an escape prefix before one)."""
 
@@ -32,7 +32,7 @@ class NonJson:
     forwarded: bool = False  # NonJsonPolicy.FORWARD: it was forwarded, not diverted
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class OversizeFrame:
     """A frame over the size limit was discarded."""
 
@@ -43,14 +43,14 @@ class OversizeFrame:
     limit: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class MiddlewareFailed:
     """A middleware raised; the chain isolated it (fail-open or fail-closed)."""
 
     failure: MiddlewareFailure
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Rewritten:
     """Middleware changed a message (``method`` is ``None`` for a response); with
     ``inspect_all`` only (it feeds debug logging; ``stats.rewritten`` always counts)."""
@@ -62,7 +62,7 @@ class Rewritten:
     count: int = 1
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SkippedV1:
     """Entity rules matched a v1 update but ``v1.mode: safe`` did not apply them: the update
     carries no ``_meta`` object, and adding one would erase the agent's metadata (a v1 receiver
@@ -73,7 +73,7 @@ class SkippedV1:
     rules: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Dropped:
     """A middleware dropped a message (or answered it with a ``Reply``)."""
 
@@ -81,7 +81,7 @@ class Dropped:
     dropped_by: str
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class FrameInfo:
     """Per-message debug information (only with ``inspect_all``); one per batch entry."""
 
@@ -95,7 +95,7 @@ class FrameInfo:
     answers: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Observed:
     """One input frame and what the proxy did with it (``observe=True`` only): what recording,
     metrics and tracing see. One per frame read, after its other notes.
@@ -115,7 +115,7 @@ class Observed:
     kind: str  # "message", "batch", "non-json", "oversize", "unparsed"
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class NotParsed:
     """A frame something needed to parse was forwarded untouched instead (never dropped): it is
     over the parse budget, or neither parser can read it (``reason`` says which)."""
@@ -126,7 +126,7 @@ class NotParsed:
     first_of_kind: bool  # the first such frame on this connection: warn; later ones: count
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class UnusualVersion:
     """The ``initialize`` response's ``protocolVersion`` is not a positive integer."""
 
@@ -134,7 +134,7 @@ class UnusualVersion:
     action: str  # what the proxy does about it
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PendingFull:
     """A request was answered with an error instead of being forwarded: the table of requests
     awaiting an answer in its direction is full (``limit`` requests or their id bytes)."""
@@ -160,7 +160,7 @@ Note: TypeAlias = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Result:
     """What to do with one input frame."""
 
@@ -172,7 +172,7 @@ class Result:
 EMPTY = Result()
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class PipelineStats:
     """Counters for the exit summary (the shell reads them; only this module writes them)."""
 
@@ -191,4 +191,4 @@ class PipelineStats:
     pending_refused: int = 0  # requests answered with an error: too many in flight
 
     def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in field_names(self)}

@@ -50,13 +50,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.values import value
 from acp_proxy.wire import rawjson
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
@@ -192,7 +192,7 @@ class _Unset:
 _UNSET = _Unset()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _NotParsed:
     reason: str
     budget: bool = False  # over the parse budget (valid JSON, as far as anyone knows)
