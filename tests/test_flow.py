@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -25,6 +26,8 @@ from stream_agent import stream_lines
 
 from acp_proxy.config import Config
 from acp_proxy.shell.runtime import REPLY_QUEUE_FRAMES, PumpSession
+from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.pipeline import Connection
 
 pytestmark = pytest.mark.anyio
 
@@ -228,3 +231,78 @@ async def test_replies_a_client_leaves_unread_stop_reading_that_client_only() ->
     errors = [line for line in lines if b'"error"' in line]
     assert [orjson.loads(line)["id"] for line in errors] == list(range(n))
     assert {orjson.loads(line)["error"]["code"] for line in errors} == {-32600}
+
+
+async def test_lines_read_behind_a_backlog_still_travel_as_blocks_and_still_coalesce() -> None:
+    """Issue 13: with frames waiting toward a client that does not read, the reader used to go
+    line by line (no one-pass scan of the block: a proxy that fell behind got slower still).
+    Now every read is one block; the queue splits a joined run that has to wait into its lines,
+    so coalescing still merges them (issue 4), and every byte arrives in order."""
+    client_side, proxy_client = _pipe_pair()
+    proxy_agent, agent_side = _pipe_pair()
+    calls: list[tuple[int, list[str]]] = []
+
+    class Spy(Connection):
+        def handle_many(self, direction: Any, events: Any, **kw: Any) -> Any:
+            events = list(events)
+            if direction is Direction.AGENT_TO_CLIENT:
+                kinds = [type(e).__name__ for e in events]
+                calls.append((len(session.to_client.queue), kinds))
+            return super().handle_many(direction, events, **kw)
+
+    config = Config()
+    session = PumpSession(
+        config,
+        proxy_client,
+        proxy_client,
+        proxy_agent,
+        proxy_agent,
+        connection=Spy(config.build_chain()),
+    )
+    # The v2 handshake, then tool call updates of one entity: mergeable while they wait.
+    init = request(0, "initialize", {"protocolVersion": 2})
+    ok = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}\n'
+
+    def update(i: int) -> bytes:
+        return (
+            orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {
+                        "sessionId": "s",
+                        "update": {
+                            "sessionUpdate": "tool_call_update",
+                            "toolCallId": "t1",
+                            "status": "in_progress",
+                            "title": f"step {i}",
+                        },
+                    },
+                }
+            )
+            + b"\n"
+        )
+
+    with anyio.fail_after(HANG):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session.run)
+            await client_side.send(init)
+            await agent_side.send(ok)
+            got = Lines(client_side)
+            assert await got.line() == ok
+            # The client reads nothing now: 40 reads of 5 updates each pile up in its queue.
+            for r in range(40):
+                await agent_side.send(b"".join(update(5 * r + k) for k in range(5)))
+            await anyio.wait_all_tasks_blocked()
+            assert len(session.to_client.queue) > 0
+            await agent_side.send_eof()
+            await client_side.send_eof()
+            out: list[bytes] = []
+            while not out or b'"step 199"' not in out[-1]:
+                out.append(await got.line())
+    behind = [kinds for queued, kinds in calls if queued > 0]
+    assert behind and all(kinds == ["Block"] for kinds in behind)
+    # Coalesced: fewer frames than sent, the last one carries the final title.
+    assert 0 < len(out) < 200
+    assert orjson.loads(out[-1])["params"]["update"]["title"] == "step 199"
+    assert session.connection.stats.agent_to_client_in == 201

@@ -276,27 +276,6 @@ class _Outbox:
         self._ready = anyio.Event()
         self._space = anyio.Event()
 
-    def idle(self) -> bool:
-        """Nothing waits to be written to this peer and no write is in flight."""
-        return (
-            not self.busy
-            and not self.tail
-            and not self.broken
-            and not self.replies
-            and len(self.queue) == 0
-        )
-
-    def no_backlog(self) -> bool:
-        """No frame waits in the queue (a write may be in flight): the peer keeps up.
-
-        Issue 13: a reader that is faster than its peer almost always finds a write in flight;
-        taking that for a backlog sent every read line by line (no block path, no one-pass
-        scan: 0.2x the line relay's throughput). Frames queued now go out as one block (a
-        barrier for coalescing); once frames wait in the queue, the reader goes line by line
-        again and they can be merged (issue 4).
-        """
-        return not self.broken and not self.replies and len(self.queue) == 0
-
     def held(self) -> int:
         """Bytes this outbox keeps in memory (for the buffer budget)."""
         tail = 0
@@ -641,18 +620,15 @@ class PumpSession:
 
         def handle(chunk: bytes) -> bool:
             """One chunk through the core and out (synchronous); whether it held events."""
-            # No backlog toward the peer (nothing queued, no write in flight): the complete lines
-            # of the chunk may travel as one block (``Connection._block``), forwarded whole
-            # unless a line needs parsing. With a backlog, frames stay one per line so the
-            # outbound queue can coalesce them (issue 4).
-            if forward.no_backlog():
-                events: list[Any] = splitter.feed_blocks(chunk)
-                if events:
-                    dispatch(direction, handle_many(direction, events, join=True), forward, back)
-            else:
-                events = splitter.feed(chunk)
-                if events:
-                    dispatch(direction, handle_many(direction, events), forward, back)
+            # The complete lines of the chunk travel as one block (``Connection._block``: one
+            # scan finds the lines that need the per-line path; the runs between them are
+            # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
+            # queue is split into its lines there, so coalescing still merges them (issue 4;
+            # ``coalesce._lines_of``). Issue 13: going line by line under backlog made a
+            # proxy that fell behind slower still (0.27x the line relay on small chunks).
+            events: list[Any] = splitter.feed_blocks(chunk)
+            if events:
+                dispatch(direction, handle_many(direction, events, join=True), forward, back)
             self._account()
             budget.add(-READ_SIZE)  # the read reserved before this chunk was read
             if (events or not splitter.buffered) and budget.owned_by(splitter):

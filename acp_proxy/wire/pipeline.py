@@ -352,9 +352,9 @@ class Connection:
         path) are collected without a ``Result`` each. With ``join=True``, each run of such
         consecutive frames becomes ONE ``OutFrame`` whose ``raw`` is the frames joined with
         ``b"\\n"`` (``message=None``): writing ``raw + b"\\n"`` still puts the exact input bytes on
-        the wire, at a fraction of the per-frame cost. Such a frame is opaque to the outbound
-        queue's coalescing (a barrier), so join only when nothing is waiting in that queue (no
-        backpressure, nothing to merge with). Stats still count every frame.
+        the wire, at a fraction of the per-frame cost. The outbound queue splits such a frame into
+        its lines when it has to wait (``coalesce._lines_of``), so coalescing still sees every
+        line. Stats still count every frame.
         """
         forward: list[OutFrame] = []
         reply: list[OutFrame] = []
