@@ -432,14 +432,20 @@ class Connection:
         lines, specials = block_scan.scan(raw, needles)
         index = 0  # the line index of ``pos``
         pos = 0
+        special: list[Line | Oversize | Block] = []  # consecutive lines for the per-line path
         for line_index, start, stop in specials:
             if line_index > index:
+                if special:  # one call per group (a block of updates that all need a look)
+                    acc.extend(self.handle_many(direction, special, join=join))
+                    special = []
                 self._plain_run(direction, raw[pos : start - 1], line_index - index, acc, join)
             line = raw[start:stop]
             if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
-                acc.extend(self.handle_many(direction, [Line(line)], join=join))
+                special.append(Line(line))
             index = line_index + 1
             pos = stop + 1
+        if special:
+            acc.extend(self.handle_many(direction, special, join=join))
         if lines > index:
             self._plain_run(direction, raw[pos:], lines - index, acc, join)
 
