@@ -951,12 +951,14 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
             errors[v] = f"{type(exc).__name__}: {exc}"
     rid = 10_000
     done = 0
+    cpu_s = dict.fromkeys(variants, 0.0)  # the relay process's own CPU over its blocks
     while done < s.latency_pairs:
         n = min(block, s.latency_pairs - done)
         for v, c in clients.items():  # alternate blocks: direct, proxy, direct, proxy, ...
             if v in errors:
                 continue
             out = samples[v]
+            before = _proc_cpu_s(procs[v].pid)
             try:
                 for _ in range(n):
                     rid += 1
@@ -966,6 +968,7 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
                     out.append((time.perf_counter_ns() - t) / 1000)
             except (OSError, TimeoutError, EOFError) as exc:
                 errors[v] = f"{type(exc).__name__}: {exc}"
+            cpu_s[v] += _proc_cpu_s(procs[v].pid) - before
         done += n
     for proc in procs.values():
         assert proc.stdin is not None and proc.stdout is not None
@@ -992,6 +995,9 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
             "p99_us": percentile(xs, 99),
             "max_us": xs[-1],
             "pairs": float(len(xs)),
+            # CPU of the process in the path (for "direct": the echo agent) per round trip:
+            # what each wake-up and hop costs, steadier than wall time on a shared machine.
+            "cpu_us_per_rt": cpu_s[v] / len(xs) * 1e6,
         }
         rows.append(Row(3, "rtt-v2", v, title[v], metrics=dict(pct[v])))
         log(f"  s3 {v}: p50 {pct[v]['p50_us']:.0f} us, p99 {pct[v]['p99_us']:.0f} us")
@@ -1042,6 +1048,16 @@ def scenario_latency(h: Harness, log: Callable[[str], None]) -> list[Row]:
             )
         )
     return rows
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` itself (not its children), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(sorted_xs: Sequence[float], p: float) -> float:
@@ -1510,12 +1526,28 @@ def markdown(result: dict[str, Any]) -> str:
         body.append(
             [r["title"]]
             + (
-                [st, "", "", ""]
+                [st, "", "", "", ""]
                 if st
-                else [fmt(mm["p50_us"], 0), fmt(mm["p99_us"], 0), fmt(mm["max_us"], 0), vs]
+                else [
+                    fmt(mm["p50_us"], 0),
+                    fmt(mm["p99_us"], 0),
+                    fmt(mm["max_us"], 0),
+                    fmt(mm.get("cpu_us_per_rt"), 0),
+                    vs,
+                ]
             )
         )
-    table(["path", "p50", "p99", "max", "proxy's added ÷ this one's (p50 / p99)"], body)
+    table(
+        [
+            "path",
+            "p50",
+            "p99",
+            "max",
+            "CPU µs / round trip (the process in the path)",
+            "proxy's added ÷ this one's (p50 / p99)",
+        ],
+        body,
+    )
     out.append(
         "Targets for the added latency: p50 ≤ 100 µs, p99 ≤ 500 µs; issue 13: ≤ 0.6 x the "
         "conductor's added p50 and ≤ 0.5 x its p99. The peers renumber request ids (the echo "
