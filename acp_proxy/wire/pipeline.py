@@ -843,7 +843,10 @@ class Connection:
             interested = tuple(False for _ in self.chain.links)
         ctx = self._bctx_a2c if direction is _A2C else self._bctx_c2a
         try:
-            spans = rawjson.array_elements(raw, rawjson.value_span(raw)[0])[0]
+            # Where the array opens (after any whitespace), then one scan of its elements, which
+            # also gives where it closes: the batch is walked once, not three times.
+            opens = rawjson.value_start(raw)
+            spans, closes = rawjson.array_elements(raw, opens)
         except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as this array
             return self._unparsed(direction, raw, _NotParsed("batch could not be scanned"))
         # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
@@ -893,7 +896,8 @@ class Connection:
         if not changed:
             acc.forward.append(OutFrame(raw, None, version))
         elif any(k is not None for k in kept):
-            acc.forward.append(OutFrame(_join_array(raw, spans, kept), None, version))
+            joined = _join_array(raw, (opens, closes + 1), spans, kept)
+            acc.forward.append(OutFrame(joined, None, version))
         acc.forward.extend(follow)
         if replies:
             # JSON-RPC: the answers to a batch are one array (ACP digest §1.2).
@@ -1177,10 +1181,16 @@ def _canonical(raw: bytes, value: JsonObject) -> bool:
         return False
 
 
-def _join_array(raw: bytes, spans: list[tuple[int, int]], kept: list[bytes | None]) -> bytes:
-    """The batch ``raw`` with entry ``i`` replaced by ``kept[i]`` (removed when ``None``);
-    the separators and whitespace between surviving neighbours are the original bytes."""
-    start, end = rawjson.value_span(raw)
+def _join_array(
+    raw: bytes,
+    span: tuple[int, int],
+    spans: list[tuple[int, int]],
+    kept: list[bytes | None],
+) -> bytes:
+    """The batch ``raw`` (the array at ``raw[span[0]:span[1]]``, its entries at ``spans``) with
+    entry ``i`` replaced by ``kept[i]`` (removed when ``None``); the separators and whitespace
+    between surviving neighbours are the original bytes."""
+    start, end = span
     out = [raw[start : spans[0][0]]]
     prev = -1
     for i, piece in enumerate(kept):

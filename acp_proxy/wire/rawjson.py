@@ -304,10 +304,9 @@ def array_elements(raw: bytes, i: int) -> tuple[list[tuple[int, int]], int]:
         raise Unparseable(f"unexpected byte at {j}")
 
 
-def value_span(raw: bytes) -> tuple[int, int]:
-    """Where the one JSON value of a frame starts and ends (surrounding whitespace excluded)."""
-    start = _ws(raw, 0)
-    return start, value_end(raw, start)
+def value_start(raw: bytes) -> int:
+    """Where the one JSON value of a frame starts (after any leading whitespace)."""
+    return _ws(raw, 0)
 
 
 def member_bytes(raw: bytes, key: str) -> bytes | None:
