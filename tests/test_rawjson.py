@@ -431,3 +431,46 @@ def test_deep_values_never_hit_the_recursion_limit() -> None:
     assert rawjson.splice(raw, old, {**copy, "b": 1}) == raw[:-1] + b',"b":1}'
     assert rawjson.json_equal(old, copy)
     assert not rawjson.json_equal(old, {"a": [[[]]]})
+
+
+def test_splicing_a_big_frame_makes_one_copy() -> None:
+    """The spliced frame is built in one copy: ``raw[:i] + member + raw[i:]`` on a 4 MiB frame
+    held two 4 MiB intermediates at once (the peak RSS of a big annotated frame showed it)."""
+    import tracemalloc
+
+    text = "tool output " * 400_000
+    raw = orjson.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": "s", "update": {"sessionUpdate": "x", "text": text}},
+        }
+    )
+    update = orjson.loads(raw)["params"]["update"]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        added = rawjson.splice_member(
+            raw, ("params", "update"), "_meta", None, {"a/b": 1}, present=False
+        )
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert added == raw[:-3] + b',"_meta":{"a/b":1}}}}'
+    assert peak < 1.5 * len(raw)
+    # A member that is there: spliced in place, also in one copy.
+    with_meta = added
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        changed = rawjson.splice_member(
+            with_meta, ("params", "update"), "_meta", {"a/b": 1}, {"a/b": 2}, present=True
+        )
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert changed == raw[:-3] + b',"_meta":{"a/b":2}}}}'
+    assert peak < 1.5 * len(raw)
+    assert update["sessionUpdate"] == "x"

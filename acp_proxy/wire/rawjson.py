@@ -357,7 +357,8 @@ def splice(raw: bytes, old: JsonValue, new: JsonValue) -> bytes:
     start = _ws(raw, 0)
     splicer = _Splicer(raw)
     end = splicer.value(start, old, new)
-    return raw[:start] + b"".join(splicer.out) + raw[end:]
+    view = memoryview(raw)
+    return b"".join((view[:start], *splicer.out, view[end:]))
 
 
 def splice_member(
@@ -390,12 +391,20 @@ def splice_member(
         vs = hits[0][2]
         splicer = _Splicer(raw)
         end = splicer.value(vs, old, new)
-        return raw[:vs] + b"".join(splicer.out) + raw[end:]
+        view = memoryview(raw)
+        return b"".join((view[:vs], *splicer.out, view[end:]))
     member = encode_value(key) + b":" + encode_value(new)
     if not members:
-        return raw[: s + 1] + member + raw[s + 1 :]
+        return _joined(raw, s + 1, member, s + 1)
     last_end = members[-1][3]
-    return raw[:last_end] + b"," + member + raw[last_end:]
+    return _joined(raw, last_end, b"," + member, last_end)
+
+
+def _joined(raw: bytes, cut: int, middle: bytes, resume: int) -> bytes:
+    """``raw[:cut] + middle + raw[resume:]`` in one copy: ``a + b + c`` on a 10 MiB frame holds
+    two 10 MiB intermediates at once, which showed in the peak RSS of a big annotated frame."""
+    view = memoryview(raw)
+    return b"".join((view[:cut], middle, view[resume:]))
 
 
 def _member_start(raw: bytes, s: int, key: str) -> int:
