@@ -618,8 +618,8 @@ class PumpSession:
         stopping = self._stopping
         reserved = 0
 
-        def handle(chunk: bytes) -> bool:
-            """One chunk through the core and out (synchronous); whether it held events."""
+        def handle(chunk: bytes) -> None:
+            """One chunk through the core and out (synchronous)."""
             # The complete lines of the chunk travel as one block (``Connection._block``: one
             # scan finds the lines that need the per-line path; the runs between them are
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
@@ -633,7 +633,6 @@ class PumpSession:
             budget.add(-READ_SIZE)  # the read reserved before this chunk was read
             if (events or not splitter.buffered) and budget.owned_by(splitter):
                 budget.release_owner(splitter)  # its line is complete
-            return bool(events)
 
         def consume(chunk: bytes) -> int:
             """Issue 13: a chunk read by the stream's readiness callback while this reader is

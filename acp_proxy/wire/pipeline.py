@@ -239,6 +239,7 @@ class Connection:
         "_kinds_seen",
         "_link_needles",
         "_max_parse",
+        "_needles_by_state",
         "_non_json",
         "_not_parsed_seen",
         "_observe",
@@ -271,6 +272,8 @@ class Connection:
         self._inspect_all = inspect_all
         self._has_links = len(chain) > 0
         self._chain_on = False  # links exist and the version is known: run the chain
+        # ``_block_needles`` by (direction, chain on): at most four entries.
+        self._needles_by_state: dict[tuple[Direction, bool], tuple[bytes, ...] | None] = {}
         self._link_needles = tuple(_needles_of(link.middleware) for link in chain.links)
         self._escapes = needle_escapes(self._link_needles)  # same rule as Chain.interested
         # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``).
@@ -450,7 +453,17 @@ class Connection:
             self._plain_run(direction, raw[pos:], lines - index, acc, join)
 
     def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
-        """What makes a line of a block need the per-line path; None: every line does."""
+        """What makes a line of a block need the per-line path; None: every line does. Built
+        once per direction and state of the chain (it turns on once, with the version)."""
+        key = (direction, self._chain_on)
+        cached = self._needles_by_state.get(key, _UNSET)
+        if not isinstance(cached, _Unset):
+            return cached
+        made = self._make_block_needles(direction)
+        self._needles_by_state[key] = made
+        return made
+
+    def _make_block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
         needles: list[bytes] = [b'"id"']  # requests and responses, for the tracker
         if direction is _C2A:
             needles.extend(_ESCAPES)  # ``_client_needs_parse`` parses escaped client frames too
@@ -465,12 +478,7 @@ class Connection:
     def _plain_run(self, direction: Direction, run: bytes, n: int, acc: _Acc, join: bool) -> None:
         """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""
         if join:
-            if direction is _A2C:
-                self.stats.agent_to_client_in += n
-                self.stats.agent_to_client_out += n
-            else:
-                self.stats.client_to_agent_in += n
-                self.stats.client_to_agent_out += n
+            self._count_passed(direction, n)
             acc.forward.append(OutFrame(run, None, self.version))
         else:
             self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)
@@ -479,17 +487,21 @@ class Connection:
         self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
     ) -> None:
         n = len(run)
+        self._count_passed(direction, n)
+        version = self.version
+        if join:
+            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version))
+        else:
+            forward.extend([OutFrame(raw, None, version) for raw in run])
+
+    def _count_passed(self, direction: Direction, n: int) -> None:
+        """``n`` frames read and forwarded untouched."""
         if direction is _A2C:
             self.stats.agent_to_client_in += n
             self.stats.agent_to_client_out += n
         else:
             self.stats.client_to_agent_in += n
             self.stats.client_to_agent_out += n
-        version = self.version
-        if join:
-            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version))
-        else:
-            forward.extend([OutFrame(raw, None, version) for raw in run])
 
     def abort_pending(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response (``message``) per client request still awaiting the agent.
