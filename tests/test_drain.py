@@ -143,3 +143,61 @@ async def test_a_short_drain_timeout_discards_and_logs_what(tmp_path: Path) -> N
     assert (cut["errors_not_queued"], cut["agent_output_read_to_end"]) == (REQUESTS, False)
     assert isinstance(cut["frames"], int) and cut["frames"] > 0
     assert isinstance(cut["bytes"], int) and cut["bytes"] > 0
+
+
+async def test_a_paused_client_stops_the_proxy_reading_the_agent(tmp_path: Path) -> None:
+    """Issue 13 moved the agent reader's work into the stream's readiness callback; it must still
+    stop reading once the queue toward a paused client is full. ``cat`` is stopped while the
+    agent streams 64 MB: the agent cannot finish (it blocks on its full pipe), the proxy holds
+    a few MiB, and once ``cat`` resumes every byte arrives, in order."""
+    total = 64_000_000
+    config = write_config(tmp_path / "c.yaml", CONFIG)
+    done = tmp_path / "agent_done"
+    received = tmp_path / "received"
+    read_end, write_end = os.pipe()
+    with received.open("wb") as out:
+        cat = subprocess.Popen(["cat"], stdin=read_end, stdout=out)
+    os.close(read_end)
+    cat.send_signal(signal.SIGSTOP)
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "acp_proxy",
+            "--config",
+            config,
+            "--log-level",
+            "warning",
+            "--",
+            sys.executable,
+            str(STREAM_AGENT),
+            "--bytes",
+            str(total),
+            "--done",
+            str(done),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=write_end,
+        env=proxy_env(),
+        cwd=str(REPO),
+    )
+    os.close(write_end)
+    try:
+        # Unblocked, the agent writes 64 MB in well under a second; give it several.
+        await anyio.sleep(3)
+        assert not done.exists()
+        status = Path(f"/proc/{proxy.pid}/status").read_text()
+        rss_kib = int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1])
+        assert rss_kib < 100 * 1024
+        cat.send_signal(signal.SIGCONT)
+        with anyio.fail_after(120):
+            while proxy.poll() is None or cat.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        for proc in (proxy, cat):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proxy.returncode == 0
+    assert done.exists()
+    assert received.read_bytes() == b"".join(stream_lines(total, 0))
