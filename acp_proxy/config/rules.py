@@ -278,6 +278,13 @@ class _FusedKind(NamedTuple):
     message_otherwise: tuple[Annotation, ...]
 
 
+def _method_matches(c: _Compiled, method: str) -> bool:
+    """Whether rule ``c``'s ``method`` (exact or a glob; none: any) matches ``method``."""
+    if c.exact_method is not None:
+        return method == c.exact_method
+    return c.method_regex is None or c.method_regex.match(method) is not None
+
+
 def _applies(c: _Compiled, kind: str, upsert: bool) -> bool:
     """Whether rule ``c`` (one that matches `session/update` in this direction) matches an
     update of ``kind`` (an upsert or not), the way ``RulesMiddleware._matches`` decides, and
@@ -305,9 +312,7 @@ def _fused_table(
         rules = [
             c
             for c in compiled
-            if direction in c.directions
-            and (c.exact_method is None or c.exact_method == registry.SESSION_UPDATE)
-            and (c.method_regex is None or c.method_regex.match(registry.SESSION_UPDATE))
+            if direction in c.directions and _method_matches(c, registry.SESSION_UPDATE)
         ]
 
         def pick(
@@ -481,12 +486,7 @@ class RulesMiddleware(BaseMiddleware):
             return False
         if c.exact_method is not None or c.method_regex is not None:
             method = message.get("method")
-            if not isinstance(method, str):
-                return False
-            if c.exact_method is not None:
-                if method != c.exact_method:
-                    return False
-            elif c.method_regex is not None and c.method_regex.match(method) is None:
+            if not isinstance(method, str) or not _method_matches(c, method):
                 return False
         if not c.filter_kinds:
             return True
