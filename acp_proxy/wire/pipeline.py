@@ -797,22 +797,14 @@ class Connection:
         if got.params_meta is not OMITTED:
             edits.append((_PARAMS_PATH, got.params, got.params_meta))
         if _canonical(raw, message):
-            saved = [(holder, holder.get("_meta", OMITTED)) for _, holder, _ in edits]
             for _, holder, new in edits:
                 holder["_meta"] = new
             # ``orjson.dumps`` directly, not ``rawjson.encode_value`` (which walks the whole
-            # message for NaN whenever the output holds a ``null``): the message was exactly
-            # ``raw`` under orjson, so it holds no NaN, and the fused table only takes rule
-            # values that orjson writes back exactly (``rules._writes_back``).
-            try:
-                data = orjson.dumps(message)
-            except TypeError:  # pragma: no cover - the parse of a canonical frame encodes
-                for holder, old in saved:  # put the message back as it was parsed
-                    if old is OMITTED:
-                        del holder["_meta"]
-                    else:
-                        holder["_meta"] = old
-                return None
+            # message for NaN whenever the output holds a ``null``), and it cannot fail: orjson
+            # just wrote the message as ``raw`` (``_canonical``), so it holds nothing orjson
+            # refuses and no NaN, and the fused table only takes rule values that orjson writes
+            # back exactly (``rules._writes_back``).
+            data = orjson.dumps(message)
         else:
             data = raw
             try:
