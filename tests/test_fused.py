@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rawjson import WS, json_strings, json_text
@@ -20,9 +22,9 @@ from test_rawjson import WS, json_strings, json_text
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.jsontypes import JsonValue
 from acp_proxy.meta.registry import UPSERT_KINDS
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import pipeline, rawjson
 from acp_proxy.wire.chain import Chain, Direction, Link
-from acp_proxy.wire.framing import Line
+from acp_proxy.wire.framing import Line, LineSplitter
 from acp_proxy.wire.pipeline import Connection
 
 KEYS = ["example.dev/route", "example.dev/team", "traceparent"]
@@ -116,18 +118,38 @@ def _connection(rule_list: list[Rule], *, fused: bool) -> Connection:
     return conn
 
 
+@contextlib.contextmanager
+def _accelerator(on: bool) -> Iterator[None]:
+    """The C accelerator's splice in use (when built) or not: both paths must give the same
+    bytes (without it, canonical frames are encoded whole and the rest spliced in Python)."""
+    saved = pipeline._SPLICE_IN_C, rawjson._member_span_c
+    if not on:
+        pipeline._SPLICE_IN_C = None
+        rawjson._member_span_c = None
+    try:
+        yield
+    finally:
+        pipeline._SPLICE_IN_C, rawjson._member_span_c = saved
+
+
 def _same(a: Any, b: Any) -> bool:
     return rawjson.json_equal(a, b)
 
 
 @settings(max_examples=400, deadline=None)
-@given(rule_list=rules(), raw=frames(), direction=st.sampled_from(list(Direction)))
+@given(
+    rule_list=rules(),
+    raw=frames(),
+    direction=st.sampled_from(list(Direction)),
+    accel=st.booleans(),
+)
 def test_fused_path_gives_the_general_paths_output(
-    rule_list: list[Rule], raw: bytes, direction: Direction
+    rule_list: list[Rule], raw: bytes, direction: Direction, accel: bool
 ) -> None:
     fast = _connection(rule_list, fused=True)
     slow = _connection(rule_list, fused=False)
-    a = fast.handle(direction, Line(raw))
+    with _accelerator(accel):
+        a = fast.handle(direction, Line(raw))
     b = slow.handle(direction, Line(raw))
     assert [f.raw for f in a.forward] == [f.raw for f in b.forward]
     assert len(a.forward) == len(b.forward)
@@ -136,6 +158,72 @@ def test_fused_path_gives_the_general_paths_output(
     assert [f.raw for f in a.reply] == [f.raw for f in b.reply]
     assert a.notes == b.notes
     assert fast.stats == slow.stats
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rule_list=rules(),
+    raws=st.lists(frames(), min_size=1, max_size=6),
+    direction=st.sampled_from(list(Direction)),
+    accel=st.booleans(),
+)
+def test_the_fused_lane_of_a_block_gives_the_per_line_general_output(
+    rule_list: list[Rule], raws: list[bytes], direction: Direction, accel: bool
+) -> None:
+    """Lines read together take the block path, where the fused lane (``Connection._lane``)
+    answers the v2 notifications without the per-line steps: the bytes on the wire, the notes
+    and the counters must be those of the general path fed the lines one by one."""
+    lines = [raw.replace(b"\n", b" ") for raw in raws]  # one frame per line (JSON whitespace)
+    fast = _connection(rule_list, fused=True)
+    slow = _connection(rule_list, fused=False)
+    block = b"\n".join(lines) + b"\n"
+    with _accelerator(accel):
+        a = fast.handle_many(direction, LineSplitter().feed_blocks(block), join=True)
+    b = slow.handle_many(direction, [Line(line) for line in lines])
+    assert b"\n".join(f.raw for f in a.forward) == b"\n".join(f.raw for f in b.forward)
+    assert [f.raw for f in a.reply] == [f.raw for f in b.reply]
+    assert a.notes == b.notes
+    assert fast.stats == slow.stats
+
+
+def test_the_lane_takes_block_lines_and_leaves_requests_to_the_tracker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A block of an annotated update, a request and an update no rule matches: the update is
+    spliced by the lane (no per-line ``Result``), the request is tracked, the rest is as read."""
+    rule = Rule(
+        name="edge-route",
+        set_meta={"example.dev/route": "edge"},
+        direction=RuleDirection.AGENT_TO_CLIENT,
+        update_kinds=("tool_call_update",),
+    )
+    conn = _connection([rule], fused=True)
+    update = (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+        b'{"sessionUpdate":"tool_call_update","toolCallId":"t"}}}'
+    )
+    request = b'{"jsonrpc":"2.0","id":5,"method":"fs/read_text_file","params":{"path":"/a"}}'
+    other = update.replace(b"tool_call_update", b"plan_update")
+    lanes: list[bytes] = []
+    real_lane = Connection._lane
+
+    def counting(self: Connection, direction: Direction, raw: bytes) -> Any:
+        lanes.append(raw)
+        return real_lane(self, direction, raw)
+
+    monkeypatch.setattr(Connection, "_lane", counting)
+    out = conn.handle_many(
+        Direction.AGENT_TO_CLIENT,
+        LineSplitter().feed_blocks(b"\n".join([update, request, other]) + b"\n"),
+        join=True,
+    )
+    assert b"\n".join(f.raw for f in out.forward) == b"\n".join(
+        [update.replace(b'"t"}', b'"t","_meta":{"example.dev/route":"edge"}}'), request, other]
+    )
+    assert lanes == [update]  # the request holds "id"; the plan update holds no needle
+    assert conn.pending_agent_requests == 1
+    assert conn.stats.rewritten == 1
+    assert conn.stats.agent_to_client_in == conn.stats.agent_to_client_out == 4  # + init reply
 
 
 def test_the_fused_path_is_taken_for_the_bench_rule() -> None:

@@ -168,9 +168,224 @@ scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return res;
 }
 
+
+/* ---- member_span: where a member sits in a frame (issue 13, the fused annotation path) ----
+ *
+ * Contract: the fast path of ``acp_proxy.wire.rawjson.member_span_py`` (read its docstring).
+ * ``raw`` has been parsed by orjson already, so it is valid JSON; the walk below only skips
+ * values (strings by their quotes and escapes, containers by depth, scalars up to their
+ * delimiter). ``None`` whenever anything is unusual (a key with an escape in an object on the
+ * path, a key given twice, no object where one is expected): the caller then takes the
+ * pure-Python path, which knows every case.
+ */
+
+static Py_ssize_t
+ws(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* The offset after the string whose opening quote is at b[i]; -1 if it does not close. */
+static Py_ssize_t
+string_end(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    i++;
+    for (;;) {
+        const char *q = memchr(b + i, '"', (size_t)(n - i));
+        if (q == NULL)
+            return -1;
+        Py_ssize_t j = q - b;
+        Py_ssize_t k = j; /* an odd run of backslashes before the quote escapes it */
+        while (k > i && b[k - 1] == '\\')
+            k--;
+        if (((j - k) & 1) == 0)
+            return j + 1;
+        i = j + 1;
+    }
+}
+
+/* The offset after the value that starts at b[i]; -1 on malformed input. */
+static Py_ssize_t
+value_end(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    if (i >= n)
+        return -1;
+    char c = b[i];
+    if (c == '"')
+        return string_end(b, i, n);
+    if (c == '{' || c == '[') {
+        Py_ssize_t depth = 0;
+        while (i < n) {
+            c = b[i];
+            if (c == '"') {
+                i = string_end(b, i, n);
+                if (i < 0)
+                    return -1;
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if (c == '}' || c == ']') {
+                if (--depth == 0)
+                    return i + 1;
+            }
+            i++;
+        }
+        return -1;
+    }
+    while (i < n) {
+        c = b[i];
+        if (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r')
+            break;
+        i++;
+    }
+    return i;
+}
+
+typedef struct {
+    Py_ssize_t close;    /* the object's closing brace */
+    Py_ssize_t vs, ve;   /* the wanted member's value, -1 if absent */
+    Py_ssize_t last_end; /* the end of the last member's value, -1 if the object is empty */
+} members_t;
+
+/* Walk the members of the object at b[i] == '{' looking for key ``want``. 0 when done,
+ * -1 when the caller must give up (malformed, an escaped key, ``want`` twice). */
+static int
+walk_object(const char *b, Py_ssize_t i, Py_ssize_t n, const char *want, Py_ssize_t wlen,
+            members_t *m)
+{
+    m->vs = m->ve = m->last_end = -1;
+    if (i >= n || b[i] != '{')
+        return -1;
+    Py_ssize_t j = ws(b, i + 1, n);
+    if (j < n && b[j] == '}') {
+        m->close = j;
+        return 0;
+    }
+    for (;;) {
+        if (j >= n || b[j] != '"')
+            return -1;
+        Py_ssize_t kend = string_end(b, j, n);
+        if (kend < 0)
+            return -1;
+        const char *k = b + j + 1;
+        Py_ssize_t klen = kend - j - 2;
+        if (memchr(k, '\\', (size_t)klen) != NULL)
+            return -1; /* an escaped key may spell ``want``: the Python path decodes it */
+        Py_ssize_t c = ws(b, kend, n);
+        if (c >= n || b[c] != ':')
+            return -1;
+        Py_ssize_t vs = ws(b, c + 1, n);
+        Py_ssize_t ve = value_end(b, vs, n);
+        if (ve < 0)
+            return -1;
+        if (klen == wlen && memcmp(k, want, (size_t)wlen) == 0) {
+            if (m->vs >= 0)
+                return -1; /* given twice: the parse kept the last one */
+            m->vs = vs;
+            m->ve = ve;
+        }
+        m->last_end = ve;
+        j = ws(b, ve, n);
+        if (j >= n)
+            return -1;
+        if (b[j] == '}') {
+            m->close = j;
+            return 0;
+        }
+        if (b[j] != ',')
+            return -1;
+        j = ws(b, j + 1, n);
+    }
+}
+
+static PyObject *
+member_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "member_span(raw, path, key) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *raw = args[0], *path = args[1], *key = args[2];
+    if (!PyBytes_Check(raw) || !PyTuple_Check(path) || !PyBytes_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "member_span: raw bytes, path tuple of bytes, key bytes");
+        return NULL;
+    }
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    Py_ssize_t i = ws(b, 0, n);
+    members_t m;
+    Py_ssize_t steps = PyTuple_GET_SIZE(path);
+    for (Py_ssize_t s = 0; s < steps; s++) {
+        PyObject *step = PyTuple_GET_ITEM(path, s);
+        if (!PyBytes_Check(step)) {
+            PyErr_SetString(PyExc_TypeError, "member_span: path must be a tuple of bytes");
+            return NULL;
+        }
+        if (walk_object(b, i, n, PyBytes_AS_STRING(step), PyBytes_GET_SIZE(step), &m) < 0 ||
+            m.vs < 0)
+            Py_RETURN_NONE;
+        i = m.vs;
+    }
+    Py_ssize_t start = i;
+    if (walk_object(b, i, n, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &m) < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(nnnnn)", start, m.close, m.vs, m.ve, m.last_end);
+}
+
+/* ---- numbers_risky: the coalescer's number check (issue 13) ----
+ *
+ * Contract: exactly ``rawjson._risky_numbers(rawjson._outside_strings(raw))``: whether a number
+ * outside the strings of ``raw`` has an exponent or a run of 17 digits and dots (orjson could
+ * respell it). The Python reference walks the strings one ``find`` at a time, a quarter of the
+ * coalescer's cost per line on real traffic (strings full of digits trip the cheap check that
+ * comes first). An unterminated string answers True (the reference raises; the caller then
+ * treats the frame as risky, the same outcome).
+ */
+static PyObject *
+numbers_risky(PyObject *self, PyObject *raw)
+{
+    (void)self;
+    if (!PyBytes_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "numbers_risky: raw must be bytes");
+        return NULL;
+    }
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    Py_ssize_t run = 0; /* digits and dots in a row */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = b[i];
+        if (c == '"') {
+            i = string_end(b, i, n);
+            if (i < 0)
+                Py_RETURN_TRUE;
+            i--; /* the loop's i++ moves past the closing quote */
+            run = 0; /* the reference joins the parts around a string with a space */
+            continue;
+        }
+        if ((c >= '0' && c <= '9') || c == '.') {
+            if (++run >= 17)
+                Py_RETURN_TRUE;
+            continue;
+        }
+        if ((c == 'e' || c == 'E') && run > 0)
+            Py_RETURN_TRUE;
+        run = 0;
+    }
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(raw, needles) -> (lines, specials): see acp_proxy.wire.scan.scan_py."},
+    {"numbers_risky", (PyCFunction)numbers_risky, METH_O,
+     "numbers_risky(raw) -> bool: see acp_proxy.wire._scan.c (rawjson._risky_numbers)."},
+    {"member_span", (PyCFunction)(void (*)(void))member_span, METH_FASTCALL,
+     "member_span(raw, path, key) -> (start, close, vs, ve, last_end) | None: see "
+     "acp_proxy.wire.rawjson.member_span_py."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -105,6 +105,9 @@ from acp_proxy.wire.tracking import (
 INVALID_REQUEST = -32600
 _UPDATE_PATH = ("params", "update")
 _PARAMS_PATH = ("params",)
+# With the C accelerator the fused path splices (``rawjson.splice_member`` locates the member
+# in C); without it, it encodes canonical frames whole (see ``_fused_bytes``).
+_SPLICE_IN_C = getattr(block_scan.ACCELERATOR, "member_span", None)
 
 # Issue 10, "bounded memory" (README "Bounds"): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
@@ -436,17 +439,29 @@ class Connection:
         index = 0  # the line index of ``pos``
         pos = 0
         special: list[Line | Oversize | Block] = []  # consecutive lines for the per-line path
+        # The fused lane (issue 13): a v2 notification that the one fusable middleware answers
+        # goes straight from here to ``_fused_bytes``, skipping the per-line path's steps that
+        # cannot change its outcome there (see ``_lane``).
+        lane = self._fused is not None and self.version == 2 and self._chain_on
         for line_index, start, stop in specials:
             if line_index > index:
                 if special:  # one call per group (a block of updates that all need a look)
                     acc.extend(self.handle_many(direction, special, join=join))
                     special = []
                 self._plain_run(direction, raw[pos : start - 1], line_index - index, acc, join)
-            line = raw[start:stop]
-            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
-                special.append(Line(line))
             index = line_index + 1
             pos = stop + 1
+            line = raw[start:stop]
+            if lane and line[:2] == b'{"' and line.find(b'"id"') < 0:
+                out = self._lane(direction, line)
+                if out is not None:
+                    if special:
+                        acc.extend(self.handle_many(direction, special, join=join))
+                        special = []
+                    acc.forward.append(out)
+                    continue
+            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
+                special.append(Line(line))
         if special:
             acc.extend(self.handle_many(direction, special, join=join))
         if lines > index:
@@ -770,26 +785,73 @@ class Connection:
         self._count_out(direction, len(acc.forward))
         return acc.result()
 
+    def _lane(self, direction: Direction, raw: bytes) -> OutFrame | None:
+        """The fused lane of ``_block``: ``raw``, a line of a block that starts with ``{"`` and
+        holds no ``"id"``, on a v2 connection whose chain is one fusable middleware, handled as
+        the per-line path would (``_agent_line`` / ``_client_line``, ``_single``,
+        ``_fused_frame``) with its steps that cannot change the outcome here left out: the
+        prefilter (without a needle of its rules, ``fused_v2`` leaves a message as it is, which
+        is what the per-line path does without parsing it), the parse budget check (the frame
+        is far below it), the tracker and the request bound (a notification). ``None``: not
+        such a frame after all (not parseable by orjson, not an object, an ``id`` behind an
+        escape, or a case ``fused_v2`` leaves to the general path): the caller takes the
+        per-line path, which parses it again."""
+        if len(raw) * 33 > self._max_parse:
+            return None
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if type(message) is not dict or "id" in message:
+            return None
+        data = self._fused_bytes(direction, raw, message)
+        if data is None:
+            return None
+        self._count_passed(direction, 1)
+        return OutFrame(data, message, self.version)
+
     def _fused_frame(
         self, direction: Direction, raw: bytes, message: JsonObject, notes: tuple[Note, ...]
     ) -> Result | None:
+        """``_fused_bytes`` as the per-line path's ``Result``; ``None``: take the general path
+        (the message is as it was)."""
+        data = self._fused_bytes(direction, raw, message)
+        if data is None:
+            return None
+        self._count_out(direction, 1)
+        return Result((OutFrame(data, message, self.version),), (), notes)
+
+    def _fused_bytes(self, direction: Direction, raw: bytes, message: JsonObject) -> bytes | None:
         """The annotation hot path (issue 13): a v2 `session/update` notification and a
         middleware with ``fused_v2``. Only the new `_meta` members are built (the update's, for
         entity rules; ``params._meta``, for message-target rules); they are set on the parsed
         message (which no one else holds) and only their bytes are encoded into the frame: the
         whole message when the frame is exactly what orjson writes (one C call), else spliced
         into ``raw`` (``rawjson.splice_member``, one member after the other), the same bytes
-        ``_rewrite`` gives. ``None``: take the general path (the message is as it was)."""
+        ``_rewrite`` gives. Returns the frame to forward (``raw`` itself when the rules leave
+        the message as it is); ``None``: take the general path (the message is as it was)."""
         try:
             got = self._fused(message, direction)
         except Exception:  # the general path runs the middleware and reports the failure
             return None
         if got is None:
             return None
-        version = self.version
         if got is OMITTED:
-            self._count_out(direction, 1)
-            return Result((OutFrame(raw, message, version),), (), notes)
+            return raw
+        if _SPLICE_IN_C is not None:
+            spliced: bytes | None = raw  # each splice locates its member in what it is given
+            if got.update_meta is not OMITTED:
+                spliced = _splice_meta(raw, _UPDATE_PATH, got.update, got.update_meta)
+            if spliced is not None and got.params_meta is not OMITTED:
+                spliced = _splice_meta(spliced, _PARAMS_PATH, got.params, got.params_meta)
+            if spliced is None:
+                return None
+            if got.params_meta is not OMITTED:
+                got.params["_meta"] = got.params_meta
+            if got.update_meta is not OMITTED:
+                got.update["_meta"] = got.update_meta
+            self.stats.rewritten += 1
+            return spliced
         # (path to the object, the object, the new value of its ``_meta``)
         edits: list[tuple[tuple[str, ...], JsonObject, JsonValue]] = []
         if got.update_meta is not OMITTED:
@@ -797,6 +859,8 @@ class Connection:
         if got.params_meta is not OMITTED:
             edits.append((_PARAMS_PATH, got.params, got.params_meta))
         if _canonical(raw, message):
+            # Without the C accelerator, encoding a canonical frame whole (one C call) beats the
+            # splice's Python scan.
             for _, holder, new in edits:
                 holder["_meta"] = new
             # ``orjson.dumps`` directly, not ``rawjson.encode_value`` (which walks the whole
@@ -819,8 +883,7 @@ class Connection:
             for _, holder, new in edits:
                 holder["_meta"] = new
         self.stats.rewritten += 1
-        self._count_out(direction, 1)
-        return Result((OutFrame(data, message, version),), (), notes)
+        return data
 
     def _batch(
         self,
@@ -1171,6 +1234,19 @@ def _rewrite(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
     if _canonical(raw, original):
         return rawjson.encode_value(out)
     return rawjson.splice(raw, original, out)
+
+
+def _splice_meta(
+    raw: bytes, path: tuple[str, ...], holder: JsonObject, new: JsonValue
+) -> bytes | None:
+    """``raw`` with the ``_meta`` member of the object at ``path`` (parsed: ``holder``) set to
+    ``new`` (``rawjson.splice_member``); ``None``: not spliceable, take the general path."""
+    try:
+        return rawjson.splice_member(
+            raw, path, "_meta", holder.get("_meta"), new, present="_meta" in holder
+        )
+    except (rawjson.Unparseable, rawjson.Unencodable):
+        return None
 
 
 def _canonical(raw: bytes, value: JsonObject) -> bool:

@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -361,6 +363,59 @@ def splice(raw: bytes, old: JsonValue, new: JsonValue) -> bytes:
     return b"".join((view[:start], *splicer.out, view[end:]))
 
 
+def member_span_py(
+    raw: bytes, path: tuple[bytes, ...], key: bytes
+) -> tuple[int, int, int, int, int] | None:
+    """Where member ``key`` of the object at ``path`` sits in the parsed frame ``raw``: the
+    reference of the C accelerator's ``member_span`` (``acp_proxy/wire/_scan.c``), which must
+    answer exactly this (tests/test_rawjson.py compares them).
+
+    ``(start, close, vs, ve, last_end)``: the object's ``{`` and ``}``, the span of ``key``'s
+    value (``-1, -1`` when absent) and the end of the object's last member value (``-1`` when
+    it is empty). Keys and path steps are compared as raw bytes. ``None`` when an object on the
+    way (the top level included) is not there, a key in one of them has an escape, or a step
+    or ``key`` occurs twice in its object: ``splice_member`` then takes its full path.
+    """
+    i = _ws(raw, 0)
+    want = (*path, key)
+    start = close = vs = ve = last = -1
+    for depth, name in enumerate(want):
+        if i >= len(raw) or raw[i] != _LBRACE:
+            return None
+        try:
+            members, close = object_members(raw, i)
+        except Unparseable:
+            return None
+        start, vs, ve, last = i, -1, -1, -1
+        for _key_text, ks, mvs, mve in members:
+            kend = _string_end(raw, ks)
+            body = raw[ks + 1 : kend - 1]
+            if b"\\" in body:
+                return None
+            if body == name:
+                if vs >= 0:
+                    return None
+                vs, ve = mvs, mve
+            last = mve
+        if depth < len(path):
+            if vs < 0:
+                return None
+            i = vs
+    return start, close, vs, ve, last
+
+
+def _accelerated(name: str) -> Any:
+    """A function of the C accelerator (``acp_proxy/wire/_scan.c``), ``None`` without it."""
+    from acp_proxy.wire import scan
+
+    return getattr(scan.ACCELERATOR, name, None)
+
+
+_member_span_c: Callable[[bytes, tuple[bytes, ...], bytes], tuple[int, ...] | None] | None
+_member_span_c = _accelerated("member_span")
+_numbers_risky_c: Callable[[bytes], bool] | None = _accelerated("numbers_risky")
+
+
 def splice_member(
     raw: bytes, path: tuple[str, ...], key: str, old: object, new: JsonValue, *, present: bool
 ) -> bytes:
@@ -372,8 +427,91 @@ def splice_member(
     ``splice`` adds it. Only the objects on ``path`` are scanned, and nothing is built but the
     member's new bytes. Raises ``Unparseable`` when a key on the way, or ``key`` itself, occurs
     more than once (the caller takes the general path) and ``Unencodable`` for a ``new`` that is
-    not JSON.
+    not JSON. With the C accelerator, the objects are located in C (``member_span``) and only
+    unusual frames (escaped keys, repeated keys) take the Python scan.
     """
+    if _member_span_c is not None:
+        key_bytes, member_key = _key_forms(key)
+        span = _member_span_c(raw, _path_bytes(path), key_bytes)
+        # (A span that disagrees with ``present`` is left to the Python path, which decodes
+        # the keys: it raises if the frame really is not the parsed one.)
+        if span is not None and (span[2] >= 0) == present:
+            start, _close, vs, ve, last_end = span
+            if vs >= 0:
+                return splice_value(raw, vs, old, new, ve)
+            member = member_key + encode_value(new)
+            if last_end < 0:
+                return joined(raw, start + 1, member, start + 1)
+            return joined(raw, last_end, b"," + member, last_end)
+    return _splice_member_py(raw, path, key, old, new, present=present)
+
+
+def splice_value(raw: bytes, vs: int, old: object, new: JsonValue, ve: int = -1) -> bytes:
+    """``raw`` with the value at ``raw[vs]`` (parsed: ``old``; ends at ``ve`` when known)
+    written as ``new`` by ``_Splicer``, which copies what ``new`` shares with ``old``.
+
+    Shortcut (issue 13): when ``old`` is an object whose bytes are exactly what orjson writes
+    for it and ``new`` keeps its members in their order, adds members only at the end and
+    changes no member from one container to another of the same kind (where the splicer would
+    recurse and keep the old member order), the splice is ``new`` encoded whole: one C call
+    instead of a Python scan of the old object.
+    """
+    if ve >= 0 and type(old) is dict and type(new) is dict and _appends_only(old, new):
+        try:
+            canonical = orjson.dumps(old) == raw[vs:ve]
+        except TypeError:  # an integer beyond 64 bits or a lone surrogate
+            canonical = False
+        if canonical:
+            return joined(raw, vs, encode_value(new), ve)
+    splicer = _Splicer(raw)
+    end = splicer.value(vs, old, new)
+    view = memoryview(raw)
+    return b"".join((view[:vs], *splicer.out, view[end:]))
+
+
+def _appends_only(old: JsonObject, new: JsonObject) -> bool:
+    """``new`` has ``old``'s keys first, in their order, and no member that went from a
+    container to another of its kind (see ``splice_value``)."""
+    if len(new) < len(old):
+        return False
+    for (k_old, v_old), (k_new, v_new) in zip(old.items(), new.items(), strict=False):
+        if k_old != k_new:
+            return False
+        if v_new is not v_old and type(v_new) in _CONTAINERS and type(v_new) is type(v_old):
+            return False
+    return True
+
+
+_CONTAINERS = (dict, list)
+_PATHS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
+def _path_bytes(path: tuple[str, ...]) -> tuple[bytes, ...]:
+    got = _PATHS.get(path)
+    if got is None:
+        got = tuple(step.encode() for step in path)
+        if len(_PATHS) < 64:  # the fused path uses two; any other caller stays bounded
+            _PATHS[path] = got
+    return got
+
+
+_KEYS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def _key_forms(key: str) -> tuple[bytes, bytes]:
+    """``key`` as raw UTF-8 (what ``member_span`` compares) and as a member's ``"key":``."""
+    got = _KEYS.get(key)
+    if got is None:
+        got = (key.encode("utf-8", "surrogatepass"), encode_value(key) + b":")
+        if len(_KEYS) < 64:  # the fused path uses one; any other caller stays bounded
+            _KEYS[key] = got
+    return got
+
+
+def _splice_member_py(
+    raw: bytes, path: tuple[str, ...], key: str, old: object, new: JsonValue, *, present: bool
+) -> bytes:
+    """``splice_member`` without the accelerator (and for what ``member_span`` leaves)."""
     s = _ws(raw, 0)
     for step in path:  # down to the object holding ``key``, never scanning the way twice
         s = _member_start(raw, s, step)
@@ -388,19 +526,15 @@ def splice_member(
     for step in reversed(path):
         end = _no_more(raw, end, step)
     if hits:
-        vs = hits[0][2]
-        splicer = _Splicer(raw)
-        end = splicer.value(vs, old, new)
-        view = memoryview(raw)
-        return b"".join((view[:vs], *splicer.out, view[end:]))
+        return splice_value(raw, hits[0][2], old, new)
     member = encode_value(key) + b":" + encode_value(new)
     if not members:
-        return _joined(raw, s + 1, member, s + 1)
+        return joined(raw, s + 1, member, s + 1)
     last_end = members[-1][3]
-    return _joined(raw, last_end, b"," + member, last_end)
+    return joined(raw, last_end, b"," + member, last_end)
 
 
-def _joined(raw: bytes, cut: int, middle: bytes, resume: int) -> bytes:
+def joined(raw: bytes, cut: int, middle: bytes, resume: int) -> bytes:
     """``raw[:cut] + middle + raw[resume:]`` in one copy: ``a + b + c`` on a 10 MiB frame holds
     two 10 MiB intermediates at once, which showed in the peak RSS of a big annotated frame."""
     view = memoryview(raw)
@@ -621,6 +755,8 @@ def reencodes_exactly(raw: bytes) -> bool:
             return False
     if not _risky_numbers(raw):
         return True
+    if _numbers_risky_c is not None:  # the same answer in one C pass (``_scan.c``)
+        return not _numbers_risky_c(raw)
     try:
         return not _risky_numbers(_outside_strings(raw))
     except Unparseable:

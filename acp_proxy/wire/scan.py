@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from typing import Any
 
 # The newline before a line that does not start like ``{"``.
 _ODD_LINE = re.compile(rb'\n(?!\{")')
@@ -98,9 +99,10 @@ def _line_starts(raw: bytes) -> list[int]:
     return starts
 
 
-def _choose() -> tuple[Callable[[bytes, tuple[bytes, ...]], ScanResult], str]:
+def _choose() -> tuple[Any, str]:
+    """The C accelerator module (``None``: not in use) and what ``SCANNER`` says."""
     if os.environ.get("ACP_PROXY_PURE_PYTHON") == "1":
-        return scan_py, "pure Python (ACP_PROXY_PURE_PYTHON=1)"
+        return None, "pure Python (ACP_PROXY_PURE_PYTHON=1)"
     try:
         # Not ``from acp_proxy.wire import _scan``: that raises a plain ImportError when the
         # module is missing, this a ModuleNotFoundError naming it (told apart from a bad build).
@@ -108,10 +110,14 @@ def _choose() -> tuple[Callable[[bytes, tuple[bytes, ...]], ScanResult], str]:
     except ModuleNotFoundError as exc:
         if exc.name != "acp_proxy.wire._scan":
             raise
-        return scan_py, "pure Python (the C accelerator is not built)"
+        return None, "pure Python (the C accelerator is not built)"
     except ImportError as exc:  # built for another interpreter, a missing symbol, ...
-        return scan_py, f"pure Python (the C accelerator does not load: {exc})"
-    return _scan.scan, "C"
+        return None, f"pure Python (the C accelerator does not load: {exc})"
+    return _scan, "C"
 
 
-scan, SCANNER = _choose()
+# ``ACCELERATOR``: the C module, also used by ``rawjson.splice_member`` (``member_span``).
+ACCELERATOR, SCANNER = _choose()
+scan: Callable[[bytes, tuple[bytes, ...]], ScanResult] = (
+    scan_py if ACCELERATOR is None else ACCELERATOR.scan
+)
