@@ -242,3 +242,15 @@ def test_splice_member_adds_the_member_last(raw: bytes, expected: bytes) -> None
     path = ("params", "update")
     assert rawjson.splice_member(raw, path, "_meta", None, new, present=False) == expected
     assert rawjson._splice_member_py(raw, path, "_meta", None, new, present=False) == expected
+
+
+def test_an_unchanged_nan_member_does_not_stop_the_splice() -> None:
+    """Found by hypothesis: ``_meta`` holding ``1e400`` (parsed as infinity by the standard
+    library) and left as it is: the C path cannot encode the new value, so the splicer keeps
+    the member's bytes; the frame must come out as it came, not be refused."""
+    raw = b'{"params":{"update":{"_meta":{"a":1,"c/d":1e400},"title":"x"}}}'
+    old: Any = json.loads(raw)["params"]["update"]["_meta"]
+    new: Any = dict(old)
+    path = ("params", "update")
+    assert rawjson.splice_member(raw, path, "_meta", old, new, present=True) == raw
+    assert rawjson._splice_member_py(raw, path, "_meta", old, new, present=True) == raw

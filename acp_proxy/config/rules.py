@@ -477,7 +477,8 @@ class RulesMiddleware(BaseMiddleware):
             params_meta = params_meta_after(params.get("_meta"), on_message)
         if meta is OMITTED and params_meta is OMITTED:
             return OMITTED
-        return FusedEdit(params, params_meta, update, meta)
+        # ``tuple.__new__``: the NamedTuple's generated ``__new__`` is a Python call per frame.
+        return tuple.__new__(FusedEdit, (params, params_meta, update, meta))
 
     def _matches(
         self, c: _Compiled, message: JsonObject, ctx: MessageContext, version: int

@@ -389,7 +389,12 @@ def v2_meta_after(
     changed = False
     for annotation in annotations:
         sets, removes = annotation.split
-        patch = as_patch(current)
+        # ``as_patch(current)``, inline (issue 13: one call less per annotated frame).
+        patch = (
+            current
+            if current is OMITTED or current is None or type(current) is dict
+            else (as_patch(current))
+        )
         if patch is None:
             if sets:
                 return NEEDS_SPLIT

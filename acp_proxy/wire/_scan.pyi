@@ -4,3 +4,12 @@ def member_span(
     raw: bytes, path: tuple[bytes, ...], key: bytes, /
 ) -> tuple[int, int, int, int, int] | None: ...
 def numbers_risky(raw: bytes, /) -> bool: ...
+def splice_member(
+    raw: bytes,
+    path: tuple[bytes, ...],
+    key: bytes,
+    member_key: bytes,
+    value: bytes,
+    expect: bytes | None,
+    /,
+) -> bytes | None: ...

@@ -368,15 +368,22 @@ class Connection:
         run: list[bytes] = []  # consecutive untouched, unparsed frames
         a2c = direction is _A2C
         fast = not self._inspect_all
-        for event in events:
+        for item in events:
+            event = item
             if type(event) is Block:
-                if run:
-                    self._flush_run(direction, run, forward, join)
-                    run = []
-                acc = _Acc()
-                acc.forward, acc.reply, acc.notes = forward, reply, notes
-                self._block(direction, event, acc, join=join)
-                continue
+                if event.raw.find(b"\n") < 0:
+                    # One line (interactive traffic: a request, its response): the per-line
+                    # path below without the block's scan and nested call (issue 13, round
+                    # trip). ``feed_blocks`` never makes a blank block, so nothing is dropped.
+                    event = Line(event.raw)
+                else:
+                    if run:
+                        self._flush_run(direction, run, forward, join)
+                        run = []
+                    acc = _Acc()
+                    acc.forward, acc.reply, acc.notes = forward, reply, notes
+                    self._block(direction, event, acc, join=join)
+                    continue
             interested: tuple[bool, ...] | _Unset | None = _UNSET
             if fast and type(event) is Line:
                 raw = event.raw
@@ -807,7 +814,13 @@ class Connection:
         data = self._fused_bytes(direction, raw, message)
         if data is None:
             return None
-        self._count_passed(direction, 1)
+        stats = self.stats  # ``_count_passed(direction, 1)``, inline: once per annotated frame
+        if direction is _A2C:
+            stats.agent_to_client_in += 1
+            stats.agent_to_client_out += 1
+        else:
+            stats.client_to_agent_in += 1
+            stats.client_to_agent_out += 1
         return OutFrame(data, message, self.version)
 
     def _fused_frame(
@@ -839,12 +852,29 @@ class Connection:
         if got is OMITTED:
             return raw
         if _SPLICE_IN_C is not None:
-            spliced: bytes | None = raw  # each splice locates its member in what it is given
-            if got.update_meta is not OMITTED:
-                spliced = _splice_meta(raw, _UPDATE_PATH, got.update, got.update_meta)
-            if spliced is not None and got.params_meta is not OMITTED:
-                spliced = _splice_meta(spliced, _PARAMS_PATH, got.params, got.params_meta)
-            if spliced is None:
+            spliced = raw  # each splice locates its member in what it is given
+            try:
+                if got.update_meta is not OMITTED:
+                    update = got.update
+                    spliced = rawjson.splice_member(
+                        spliced,
+                        _UPDATE_PATH,
+                        "_meta",
+                        update.get("_meta"),
+                        got.update_meta,
+                        present="_meta" in update,
+                    )
+                if got.params_meta is not OMITTED:
+                    params = got.params
+                    spliced = rawjson.splice_member(
+                        spliced,
+                        _PARAMS_PATH,
+                        "_meta",
+                        params.get("_meta"),
+                        got.params_meta,
+                        present="_meta" in params,
+                    )
+            except (rawjson.Unparseable, rawjson.Unencodable):
                 return None
             if got.params_meta is not OMITTED:
                 got.params["_meta"] = got.params_meta
@@ -1234,19 +1264,6 @@ def _rewrite(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
     if _canonical(raw, original):
         return rawjson.encode_value(out)
     return rawjson.splice(raw, original, out)
-
-
-def _splice_meta(
-    raw: bytes, path: tuple[str, ...], holder: JsonObject, new: JsonValue
-) -> bytes | None:
-    """``raw`` with the ``_meta`` member of the object at ``path`` (parsed: ``holder``) set to
-    ``new`` (``rawjson.splice_member``); ``None``: not spliceable, take the general path."""
-    try:
-        return rawjson.splice_member(
-            raw, path, "_meta", holder.get("_meta"), new, present="_meta" in holder
-        )
-    except (rawjson.Unparseable, rawjson.Unencodable):
-        return None
 
 
 def _canonical(raw: bytes, value: JsonObject) -> bool:

@@ -414,6 +414,7 @@ def _accelerated(name: str) -> Any:
 _member_span_c: Callable[[bytes, tuple[bytes, ...], bytes], tuple[int, ...] | None] | None
 _member_span_c = _accelerated("member_span")
 _numbers_risky_c: Callable[[bytes], bool] | None = _accelerated("numbers_risky")
+_splice_member_c: Callable[..., bytes | None] | None = _accelerated("splice_member")
 
 
 def splice_member(
@@ -430,9 +431,29 @@ def splice_member(
     not JSON. With the C accelerator, the objects are located in C (``member_span``) and only
     unusual frames (escaped keys, repeated keys) take the Python scan.
     """
-    if _member_span_c is not None:
-        key_bytes, member_key = _key_forms(key)
-        span = _member_span_c(raw, _path_bytes(path), key_bytes)
+    if _member_span_c is not None and _splice_member_c is not None:
+        # (The caches' ``get`` first: a C call instead of a Python one per frame.)
+        key_bytes, member_key = _KEYS.get(key) or _key_forms(key)
+        path_bytes = _PATHS.get(path) or _path_bytes(path)
+        # The common cases in one C call: an absent member added, or a present one whose bytes
+        # are exactly orjson's for ``old`` and that ``new`` extends (``splice_value``'s
+        # shortcut). The C function checks the frame against that and answers None otherwise.
+        expect: bytes | None = None
+        if present and type(old) is dict and type(new) is dict and _appends_only(old, new):
+            try:
+                expect = orjson.dumps(old)
+            except TypeError:  # an integer beyond 64 bits or a lone surrogate
+                expect = None
+        if not present or expect is not None:
+            try:
+                value = encode_value(new)
+            except Unencodable:  # raised below if it matters (an unchanged NaN member does not)
+                value = None
+            if value is not None:
+                out = _splice_member_c(raw, path_bytes, key_bytes, member_key, value, expect)
+                if out is not None:
+                    return out
+        span = _member_span_c(raw, path_bytes, key_bytes)
         # (A span that disagrees with ``present`` is left to the Python path, which decodes
         # the keys: it raises if the frame really is not the parsed one.)
         if span is not None and (span[2] >= 0) == present:
