@@ -15,18 +15,27 @@ difference cancels every fixed cost: start-up, and the one-off work a long sessi
   ``bench/replay_agent.py``, coalescing on (the default) and, with ``-nc``, off.
 
 Instructions are not time (a cache miss or a syscall costs more than its count says), so this
-complements ``bench/run.py``'s scenario 2, which stays the measure of record; here a difference of
-a few percent is real. Usage: ``python bench/instructions.py [--size 4M] [--profile mixed]``
-(needs valgrind; slow: the interpreter runs ~50 x slower under callgrind).
+complements ``bench/run.py``'s scenario 2; here a difference of a few percent is real.
+
+``--cpu N``: the same two-size difference with CPU time instead (no valgrind): user + system time
+of the process in the path (``wait4``; for the proxy, less what the replay agent reports of its
+own), N interleaved repetitions, median [min..max] of the per-repetition ratios to ``py-inject``.
+It cancels start-up exactly, which scenario 2's subtraction of a separately measured start-up
+cannot (one start-up sample moved by +-40 ms here, +-1.7 us per message on 16 MiB).
+
+Usage: ``python bench/instructions.py [--size 4M] [--profile mixed] [--cpu N]`` (callgrind mode
+needs valgrind and is slow: the interpreter runs ~50 x slower under it).
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -90,6 +99,44 @@ def _callgrind(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[s
     return int(found.group(1))
 
 
+def _cpu(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[str, str]) -> float:
+    """User + system seconds of the process ``argv`` itself fed ``stdin`` (its reaped replay
+    agent's own report subtracted)."""
+    report = tmp / "agent-rusage.json"
+    report.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**env, "BENCH_AGENT_RUSAGE": str(report)},
+        cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        proc.stdin.flush()
+        if not hold:
+            proc.stdin.close()
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    while proc.stdout.read(1 << 20):
+        pass
+    writer.join(60)
+    if hold:
+        proc.stdin.close()
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    seconds = usage.ru_utime + usage.ru_stime
+    if report.exists():
+        agent = json.loads(report.read_text())
+        seconds -= float(agent["utime"]) + float(agent["stime"])
+    return seconds
+
+
 def _argv(variant: str, ds: Dataset, tmp: Path) -> tuple[list[str], bytes, bool]:
     if variant.startswith("py-"):
         relay = [PY, str(BENCH / "relay_min.py"), variant[3:]]
@@ -112,7 +159,10 @@ def main() -> int:
     ap.add_argument("--version", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--data-dir", default=str(BENCH / "data"))
+    ap.add_argument("--cpu", type=int, default=0, metavar="N", help="CPU time, N repetitions")
     args = ap.parse_args()
+    if args.cpu:
+        return _main_cpu(args)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: nothing measured", file=sys.stderr)
         return 1
@@ -142,6 +192,40 @@ def main() -> int:
         vs_inject = f"{n / inject:.2f}" if inject else "-"
         vs_line = f"{n / line:.2f}" if line else "-"
         print(f"| {variant} | {n:,.0f} | {vs_inject} | {vs_line} |")
+    return 0
+
+
+def _main_cpu(args: argparse.Namespace) -> int:
+    small = ensure(args.data_dir, args.profile, args.version, args.size, DEFAULT_SEED)
+    ds = ensure(args.data_dir, args.profile, args.version, 2 * args.size, DEFAULT_SEED)
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    variants = args.variants.split(",")
+    per_msg: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for rep in range(args.cpu):
+            for variant in variants:  # interleaved: a slow spell hits every variant alike
+                full = _cpu(*_argv(variant, ds, tmp), tmp, env)
+                half = _cpu(*_argv(variant, small, tmp), tmp, env)
+                us = (full - half) / (ds.messages - small.messages) * 1e6
+                per_msg[variant].append(us)
+                print(f"  rep {rep + 1} {variant}: {us:.2f} us/message", file=sys.stderr)
+    print(
+        f"{args.profile}-v{args.version}: {small.messages:,} and {ds.messages:,} messages,"
+        f" {args.cpu} repetitions; CPU per message, median [min..max]"
+    )
+    print("| variant | µs CPU / message | vs py-inject (paired) |")
+    print("|---|---|---|")
+    base = per_msg.get("py-inject")
+    for variant, xs in per_msg.items():
+        ratio = "-"
+        if base:
+            rs = sorted(a / b for a, b in zip(xs, base, strict=True) if b > 0)
+            if rs:
+                ratio = f"{statistics.median(rs):.2f} [{rs[0]:.2f}..{rs[-1]:.2f}]"
+        ys = sorted(xs)
+        print(f"| {variant} | {statistics.median(ys):.2f} [{ys[0]:.2f}..{ys[-1]:.2f}] | {ratio} |")
     return 0
 
 

@@ -254,3 +254,24 @@ def test_an_unchanged_nan_member_does_not_stop_the_splice() -> None:
     path = ("params", "update")
     assert rawjson.splice_member(raw, path, "_meta", old, new, present=True) == raw
     assert rawjson._splice_member_py(raw, path, "_meta", old, new, present=True) == raw
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(json_text(2), max_size=6), lead=WS, gaps=st.lists(WS, min_size=14))
+def test_array_elements_in_c_is_the_reference(items: list[str], lead: str, gaps: list[str]) -> None:
+    """A batch's entries found in C (``_scan.array_elements``) are the Python walk's."""
+    inner = ",".join(
+        gaps[k % len(gaps)] + item + gaps[(k + 7) % len(gaps)] for k, item in enumerate(items)
+    )
+    raw = (lead + "[" + (inner or gaps[0]) + "]").encode()
+    json.loads(raw)
+    start = rawjson.value_start(raw)
+    assert _scan.array_elements(raw, start) == rawjson.array_elements_py(raw, start)
+    assert rawjson.array_elements(raw, start) == rawjson.array_elements_py(raw, start)
+
+
+@needs_c
+@pytest.mark.parametrize("raw", [b"[1,]", b"[1 2]", b"{}", b"[", b'["x]'])
+def test_array_elements_in_c_declines_what_is_not_an_array(raw: bytes) -> None:
+    assert _scan.array_elements(raw, 0) is None

@@ -186,6 +186,32 @@ def test_the_fused_lane_of_a_block_gives_the_per_line_general_output(
     assert fast.stats == slow.stats
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    rule_list=rules(),
+    raws=st.lists(frames(), min_size=1, max_size=4),
+    direction=st.sampled_from(list(Direction)),
+    accel=st.booleans(),
+    ws=st.sampled_from(["", " ", "\n "]),
+)
+def test_the_fused_path_in_a_batch_gives_the_general_paths_output(
+    rule_list: list[Rule], raws: list[bytes], direction: Direction, accel: bool, ws: str
+) -> None:
+    """The entries of a batch take the fused path too (``Connection._batch``): same array
+    bytes, replies, notes and counters as the chain."""
+    sep = ("," + ws).encode()
+    batch = b"[" + ws.encode() + sep.join(raws) + b"]"
+    fast = _connection(rule_list, fused=True)
+    slow = _connection(rule_list, fused=False)
+    with _accelerator(accel):
+        a = fast.handle(direction, Line(batch))
+    b = slow.handle(direction, Line(batch))
+    assert [f.raw for f in a.forward] == [f.raw for f in b.forward]
+    assert [f.raw for f in a.reply] == [f.raw for f in b.reply]
+    assert a.notes == b.notes
+    assert fast.stats == slow.stats
+
+
 def test_the_lane_takes_block_lines_and_leaves_requests_to_the_tracker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -738,7 +738,9 @@ def test_writer_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyP
     # (each written before the next accepted line); together they count every drop.
     lost = [orjson.loads(line) for line in lines if line.startswith(b'{"t":')]
     assert lost and all(e["event"] == "lost" for e in lost)
-    assert lost[-1] == {"t": 2.0, "event": "lost", "frames": lost[-1]["frames"]}
+    # Each is stamped with the time of the accepted line it precedes: 1.0 when the writer
+    # drained during the first puts (seen in CI under load), 2.0 for drops reported by "last".
+    assert all(set(e) == {"t", "event", "frames"} and e["t"] in (1.0, 2.0) for e in lost)
     assert sum(e["frames"] for e in lost) == dropped
     assert len(lines) == accepted.count(True) + 1 + len(lost)
 

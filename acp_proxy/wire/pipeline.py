@@ -948,6 +948,7 @@ class Connection:
             return self._unparsed(direction, raw, _NotParsed("batch could not be scanned"))
         # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
         kept: list[bytes | None] = []
+        fused = self._fused is not None and version == 2 and not self._inspect_all
         follow: list[OutFrame] = []
         replies: list[bytes] = []
         changed = False
@@ -964,6 +965,13 @@ class Connection:
                     self.stats.errors_replied += 1
                     kept.append(None)
                     changed = True
+                    continue
+            if fused and "id" not in entry:
+                # A v2 notification in a batch: the fused path, as for a frame on its own.
+                data = self._fused_bytes(direction, entry_raw, entry)
+                if data is not None:
+                    kept.append(data)
+                    changed = changed or data is not entry_raw
                     continue
             outcome = self.chain.run(entry, ctx, interested)
             self._report(entry, outcome, acc.notes)

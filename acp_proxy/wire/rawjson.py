@@ -289,7 +289,19 @@ def object_members(raw: bytes, i: int) -> tuple[list[Member], int]:
 
 
 def array_elements(raw: bytes, i: int) -> tuple[list[tuple[int, int]], int]:
-    """The ``(start, end)`` of each element of the array at ``raw[i]``, and its ``]`` offset."""
+    """The ``(start, end)`` of each element of the array at ``raw[i]``, and its ``]`` offset.
+
+    In one C pass with the accelerator (``_scan.array_elements``, which answers ``None`` where
+    this function raises); this Python walk is its reference."""
+    if _array_elements_c is not None:
+        got = _array_elements_c(raw, i)
+        if got is not None:
+            return got
+    return array_elements_py(raw, i)
+
+
+def array_elements_py(raw: bytes, i: int) -> tuple[list[tuple[int, int]], int]:
+    """``array_elements`` in Python."""
     elements: list[tuple[int, int]] = []
     j = _ws(raw, i + 1)
     if raw[j] == _RBRACKET:
@@ -415,6 +427,8 @@ _member_span_c: Callable[[bytes, tuple[bytes, ...], bytes], tuple[int, ...] | No
 _member_span_c = _accelerated("member_span")
 _numbers_risky_c: Callable[[bytes], bool] | None = _accelerated("numbers_risky")
 _splice_member_c: Callable[..., bytes | None] | None = _accelerated("splice_member")
+_array_elements_c: Callable[[bytes, int], tuple[list[tuple[int, int]], int] | None] | None
+_array_elements_c = _accelerated("array_elements")
 
 
 def splice_member(
