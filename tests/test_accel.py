@@ -275,3 +275,31 @@ def test_array_elements_in_c_is_the_reference(items: list[str], lead: str, gaps:
 @pytest.mark.parametrize("raw", [b"[1,]", b"[1 2]", b"{}", b"[", b'["x]'])
 def test_array_elements_in_c_declines_what_is_not_an_array(raw: bytes) -> None:
     assert _scan.array_elements(raw, 0) is None
+
+
+JSONISH = st.lists(
+    st.sampled_from([b"{", b"}", b"[", b"]", b'"', b"\\", b":", b",", b" ", b"1", b"e", b"x"])
+    | st.sampled_from([b'"params"', b'"update"', b'"_meta"', b"\n"]),
+    max_size=60,
+).map(b"".join)
+
+
+@needs_c
+@settings(max_examples=1500, deadline=None)
+@given(raw=st.one_of(JSONISH, st.binary(max_size=80)), at=st.integers(0, 80))
+def test_the_c_helpers_never_read_past_hostile_input(raw: bytes, at: int) -> None:
+    """Truncated, unbalanced and random bytes (the helpers are meant for parsed frames, but
+    nothing may crash or answer an offset outside the frame)."""
+    path = (b"params", b"update")
+    span = _scan.member_span(raw, path, b"_meta")
+    if span is not None:
+        assert all(-1 <= x <= len(raw) for x in span)
+    out = _scan.splice_member(raw, path, b"_meta", b'"_meta":', b"{}", None)
+    assert out is None or len(out) == len(raw) + len(b'"_meta":{}') + (
+        span is not None and span[4] >= 0
+    )
+    got = _scan.array_elements(raw, min(at, len(raw)))
+    if got is not None:
+        spans, close = got
+        assert 0 <= close < len(raw) and all(0 <= a < b <= close for a, b in spans)
+    assert _scan.numbers_risky(raw) in (True, False)
