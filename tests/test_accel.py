@@ -56,7 +56,7 @@ def objects(draw: st.DrawFn, depth: int = 2) -> str:
 
 
 @needs_c
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     text=objects(),
     path=st.sampled_from([(), ("params",), ("params", "update")]),

@@ -160,7 +160,7 @@ def test_fused_path_gives_the_general_paths_output(
     assert fast.stats == slow.stats
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     rule_list=rules(),
     raws=st.lists(frames(), min_size=1, max_size=6),
@@ -186,7 +186,7 @@ def test_the_fused_lane_of_a_block_gives_the_per_line_general_output(
     assert fast.stats == slow.stats
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     rule_list=rules(),
     raws=st.lists(frames(), min_size=1, max_size=4),
