@@ -35,9 +35,11 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -107,7 +109,25 @@ def export_ref(ref: str) -> Path:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     compileall.compile_dir(str(dest / "acp_proxy"), quiet=1)
+    _build_accelerator(dest)
     return dest
+
+
+def _build_accelerator(tree: Path) -> None:
+    """Compile the tree's optional C module in place, as ``pip install`` does for the current
+    tree: without it an older tree would run its pure-Python fallbacks and look slower than it
+    was. Best effort: a tree without ``_scan.c``, or no compiler, runs as it is (said on
+    stderr)."""
+    source = tree / "acp_proxy" / "wire" / "_scan.c"
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = source.with_name("_scan" + suffix)
+    if not source.exists() or target.exists():
+        return
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    cmd = [str(compiler), "-shared", "-fPIC", "-O2", f"-I{include}", str(source), "-o", str(target)]
+    if compiler is None or subprocess.run(cmd, check=False, capture_output=True).returncode:
+        print(f"note: {tree.name} runs without its C accelerator (not built)", file=sys.stderr)
 
 
 def _once(argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[float, float]:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from acp_proxy.jsontypes import JsonValue
 from acp_proxy.wire.framing import (
     HEAD_BYTES,
+    Block,
     HeadInfo,
     Line,
     LineSplitter,
@@ -232,3 +233,62 @@ def test_scan_head_survives_a_deeply_nested_head() -> None:
     head = b'{"jsonrpc":"2.0","result":' + b"[" * 2000
     assert scan_head(head).keys == frozenset({"jsonrpc", "result"})
     assert read_response_id(head) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("pending", "data", "expected"),
+    [
+        (b"", b'{"a":1}\n', b'{"a":1}'),
+        (b"", b' {"a":1}\n', b' {"a":1}'),  # the per-line path diverts or forwards it
+        (b"", b"\n", None),  # blank: nothing to handle
+        (b"", b"  \n", None),
+        (b"", b'{"a":1}', None),  # not complete
+        (b"", b'{"a":1}\n{"b":2}\n', None),  # two lines: a block
+        (b'{"a":', b"1}\n", None),  # completes a pending line
+        (b"", b"x" * 20 + b"\n", None),  # over the limit (16 here)
+    ],
+)
+def test_single_line_is_one_complete_line_and_nothing_pending(
+    pending: bytes, data: bytes, expected: bytes | None
+) -> None:
+    splitter = LineSplitter(max_frame_bytes=16)
+    splitter.feed(pending)
+    before = splitter.buffered
+    assert splitter.single_line(data) == expected
+    assert splitter.buffered == before  # nothing consumed either way
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(
+        st.sampled_from(
+            [
+                b'{"a":1}\n',
+                b"\n",
+                b" \n",
+                b'{"b"',
+                b":2}\n",
+                b"x" * 30 + b"\n",
+                b'{"c":3}\n{"d":4}\n',
+            ]
+        ),
+        max_size=12,
+    )
+)
+def test_single_line_then_feed_blocks_gives_feeds_events(chunks: list[bytes]) -> None:
+    """The runtime's read loop: ``single_line`` first, ``feed_blocks`` when it declines; the
+    lines are those ``feed`` gives for the same chunks."""
+    fast, slow = LineSplitter(max_frame_bytes=24), LineSplitter(max_frame_bytes=24)
+    got: list[object] = []
+    want: list[object] = []
+    for chunk in chunks:
+        line = fast.single_line(chunk)
+        if line is not None:
+            got.append(Line(line))
+        else:
+            for event in fast.feed_blocks(chunk):
+                got.extend(event.lines() if isinstance(event, Block) else [event])
+        want.extend(slow.feed(chunk))
+    got.extend(fast.end())
+    want.extend(slow.end())
+    assert got == want

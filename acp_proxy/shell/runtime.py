@@ -612,6 +612,7 @@ class PumpSession:
         # Never for the other direction's forwarded traffic.
         splitter = self._splitters[direction]
         handle_many = self.connection.handle_many
+        handle_line = self.connection.handle_line
         dispatch = self._dispatch
         budget = self.budget
         receiving = self._receiving
@@ -626,9 +627,15 @@ class PumpSession:
             # queue is split into its lines there, so coalescing still merges them (issue 4;
             # ``coalesce._lines_of``). Issue 13: going line by line under backlog made a
             # proxy that fell behind slower still (0.27x the line relay on small chunks).
-            events: list[Any] = splitter.feed_blocks(chunk)
-            if events:
-                dispatch(direction, handle_many(direction, events, join=True), forward, back)
+            line = splitter.single_line(chunk)
+            events: list[Any] | bool
+            if line is not None:  # the interactive case, one line a read: fewer steps
+                events = True
+                dispatch(direction, handle_line(direction, line), forward, back)
+            else:
+                events = splitter.feed_blocks(chunk)
+                if events:
+                    dispatch(direction, handle_many(direction, events, join=True), forward, back)
             self._account()
             budget.add(-READ_SIZE)  # the read reserved before this chunk was read
             if (events or not splitter.buffered) and budget.owned_by(splitter):

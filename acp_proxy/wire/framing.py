@@ -72,6 +72,9 @@ class Block:
         return [Line(p) for p in self.raw.split(b"\n") if p and not p.isspace()]
 
 
+_NEWLINE = 0x0A
+
+
 class LineSplitter:
     """Split a byte stream into ``Line`` / ``Oversize`` events; feed chunks, call ``end`` at EOF.
 
@@ -123,6 +126,25 @@ class LineSplitter:
         if last:
             self._add_partial(last)
         return out
+
+    def single_line(self, data: bytes) -> bytes | None:
+        """``data``'s one line when ``data`` is exactly one complete, non-blank line within the
+        limit and nothing is pending (interactive traffic: a request, its response); the
+        splitter is then unchanged, as ``feed`` would leave it. ``None`` otherwise (nothing
+        consumed: feed ``data`` as usual). Issue 13: the round trip's reads are almost all of
+        this shape, and the event list, the ``Block`` and its scan cost more than the line."""
+        n = len(data)
+        if (
+            n < 2
+            or n > self._max
+            or data[n - 1] != _NEWLINE
+            or self._parts
+            or self._discarding
+            or data.find(b"\n", 0, n - 1) >= 0
+        ):
+            return None
+        line = data[: n - 1]
+        return None if line.isspace() else line
 
     def feed_blocks(self, data: bytes) -> list[Line | Oversize | Block]:
         """Like ``feed``, but the complete lines inside ``data`` come as one ``Block``.

@@ -345,6 +345,16 @@ class Connection:
         observed = Observed(direction, raw, sent, replies, infos, kind)
         return Result(res.forward, res.reply, (*notes, *infos, observed))
 
+    def handle_line(self, direction: Direction, raw: bytes) -> Result:
+        """``handle_many(direction, [Line(raw)])`` for one non-empty line, without the event
+        loop around it (issue 13, round trip: ``LineSplitter.single_line`` gives such lines)."""
+        if self._inspect_all:
+            return self.handle_many(direction, [Line(raw)])
+        interested = self._interested(raw) if self._chain_on else None
+        if direction is _A2C:
+            return self._agent_line(raw, interested)
+        return self._client_line(raw, interested)
+
     def handle_many(
         self,
         direction: Direction,
