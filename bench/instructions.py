@@ -61,6 +61,29 @@ VARIANTS = (
 )
 
 
+def _feed_and_drain(proc: subprocess.Popen[bytes], stdin: bytes, hold: bool) -> None:
+    """Write ``stdin`` from a thread while reading the output to its end. ``hold``: keep the
+    input open until then (a proxy's client: the replay agent waits for the first client line,
+    and the proxy must not see its client go before the agent is done); else close it once
+    written (a relay copies until its input ends)."""
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(stdin)
+        proc.stdin.flush()
+        if not hold:
+            proc.stdin.close()
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    while proc.stdout.read(1 << 20):
+        pass
+    writer.join(60)
+    if hold:
+        proc.stdin.close()
+
+
 def _callgrind(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[str, str]) -> int:
     """The instructions callgrind counted for the process ``argv`` fed ``stdin`` (kept open
     until its output ends when ``hold``: a proxy's client)."""
@@ -73,24 +96,8 @@ def _callgrind(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[s
         env=env,
         cwd=ROOT,
     )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-
-    def feed() -> None:
-        # Keep the client side open until the output ends (the replay agent waits for the first
-        # client line, and the proxy must not see its client go before the agent is done).
-        assert proc.stdin is not None
-        proc.stdin.write(stdin)
-        proc.stdin.flush()
-        if not hold:
-            proc.stdin.close()  # a relay copies until its input ends
-
-    writer = threading.Thread(target=feed, daemon=True)
-    writer.start()
-    while proc.stdout.read(1 << 20):
-        pass
-    writer.join(60)
-    if hold:
-        proc.stdin.close()
+    assert proc.stderr is not None
+    _feed_and_drain(proc, stdin, hold)
     err = proc.stderr.read().decode(errors="replace")
     proc.wait(600)
     found = re.search(r"Collected : (\d+)", err)
@@ -112,22 +119,7 @@ def _cpu(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[str, st
         env={**env, "BENCH_AGENT_RUSAGE": str(report)},
         cwd=ROOT,
     )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def feed() -> None:
-        assert proc.stdin is not None
-        proc.stdin.write(stdin)
-        proc.stdin.flush()
-        if not hold:
-            proc.stdin.close()
-
-    writer = threading.Thread(target=feed, daemon=True)
-    writer.start()
-    while proc.stdout.read(1 << 20):
-        pass
-    writer.join(60)
-    if hold:
-        proc.stdin.close()
+    _feed_and_drain(proc, stdin, hold)
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
     seconds = usage.ru_utime + usage.ru_stime
@@ -152,6 +144,16 @@ def _argv(variant: str, ds: Dataset, tmp: Path) -> tuple[list[str], bytes, bool]
     return argv, Path(ds.client_path).read_bytes(), True
 
 
+def _prepare(args: argparse.Namespace) -> tuple[Dataset, Dataset, dict[str, str]]:
+    """The data set of ``--size`` and the one twice as big, and the environment to run in."""
+    small = ensure(args.data_dir, args.profile, args.version, args.size, DEFAULT_SEED)
+    ds = ensure(args.data_dir, args.profile, args.version, 2 * args.size, DEFAULT_SEED)
+    # Byte-compiled first, as an installed package is (with PYTHONDONTWRITEBYTECODE set, each
+    # run would otherwise compile the sources it imports).
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
+    return small, ds, {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=parse_size, default=parse_size("4M"))
@@ -166,12 +168,7 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: nothing measured", file=sys.stderr)
         return 1
-    small = ensure(args.data_dir, args.profile, args.version, args.size, DEFAULT_SEED)
-    ds = ensure(args.data_dir, args.profile, args.version, 2 * args.size, DEFAULT_SEED)
-    # Byte-compiled first, as an installed package is (with PYTHONDONTWRITEBYTECODE set, each
-    # run would otherwise compile the sources it imports).
-    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    small, ds, env = _prepare(args)
     per_msg: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
@@ -196,10 +193,7 @@ def main() -> int:
 
 
 def _main_cpu(args: argparse.Namespace) -> int:
-    small = ensure(args.data_dir, args.profile, args.version, args.size, DEFAULT_SEED)
-    ds = ensure(args.data_dir, args.profile, args.version, 2 * args.size, DEFAULT_SEED)
-    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    small, ds, env = _prepare(args)
     variants = args.variants.split(",")
     per_msg: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as name:

@@ -172,11 +172,7 @@ def renumbered(agent_path: str, client_path: str, repeat: int) -> int:
                 view = view[os.write(1, view) :]
             offset = h.end
         _copy(fd, size, offset)
-        if repeat > 1:
-            with open(agent_path, "rb") as f:
-                body = len(f.readline()) + len(f.readline())
-            for _ in range(repeat - 1):
-                _copy(fd, size, body)
+        _repeat_body(fd, size, agent_path, repeat)
     except BrokenPipeError:
         return 1
     finally:
@@ -185,6 +181,16 @@ def renumbered(agent_path: str, client_path: str, repeat: int) -> int:
     reader.join()  # a real agent runs until the client side closes its stdin
     report_rusage()
     return 0
+
+
+def _repeat_body(fd: int, size: int, agent_path: str, repeat: int) -> None:
+    """Send the file's body (after the initialize and session/new responses) ``repeat - 1``
+    more times."""
+    if repeat > 1:
+        with open(agent_path, "rb") as f:
+            body = len(f.readline()) + len(f.readline())
+        for _ in range(repeat - 1):
+            _copy(fd, size, body)
 
 
 def main(argv: list[str]) -> int:
@@ -208,11 +214,7 @@ def main(argv: list[str]) -> int:
     try:
         size = os.fstat(fd).st_size
         _copy(fd, size)
-        if repeat > 1:
-            with open(argv[1], "rb") as f:
-                body = len(f.readline()) + len(f.readline())
-            for _ in range(repeat - 1):
-                _copy(fd, size, body)
+        _repeat_body(fd, size, argv[1], repeat)
     except BrokenPipeError:
         return 1
     finally:

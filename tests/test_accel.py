@@ -104,6 +104,10 @@ def test_member_span_refuses_wrong_types() -> None:
         _scan.member_span("{}", (), b"_meta")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _scan.numbers_risky("1e5")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _scan.splice_member(b"{}", ("params",), b"_meta", b'"_meta":', b"1", None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _scan.splice_member(b"{}", (), b"_meta", b'"_meta":', "1", None)  # type: ignore[arg-type]
 
 
 @needs_c

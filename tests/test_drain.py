@@ -42,6 +42,17 @@ async def _wait_for(path: Path) -> None:
             await anyio.sleep(0.05)
 
 
+def paused_reader(received: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A client's reader, ``cat`` into ``received``, stopped (SIGSTOP) before anything is
+    written: the write end of its input pipe is the proxy's stdout."""
+    read_end, write_end = os.pipe()
+    with received.open("wb") as out:
+        cat = subprocess.Popen(["cat"], stdin=read_end, stdout=out)
+    os.close(read_end)
+    cat.send_signal(signal.SIGSTOP)
+    return cat, write_end
+
+
 async def run_with_paused_client(
     tmp_path: Path, config_text: str, pause_until_proxy_exits: bool
 ) -> tuple[int, bytes, list[dict[str, object]]]:
@@ -52,11 +63,7 @@ async def run_with_paused_client(
     done = tmp_path / "agent_done"
     received = tmp_path / "received"
     log_file = tmp_path / "proxy.log"
-    read_end, write_end = os.pipe()
-    with received.open("wb") as out:
-        cat = subprocess.Popen(["cat"], stdin=read_end, stdout=out)
-    os.close(read_end)
-    cat.send_signal(signal.SIGSTOP)
+    cat, write_end = paused_reader(received)
     proxy = subprocess.Popen(
         [
             sys.executable,
@@ -154,11 +161,7 @@ async def test_a_paused_client_stops_the_proxy_reading_the_agent(tmp_path: Path)
     config = write_config(tmp_path / "c.yaml", CONFIG)
     done = tmp_path / "agent_done"
     received = tmp_path / "received"
-    read_end, write_end = os.pipe()
-    with received.open("wb") as out:
-        cat = subprocess.Popen(["cat"], stdin=read_end, stdout=out)
-    os.close(read_end)
-    cat.send_signal(signal.SIGSTOP)
+    cat, write_end = paused_reader(received)
     proxy = subprocess.Popen(
         [
             sys.executable,

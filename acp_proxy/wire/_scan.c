@@ -374,6 +374,24 @@ walk(const char *b, Py_ssize_t i, Py_ssize_t n, PyObject *path, Py_ssize_t depth
     return close + 1;
 }
 
+/* Check ``raw`` (bytes), ``path`` (a tuple of bytes) and ``key`` (bytes), then walk ``raw``
+ * down ``path`` to ``key`` (``walk``). 1: found, ``m`` filled; 0: ``walk`` gave up; -1: a type
+ * error is set (``who`` names the function). */
+static int
+locate(const char *who, PyObject *raw, PyObject *path, PyObject *key, members_t *m)
+{
+    int ok = PyBytes_Check(raw) && PyTuple_Check(path) && PyBytes_Check(key);
+    for (Py_ssize_t s = 0; ok && s < PyTuple_GET_SIZE(path); s++)
+        ok = PyBytes_Check(PyTuple_GET_ITEM(path, s));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: raw bytes, path a tuple of bytes, key bytes", who);
+        return -1;
+    }
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    return walk(b, ws(b, 0, n), n, path, 0, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), m) >= 0;
+}
+
 static PyObject *
 member_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -382,21 +400,11 @@ member_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "member_span(raw, path, key) takes 3 arguments");
         return NULL;
     }
-    PyObject *raw = args[0], *path = args[1], *key = args[2];
-    if (!PyBytes_Check(raw) || !PyTuple_Check(path) || !PyBytes_Check(key)) {
-        PyErr_SetString(PyExc_TypeError, "member_span: raw bytes, path tuple of bytes, key bytes");
-        return NULL;
-    }
-    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(path); s++) {
-        if (!PyBytes_Check(PyTuple_GET_ITEM(path, s))) {
-            PyErr_SetString(PyExc_TypeError, "member_span: path must be a tuple of bytes");
-            return NULL;
-        }
-    }
-    const char *b = PyBytes_AS_STRING(raw);
-    Py_ssize_t n = PyBytes_GET_SIZE(raw);
     members_t m;
-    if (walk(b, ws(b, 0, n), n, path, 0, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &m) < 0)
+    int found = locate("member_span", args[0], args[1], args[2], &m);
+    if (found < 0)
+        return NULL;
+    if (!found)
         Py_RETURN_NONE;
     return Py_BuildValue("(nnnnn)", m.start, m.close, m.vs, m.ve, m.last_end);
 }
@@ -418,25 +426,20 @@ splice_member(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "splice_member(raw, path, key, member_key, value, expect) takes 6 arguments");
         return NULL;
     }
-    PyObject *raw = args[0], *path = args[1], *key = args[2], *member_key = args[3];
-    PyObject *value = args[4], *expect = args[5];
-    if (!PyBytes_Check(raw) || !PyTuple_Check(path) || !PyBytes_Check(key) ||
-        !PyBytes_Check(member_key) || !PyBytes_Check(value) ||
+    PyObject *raw = args[0], *member_key = args[3], *value = args[4], *expect = args[5];
+    if (!PyBytes_Check(member_key) || !PyBytes_Check(value) ||
         (expect != Py_None && !PyBytes_Check(expect))) {
-        PyErr_SetString(PyExc_TypeError, "splice_member: bytes and a tuple of bytes expected");
+        PyErr_SetString(PyExc_TypeError, "splice_member: member_key, value, expect: bytes");
         return NULL;
     }
-    for (Py_ssize_t s = 0; s < PyTuple_GET_SIZE(path); s++) {
-        if (!PyBytes_Check(PyTuple_GET_ITEM(path, s))) {
-            PyErr_SetString(PyExc_TypeError, "splice_member: path must be a tuple of bytes");
-            return NULL;
-        }
-    }
+    members_t m;
+    int found = locate("splice_member", raw, args[1], args[2], &m);
+    if (found < 0)
+        return NULL;
+    if (!found)
+        Py_RETURN_NONE;
     const char *b = PyBytes_AS_STRING(raw);
     Py_ssize_t n = PyBytes_GET_SIZE(raw);
-    members_t m;
-    if (walk(b, ws(b, 0, n), n, path, 0, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), &m) < 0)
-        Py_RETURN_NONE;
     const char *v = PyBytes_AS_STRING(value);
     Py_ssize_t vlen = PyBytes_GET_SIZE(value);
     Py_ssize_t cut, resume;
