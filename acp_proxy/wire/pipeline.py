@@ -351,9 +351,79 @@ class Connection:
         if self._inspect_all:
             return self.handle_many(direction, [Line(raw)])
         interested = self._interested(raw) if self._chain_on else None
+        if interested is None and raw.find(b'"id"') >= 0:
+            message = self._tracked(direction, raw)
+            if message is not None:
+                return Result((OutFrame(raw, message, self.version),))
         if direction is _A2C:
             return self._agent_line(raw, interested)
         return self._client_line(raw, interested)
+
+    def track_line(self, direction: Direction, raw: bytes) -> JsonObject | None:
+        """``handle_line`` for the round trip's frames, without a ``Result``: the parsed message
+        when ``raw`` was tracked and goes on exactly as it came (what ``handle_line`` would
+        answer with ``Result((OutFrame(raw, message, self.version),))``), or ``None`` when
+        nothing was done and ``handle_line`` must handle it (issue 13: the shell writes such a
+        line without building a frame tuple)."""
+        if self._inspect_all or raw.find(b'"id"') < 0:
+            return None
+        if self._chain_on and self._interested(raw) is not None:
+            return None
+        return self._tracked(direction, raw)
+
+    def _tracked(self, direction: Direction, raw: bytes) -> JsonObject | None:
+        """The round trip's frames in one step: a request or a response that no middleware may
+        act on (``interested is None``) and that the request tables must see (``"id"`` occurs):
+        the parsed message, forwarded as it came. ``None``: anything else, for the general path
+        (``_client_line`` / ``_agent_line``), which gives the same result for every frame this
+        one answers (issue 13, round trip: the general path's dozen small calls were half of
+        the proxy's CPU per request; ``test_roundtrip_lane.py`` compares the two on generated
+        frames).
+
+        Answered here only: a frame that starts like one (``{"``, ``{ ``...), within the parse
+        budget even by the cheap estimate, that orjson parses to an object. A request (a valid
+        ``id``, a string ``method``) is admitted to its table, or left to the general path's
+        refusal when the table is full; a response (a valid ``id``, ``result`` or ``error``)
+        takes its request out of the table, except the response to ``initialize`` (the
+        version negotiation, left to the general path); any other object is forwarded
+        untracked, as the general path does. Not inspecting (``_inspect_all``), as the caller
+        checks.
+        """
+        if len(raw) * 33 > self._max_parse or raw[:2] not in _FRAME_STARTS:
+            return None
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if type(message) is not dict:
+            return None
+        rid = message.get("id", OMITTED)
+        if rid is OMITTED or (rid is not None and type(rid) not in (str, int, float)):
+            pass  # no id (an ``"id"`` deeper down), or not a valid one (``_is_id``): untracked
+        elif "method" in message:
+            method = message["method"]
+            if type(method) is not str:
+                return None
+            id_bytes = rawjson.id_bytes(raw)
+            if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
+                return None  # the general path refuses it (table full) or says why
+            if method == "initialize" and direction is _C2A:
+                self._init_ids.add(rid)
+        elif "result" in message or "error" in message:
+            if direction is _A2C:
+                if rid in self._init_ids:
+                    return None  # the version negotiation
+                self._tracker.answer(_C2A, rid)
+            else:
+                self._tracker.answer(_A2C, rid)
+        stats = self.stats
+        if direction is _A2C:
+            stats.agent_to_client_in += 1
+            stats.agent_to_client_out += 1
+        else:
+            stats.client_to_agent_in += 1
+            stats.client_to_agent_out += 1
+        return message
 
     def handle_many(
         self,
