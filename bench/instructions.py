@@ -23,8 +23,15 @@ own), N interleaved repetitions, median [min..max] of the per-repetition ratios 
 It cancels start-up exactly, which scenario 2's subtraction of a separately measured start-up
 cannot (one start-up sample moved by +-40 ms here, +-1.7 us per message on 16 MiB).
 
-Usage: ``python bench/instructions.py [--size 4M] [--profile mixed] [--cpu N]`` (callgrind mode
-needs valgrind and is slow: the interpreter runs ~50 x slower under it).
+``--round-trips N``: the round trip instead (issue 13): the process in the path (the minimal
+asyncio relay ``bench/relay_asyncio.py``, the proxy, and with ``--baseline-ref REF`` the proxy at
+git ``REF``) in front of ``bench/echo_agent.py`` under callgrind, driven by N and then 3 N
+sequential ``session/prompt`` requests (each waits for its response, as in ``bench/rtt_cpu.py``);
+the difference over 2 N is its instructions per round trip, start-up cancelled.
+
+Usage: ``python bench/instructions.py [--size 4M] [--profile mixed] [--cpu N]
+[--round-trips N [--baseline-ref REF]]`` (callgrind mode needs valgrind and is slow: the
+interpreter runs ~50 x slower under it).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import rtt_cpu
 from generate import DEFAULT_SEED, Dataset, ensure, parse_size
 
 BENCH = Path(__file__).resolve().parent
@@ -106,6 +114,60 @@ def _callgrind(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[s
     return int(found.group(1))
 
 
+def _callgrind_round_trips(
+    argv: list[str], pairs: int, tmp: Path, env: dict[str, str], cwd: Path
+) -> int:
+    """The instructions callgrind counted for the process ``argv`` (a relay in front of the echo
+    agent) over ``pairs`` sequential round trips after an ``initialize``."""
+    out = tmp / "callgrind-rt.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        bufsize=0,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
+    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
+    rtt_cpu._call(proc, rtt_cpu._request(0, "initialize", init))
+    for rid in range(1, pairs + 1):
+        rtt_cpu._call(proc, rtt_cpu._request(rid, "session/prompt", prompt))
+    proc.stdin.close()
+    err = proc.stderr.read().decode(errors="replace")
+    proc.wait(600)
+    found = re.search(r"Collected : (\d+)", err)
+    if found is None:
+        raise RuntimeError(f"{argv[:4]}: no callgrind total; stderr: {err[-500:]}")
+    return int(found.group(1))
+
+
+def _main_round_trips(args: argparse.Namespace) -> int:
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
+    found = rtt_cpu.variants(args.baseline_ref)
+    names = [n for n in found if n == "asyncio-relay" or n.startswith("proxy")]
+    n = args.round_trips
+    per_rt: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        for variant in names:
+            argv, env, cwd = found[variant]
+            few = _callgrind_round_trips(argv, n, tmp, env, cwd)
+            many = _callgrind_round_trips(argv, 3 * n, tmp, env, cwd)
+            per_rt[variant] = (many - few) / (2 * n)
+            print(f"  {variant}: {per_rt[variant]:,.0f} instructions/round trip", file=sys.stderr)
+    print(f"{n:,} and {3 * n:,} sequential round trips against bench/echo_agent.py")
+    print("| process in the path | instructions / round trip | vs asyncio-relay |")
+    print("|---|---|---|")
+    floor = per_rt.get("asyncio-relay")
+    for variant, count in per_rt.items():
+        vs = f"{count / floor:.2f}" if floor else "-"
+        print(f"| {variant} | {count:,.0f} | {vs} |")
+    return 0
+
+
 def _cpu(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[str, str]) -> float:
     """User + system seconds of the process ``argv`` itself fed ``stdin`` (its reaped replay
     agent's own report subtracted)."""
@@ -162,12 +224,16 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--data-dir", default=str(BENCH / "data"))
     ap.add_argument("--cpu", type=int, default=0, metavar="N", help="CPU time, N repetitions")
+    ap.add_argument("--round-trips", type=int, default=0, metavar="N", help="N and 3 N pairs")
+    ap.add_argument("--baseline-ref", help="with --round-trips: the proxy at this git ref too")
     args = ap.parse_args()
     if args.cpu:
         return _main_cpu(args)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: nothing measured", file=sys.stderr)
         return 1
+    if args.round_trips:
+        return _main_round_trips(args)
     small, ds, env = _prepare(args)
     per_msg: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as name:
