@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import rtt_cpu
@@ -95,23 +96,7 @@ def _feed_and_drain(proc: subprocess.Popen[bytes], stdin: bytes, hold: bool) -> 
 def _callgrind(argv: list[str], stdin: bytes, hold: bool, tmp: Path, env: dict[str, str]) -> int:
     """The instructions callgrind counted for the process ``argv`` fed ``stdin`` (kept open
     until its output ends when ``hold``: a proxy's client)."""
-    out = tmp / "callgrind.out"
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
-    )
-    assert proc.stderr is not None
-    _feed_and_drain(proc, stdin, hold)
-    err = proc.stderr.read().decode(errors="replace")
-    proc.wait(600)
-    found = re.search(r"Collected : (\d+)", err)
-    if found is None:
-        raise RuntimeError(f"{argv[:4]}: no callgrind total; stderr: {err[-500:]}")
-    return int(found.group(1))
+    return _under_callgrind(argv, env, ROOT, tmp, lambda proc: _feed_and_drain(proc, stdin, hold))
 
 
 def _callgrind_round_trips(
@@ -119,7 +104,29 @@ def _callgrind_round_trips(
 ) -> int:
     """The instructions callgrind counted for the process ``argv`` (a relay in front of the echo
     agent) over ``pairs`` sequential round trips after an ``initialize``."""
-    out = tmp / "callgrind-rt.out"
+
+    def drive(proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None
+        init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
+        prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
+        rtt_cpu._call(proc, rtt_cpu._request(0, "initialize", init))
+        for rid in range(1, pairs + 1):
+            rtt_cpu._call(proc, rtt_cpu._request(rid, "session/prompt", prompt))
+        proc.stdin.close()
+
+    return _under_callgrind(argv, env, cwd, tmp, drive)
+
+
+def _under_callgrind(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path,
+    tmp: Path,
+    drive: Callable[[subprocess.Popen[bytes]], None],
+) -> int:
+    """Run ``argv`` under callgrind, let ``drive`` talk to it, and return the instructions
+    callgrind counted."""
+    out = tmp / "callgrind.out"
     proc = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *argv],
         stdin=subprocess.PIPE,
@@ -127,15 +134,9 @@ def _callgrind_round_trips(
         stderr=subprocess.PIPE,
         env=env,
         cwd=cwd,
-        bufsize=0,
     )
-    assert proc.stdin is not None and proc.stderr is not None
-    init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
-    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
-    rtt_cpu._call(proc, rtt_cpu._request(0, "initialize", init))
-    for rid in range(1, pairs + 1):
-        rtt_cpu._call(proc, rtt_cpu._request(rid, "session/prompt", prompt))
-    proc.stdin.close()
+    assert proc.stderr is not None
+    drive(proc)
     err = proc.stderr.read().decode(errors="replace")
     proc.wait(600)
     found = re.search(r"Collected : (\d+)", err)

@@ -367,7 +367,13 @@ class _Outbox:
             or self.queue.rate_limited
         ):
             return False
-        data = raw + b"\n"
+        self._send_now(raw + b"\n")
+        return True
+
+    def _send_now(self, data: bytes) -> None:
+        """One non-blocking write of ``data``; what the kernel did not take becomes the tail,
+        for the writer task."""
+        assert self.try_send is not None
         try:
             written = self.try_send(data)
         except _STREAM_ERRORS:
@@ -377,7 +383,6 @@ class _Outbox:
         if written < len(data):
             self.tail = [memoryview(data)[written:]]
             self._ready.set()
-        return True
 
     def _write_direct(self, frames: tuple[OutFrame, ...]) -> None:
         assert self.try_send is not None
@@ -398,40 +403,21 @@ class _Outbox:
                 self.tail = [b"\n"]
                 self._ready.set()
             return
-        data = (
+        self._send_now(
             frames[0].raw + b"\n"
             if len(frames) == 1
             else b"\n".join([f.raw for f in frames]) + b"\n"
         )
-        try:
-            written = self.try_send(data)
-        except _STREAM_ERRORS:
-            written = 0  # the writer task hits the same error and handles it
-        self.stats.writes += 1
-        self.stats.bytes += written
-        if written < len(data):
-            self.tail = [memoryview(data)[written:]]
-            self._ready.set()
 
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""
-        try_send = self.try_send
-        if try_send is None or self.busy or self.tail or self.broken or self.replies:
+        if self.try_send is None or self.busy or self.tail or self.broken or self.replies:
             self._ready.set()
             return
         frames, deadline = self.queue.take(now)
         if frames:
             self._space.set()
-            data = frames[0] if len(frames) == 1 else b"".join(frames)
-            try:
-                written = try_send(data)
-            except _STREAM_ERRORS:
-                written = 0  # the writer task hits the same error and handles it
-            self.stats.writes += 1
-            self.stats.bytes += written
-            if written < len(data):
-                self.tail = [memoryview(data)[written:]]
-                self._ready.set()
+            self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
         if deadline is not None:
             self._ready.set()  # the writer sleeps until the queue's deadline
 

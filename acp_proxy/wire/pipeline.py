@@ -416,13 +416,7 @@ class Connection:
                 self._tracker.answer(_C2A, rid)
             else:
                 self._tracker.answer(_A2C, rid)
-        stats = self.stats
-        if direction is _A2C:
-            stats.agent_to_client_in += 1
-            stats.agent_to_client_out += 1
-        else:
-            stats.client_to_agent_in += 1
-            stats.client_to_agent_out += 1
+        self._count_passed(direction, 1)
         return message
 
     def handle_many(
