@@ -598,13 +598,20 @@ def _main(argv: Sequence[str] | None) -> int:
         for warning in writable_by_others(config_path):
             get_logger().warning(f"config file {_WRITABLE_HINT}", detail=warning)
 
-    import anyio
-
-    from acp_proxy.shell.process import enable_supervision, run_supervised
+    from acp_proxy.shell.spawn import enable_supervision, start_early
 
     # No orphans (issue 10): from here on, descendants that leave the agent's session are
     # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
     enable_supervision()
+    if _starts_early(config):
+        # Issue 13 (start-up as users feel it): the agent starts now, and boots while the
+        # proxy imports its event loop and runtime (``spawn.start_early``).
+        start_early(agent_argv, config.agent)
+
+    import anyio
+
+    from acp_proxy.shell.process import run_supervised
+
     if config.listen is not None:
         from acp_proxy.shell.sockets import run_listen
 
@@ -617,6 +624,21 @@ def _main(argv: Sequence[str] | None) -> int:
     from acp_proxy.shell.runtime import run_proxy
 
     return anyio.run(_collecting, run_supervised, *_telemetry(config, run_proxy, agent_argv))
+
+
+def _starts_early(config: Config) -> bool:
+    """Whether the agent is started before the event loop: a stdio session whose start nothing
+    else can still refuse. Not with ``--record`` (the record file is opened first: one that
+    cannot be written refuses the session before the agent runs), ``--metrics`` (its address is
+    bound first) or tracing (its exporter is set up first), nor on sockets (``--listen`` starts
+    an agent per client, ``--connect`` none)."""
+    return (
+        config.listen is None
+        and config.connect is None
+        and config.record.path is None
+        and config.metrics is None
+        and not config.tracing.enabled
+    )
 
 
 def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) -> tuple[Any, ...]:

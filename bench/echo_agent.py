@@ -4,13 +4,14 @@ Contract: reads newline-delimited JSON-RPC from stdin and writes one response pe
 ``initialize`` -> the client's version (v1 or v2 result shape), ``session/new`` -> a session id,
 ``session/prompt`` -> the v2 ``{"messageId": ...}`` or v1 ``{"stopReason": "end_turn"}`` result,
 anything else -> ``{}``. Notifications and responses get no answer. Exits at EOF.
-Usage: ``python bench/echo_agent.py``.
+Usage: ``python bench/echo_agent.py [--boot-ms N]``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -40,6 +41,10 @@ def answer(msg: Any, version: list[int]) -> bytes | None:
 
 
 def main() -> int:
+    # ``--boot-ms N``: sleep N ms before serving, like an agent that loads a runtime first (a
+    # Node agent: several hundred ms); bench/startup.py --first-response uses it.
+    if len(sys.argv) == 3 and sys.argv[1] == "--boot-ms":
+        time.sleep(int(sys.argv[2]) / 1000)
     version = [2]
     tail = b""
     while True:

@@ -213,12 +213,81 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+INIT = (
+    b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2,'
+    b'"info":{"name":"bench","version":"1"},"capabilities":{}}}\n'
+)
+
+
+def _first_response(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Seconds from the fork of ``argv`` to the first line it writes back for ``initialize``
+    (sent at once: a client does not wait)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=cwd, bufsize=0
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    os.write(proc.stdin.fileno(), INIT)
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            raise RuntimeError(f"{argv}: no response to initialize")
+        got += chunk
+    wall = time.perf_counter() - t0
+    proc.stdin.close()
+    proc.wait(30)
+    return wall
+
+
+def first_response(reps: int, boots: list[int], baseline_ref: str | None) -> str:
+    """Issue 13, start-up as users feel it: the time from starting ``acp-proxy -- AGENT`` to
+    the agent's answer to ``initialize``, against starting the agent directly, for an agent
+    that boots in ``boot`` ms (``echo_agent.py --boot-ms``). The proxy starts the agent before
+    importing its event loop (``acp_proxy/shell/spawn.py``), so a slow agent's boot hides it."""
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
+    env = _env()
+    trees = {"proxy": ROOT}
+    if baseline_ref is not None:
+        trees[f"proxy@{baseline_ref}"] = export_ref(baseline_ref)
+    rows = [
+        "| agent boot | path | first response ms | added by the proxy ms |",
+        "|---|---|---|---|",
+    ]
+    for boot in boots:
+        agent = [PY, str(BENCH / "echo_agent.py"), "--boot-ms", str(boot)]
+        variants = {"direct": (agent, env, ROOT)}
+        for name, tree in trees.items():
+            argv = [PY, "-m", "acp_proxy", "--log-level", "warning", "--", *agent]
+            variants[name] = (argv, _env(tree), tree)
+        for argv, e, cwd in variants.values():  # warm the page cache once
+            _first_response(argv, e, cwd)
+        walls: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(reps):
+            for name, (argv, e, cwd) in variants.items():
+                walls[name].append(_first_response(argv, e, cwd))
+        for name, xs in walls.items():
+            added = [x - d for x, d in zip(xs, walls["direct"], strict=True)]
+            extra = "" if name == "direct" else _cell(added, 1000)
+            rows.append(f"| {boot} ms | {name} | {_cell(xs, 1000)} | {extra} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--baseline-ref", help="also run the proxy at this git ref (before/after)")
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build", help="where the peers are")
+    ap.add_argument(
+        "--first-response",
+        metavar="BOOT_MS",
+        help="instead: time to the answer to initialize, for agents booting in these ms (0,300)",
+    )
     a = ap.parse_args()
+    if a.first_response:
+        boots = [int(x) for x in a.first_response.split(",")]
+        print(first_response(a.reps, boots, a.baseline_ref))
+        return 0
     print(markdown(run(a.reps, a.baseline_ref, a.build_dir.resolve())))
     return 0
 

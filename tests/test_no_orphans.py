@@ -34,7 +34,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.shell.process import SESSION_ENV
+from acp_proxy.shell.spawn import SESSION_ENV
 
 pytestmark = [
     pytest.mark.anyio,
@@ -320,7 +320,8 @@ async def _close_session(client: anyio.abc.SocketStream) -> None:
 REAPER = """
 import anyio, os, subprocess, sys
 from acp_proxy.config import AgentConfig
-from acp_proxy.shell.process import enable_supervision, reap_adopted, spawn_agent
+from acp_proxy.shell.process import reap_adopted, spawn_agent
+from acp_proxy.shell.spawn import enable_supervision
 
 async def main():
     enable_supervision()

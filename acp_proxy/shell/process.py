@@ -23,52 +23,37 @@ No orphans, ever (issue 10, item 4), on Linux:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
-import itertools
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from acp_proxy.config import AgentConfig, StderrMode
-from acp_proxy.shell.transports import FdStream, enlarge_pipe
+from acp_proxy.config import AgentConfig
+from acp_proxy.shell.spawn import (
+    _SUPERVISION,
+    SESSION_ENV,
+    SpawnError,
+    start_agent,
+    take_early,
+)
+from acp_proxy.shell.transports import FdStream
 from acp_proxy.values import value
 
-# Shell conventions (POSIX "Command Search and Execution").
-EXIT_NOT_FOUND = 127
-EXIT_NOT_EXECUTABLE = 126
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
 # counted) so a binary blob on stderr cannot grow memory.
 MAX_STDERR_LINE = 64 * 1024
 # After the agent itself exited, how long its stdout may stay open (held by a process that left
 # the group) before the proxy stops waiting for it.
 STDOUT_LINGER_S = 2.0
-# The environment variable that marks an agent and everything it starts as one session's
-# processes: "<proxy pid>.<session number>".
-SESSION_ENV = "ACP_PROXY_SESSION"
 # Without a pidfd (not Linux, or Linux < 5.3): how often a waiter polls for the agent's exit.
 POLL_S = 0.05
 # The reaper's safety net: it runs on every SIGCHLD, and at least this often.
 REAP_INTERVAL_S = 5.0
-# The exit status of a child that finds the proxy already gone before it could exec.
-EXIT_PARENT_GONE = 128 + signal.SIGKILL
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-class SpawnError(Exception):
-    """The agent could not be started; ``exit_code`` is 127 (not found) or 126 (not runnable)."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def exit_code_of(returncode: int) -> int:
@@ -86,47 +71,6 @@ def describe_status(returncode: int) -> str:
             name = f"signal {-returncode}"
         return f"was killed by {name} (status {exit_code_of(returncode)})"
     return f"exited with status {returncode}"
-
-
-# -- supervision: process-wide state (the subreaper flag is per process) -------------------------
-
-
-@value(frozen=False)
-class _Supervision:
-    enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
-    owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
-    sessions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
-
-
-_SUPERVISION = _Supervision()
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl`` (Linux only; None elsewhere or when libc cannot be loaded)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        func = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    func.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    func.restype = ctypes.c_int
-    return func
-
-
-def enable_supervision() -> bool:
-    """Make this process the supervisor of its agents (the CLI calls it once, before spawning).
-
-    Sets ``PR_SET_CHILD_SUBREAPER`` so descendants that leave the agent's session are adopted
-    by the proxy (and can be killed and reaped by it), and turns on the reaper and the final
-    sweep of ``run_supervised``. Returns whether this process is now a subreaper or PID 1.
-    In-process callers (tests) never call it: a test runner must not become a subreaper.
-    """
-    _SUPERVISION.enabled = True
-    prctl = _prctl()
-    subreaper = prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    return subreaper or os.getpid() == 1
 
 
 def _read(path: str) -> bytes:
@@ -376,90 +320,27 @@ class AgentProcess:
         self.process.close()
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """The ``preexec_fn`` of the agent: runs in the forked child, just before exec.
-
-    ``preexec_fn`` is unsafe in a threaded program in general (the child could need a lock
-    another thread held at fork: the proxy's only other threads are anyio workers, e.g. for
-    name lookups). This one takes none: no import, no logging, no I/O; only ``sigprocmask``,
-    ``prctl`` and ``getppid`` through objects prepared before the fork, and CPython
-    re-initialises its own locks (GIL, import lock) in the child before calling it.
-    """
-    prctl = _prctl()
-    sigkill = int(signal.SIGKILL)
-
-    def setup() -> None:
-        # The agent starts with no signal blocked, whatever the proxy's own mask (exec keeps it).
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        if prctl is not None:
-            # SIGKILL when the proxy dies, even by kill -9. Had it died already, we were
-            # reparented before prctl could take effect: the parent's pid tells.
-            prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-            if os.getppid() != parent_pid:
-                os._exit(EXIT_PARENT_GONE)
-
-    return setup
-
-
 async def spawn_agent(
     argv: Sequence[str],
     agent: AgentConfig,
     environ: Mapping[str, str] | None = None,
 ) -> AgentProcess:
-    """Start the agent in its own session with pipes for stdin/stdout (and stderr when logged).
-
-    Must run in the event loop's thread: the parent-death signal fires when the thread that
-    forked the agent ends, so a short-lived worker thread would take the agent with it.
+    """Start the agent (``spawn.start_agent``: its own session, pipes, the parent-death signal),
+    or take the one the command line started early for this command (``spawn.start_early``),
+    and wrap it for the event loop. Runs in the event loop's thread.
 
     Raises ``SpawnError`` (127 not found, 126 not executable or other exec failure).
     """
-    if not argv:
-        raise SpawnError("no agent command given", EXIT_NOT_FOUND)
-    env = dict(os.environ if environ is None else environ)
-    env.update(agent.env)
-    session = f"{os.getpid()}.{next(_SUPERVISION.sessions)}"
-    env[SESSION_ENV] = session
-    # Our own pipes (not asyncio's pipe transports): FdStream reads them in large chunks with no
-    # per-read transport machinery, and we can enlarge their kernel buffers (issue 6).
-    in_r, in_w = os.pipe2(os.O_CLOEXEC)
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r: int | None = None
-    err_w: int | None = None
-    if agent.stderr is StderrMode.LOG:
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    for fd in (in_w, out_r):
-        enlarge_pipe(fd)
-    try:
-        # subprocess.Popen rather than anyio.open_process: only Popen takes a preexec_fn (the
-        # parent-death signal), and its exit is collected by ChildProcess, never by a child
-        # watcher that the reaper could race. Like asyncio's own subprocess_exec, the fork and
-        # exec happen synchronously in the loop's thread.
-        # stderr passthrough: the agent inherits our stderr, so it is drained by whoever reads
-        # ours (the editor) and never waits on the proxy.
-        popen = subprocess.Popen(
-            list(argv),
-            stdin=in_r,
-            stdout=out_w,
-            stderr=err_w if err_w is not None else None,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (see _child_setup)
-        )
-    except FileNotFoundError as exc:
-        _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
-        raise SpawnError(f"{argv[0]}: command not found", EXIT_NOT_FOUND) from exc
-    except (OSError, subprocess.SubprocessError) as exc:
-        _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
-        reason = getattr(exc, "strerror", None) or type(exc).__name__
-        raise SpawnError(f"{argv[0]}: cannot execute: {reason}", EXIT_NOT_EXECUTABLE) from exc
-    _close_all(in_r, out_w, err_w)  # the child's ends
-    return AgentProcess(ChildProcess(popen), FdStream(out_r, in_w), tuple(argv), err_r, session)
-
-
-def _close_all(*fds: int | None) -> None:
-    for fd in fds:
-        if fd is not None:
-            os.close(fd)
+    started = take_early(argv, agent) if environ is None else None
+    if started is None:
+        started = start_agent(argv, agent, environ)
+    return AgentProcess(
+        ChildProcess(started.popen),
+        FdStream(started.stdout_fd, started.stdin_fd),
+        started.argv,
+        started.stderr_fd,
+        started.session,
+    )
 
 
 async def drain_stderr(fd: int, log: Any) -> None:

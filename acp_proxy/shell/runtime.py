@@ -45,13 +45,13 @@ from acp_proxy.shell.logsetup import debug_enabled, get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     AgentProcess,
-    SpawnError,
     describe_status,
     drain_stderr,
     exit_code_of,
     spawn_agent,
     spawn_error_exit,
 )
+from acp_proxy.shell.spawn import SpawnError, early_signals
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED
 from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
@@ -1134,6 +1134,11 @@ async def run_proxy(
         client = client_stream if client_stream is not None else stdio_stream()
         started = time.monotonic()
         shutdown = anyio.Event()
+        # A signal that came between an early start (``spawn.start_early``) and the receiver
+        # above takes the same ladder as one that comes now.
+        for signum in early_signals():
+            log.info("signal received; shutting the agent down", signal=signum.name)
+            shutdown.set()
 
         try:
             async with anyio.create_task_group() as tg:

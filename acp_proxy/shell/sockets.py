@@ -42,11 +42,11 @@ from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
-    SpawnError,
     describe_status,
     exit_code_of,
     spawn_agent,
 )
+from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import FdStream
 
 EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost

@@ -24,24 +24,15 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from acp_proxy.shell.spawn import enlarge_pipe
+
 DEFAULT_READ_SIZE = 256 * 1024
-# Larger pipe buffers mean fewer wake-ups per megabyte (issue 6). Linux caps unprivileged
-# processes at /proc/sys/fs/pipe-max-size (1 MiB by default); failure is harmless.
-PIPE_SIZE = 1024 * 1024
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _READS_PER_YIELD = 4
 
 # What a chunk consumer (``FdStream.set_consumer``) did with the bytes the readiness callback read.
 NOT_HANDLED = 0  # nothing: the parked receive gets them, as without a consumer
 HANDLED = 1  # handled, and the next read may follow: the receive stays parked
 HANDLED_WAKE = 2  # handled, but the reader must run before the next read: the receive returns None
-
-
-def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> None:
-    """Best effort: grow the kernel buffer of pipe ``fd`` to ``size`` bytes."""
-    with contextlib.suppress(OSError):
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
 
 
 class FdStream(anyio.abc.ByteStream):

@@ -1,0 +1,263 @@
+"""Starting the agent's OS process, without the event loop: the fork and exec, the parent-death
+signal, the supervision flags, and the early start.
+
+Contract: owns what must exist before (and without) anyio: the ``preexec_fn`` that ties the agent
+to the proxy (``PR_SET_PDEATHSIG``), the subreaper flag and the process-wide supervision state
+(``enable_supervision``), the pipes and the ``Popen`` of one agent (``start_agent``), and the
+early start (``start_early`` / ``take_early``). ``acp_proxy.shell.process`` wraps a started agent
+for the event loop (``spawn_agent``) and does everything after. Imports nothing heavy: the
+command line starts the agent from here before it imports anyio and the runtime (issue 13).
+
+The early start (issue 13, start-up as users feel it): for a plain stdio session the CLI starts
+the agent as soon as the command line and the config are known, and only then imports anyio,
+asyncio and the runtime (about 100 ms), so the agent's own start-up (a Node agent: several
+hundred milliseconds) runs while the proxy gets ready instead of after it. Until the runtime
+installs its signal handlers, SIGINT, SIGTERM and SIGHUP are recorded (``catch_signals``), and
+the runtime then shuts the agent down with the usual ladder, as for a signal that comes later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import functools
+import itertools
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import field
+from types import FrameType
+
+from acp_proxy.config import AgentConfig, StderrMode
+from acp_proxy.values import value
+
+# Shell conventions (POSIX "Command Search and Execution").
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+# The environment variable that marks an agent and everything it starts as one session's
+# processes: "<proxy pid>.<session number>".
+SESSION_ENV = "ACP_PROXY_SESSION"
+# The exit status of a child that finds the proxy already gone before it could exec.
+EXIT_PARENT_GONE = 128 + signal.SIGKILL
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
+# Larger pipe buffers mean fewer wake-ups per megabyte (issue 6). Linux caps unprivileged
+# processes at /proc/sys/fs/pipe-max-size (1 MiB by default); failure is harmless.
+PIPE_SIZE = 1024 * 1024
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# What the runtime stops the agent for (``runtime._SIGNALS``), recorded before it can.
+EARLY_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> None:
+    """Best effort: grow the kernel buffer of pipe ``fd`` to ``size`` bytes."""
+    with contextlib.suppress(OSError):
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
+
+
+class SpawnError(Exception):
+    """The agent could not be started; ``exit_code`` is 127 (not found) or 126 (not runnable)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# -- supervision: process-wide state (the subreaper flag is per process) -------------------------
+
+
+@value(frozen=False)
+class _Supervision:
+    enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
+    owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
+    sessions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+
+_SUPERVISION = _Supervision()
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (Linux only; None elsewhere or when libc cannot be loaded)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        func = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    func.restype = ctypes.c_int
+    return func
+
+
+def enable_supervision() -> bool:
+    """Make this process the supervisor of its agents (the CLI calls it once, before spawning).
+
+    Sets ``PR_SET_CHILD_SUBREAPER`` so descendants that leave the agent's session are adopted
+    by the proxy (and can be killed and reaped by it), and turns on the reaper and the final
+    sweep of ``run_supervised``. Returns whether this process is now a subreaper or PID 1.
+    In-process callers (tests) never call it: a test runner must not become a subreaper.
+    """
+    _SUPERVISION.enabled = True
+    prctl = _prctl()
+    subreaper = prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return subreaper or os.getpid() == 1
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """The ``preexec_fn`` of the agent: runs in the forked child, just before exec.
+
+    ``preexec_fn`` is unsafe in a threaded program in general (the child could need a lock
+    another thread held at fork: the proxy's only other threads are anyio workers, e.g. for
+    name lookups). This one takes none: no import, no logging, no I/O; only ``sigprocmask``,
+    ``prctl`` and ``getppid`` through objects prepared before the fork, and CPython
+    re-initialises its own locks (GIL, import lock) in the child before calling it.
+    """
+    prctl = _prctl()
+    sigkill = int(signal.SIGKILL)
+
+    def setup() -> None:
+        # The agent starts with no signal blocked, whatever the proxy's own mask (exec keeps it).
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        if prctl is not None:
+            # SIGKILL when the proxy dies, even by kill -9. Had it died already, we were
+            # reparented before prctl could take effect: the parent's pid tells.
+            prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+            if os.getppid() != parent_pid:
+                os._exit(EXIT_PARENT_GONE)
+
+    return setup
+
+
+@value(frozen=False)
+class Started:
+    """An agent process just started: its ``Popen``, our ends of its pipes, its session."""
+
+    popen: subprocess.Popen[bytes]
+    stdin_fd: int  # our write end of its stdin
+    stdout_fd: int  # our read end of its stdout
+    stderr_fd: int | None  # our read end of its stderr pipe (StderrMode.LOG), else None
+    argv: tuple[str, ...]
+    session: str  # the value of SESSION_ENV in its environment
+
+
+def start_agent(
+    argv: Sequence[str],
+    agent: AgentConfig,
+    environ: Mapping[str, str] | None = None,
+) -> Started:
+    """Start the agent in its own session with pipes for stdin/stdout (and stderr when logged).
+
+    Must run in the thread that runs the event loop (the main thread): the parent-death signal
+    fires when the thread that forked the agent ends, so a short-lived worker thread would take
+    the agent with it.
+
+    Raises ``SpawnError`` (127 not found, 126 not executable or other exec failure).
+    """
+
+    if not argv:
+        raise SpawnError("no agent command given", EXIT_NOT_FOUND)
+    env = dict(os.environ if environ is None else environ)
+    env.update(agent.env)
+    session = f"{os.getpid()}.{next(_SUPERVISION.sessions)}"
+    env[SESSION_ENV] = session
+    # Our own pipes (not asyncio's pipe transports): FdStream reads them in large chunks with no
+    # per-read transport machinery, and we can enlarge their kernel buffers (issue 6).
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r: int | None = None
+    err_w: int | None = None
+    if agent.stderr is StderrMode.LOG:
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    for fd in (in_w, out_r):
+        enlarge_pipe(fd)
+    try:
+        # subprocess.Popen rather than anyio.open_process: only Popen takes a preexec_fn (the
+        # parent-death signal), and its exit is collected by ChildProcess, never by a child
+        # watcher that the reaper could race. Like asyncio's own subprocess_exec, the fork and
+        # exec happen synchronously in the loop's thread.
+        # stderr passthrough: the agent inherits our stderr, so it is drained by whoever reads
+        # ours (the editor) and never waits on the proxy.
+        popen = subprocess.Popen(
+            list(argv),
+            stdin=in_r,
+            stdout=out_w,
+            stderr=err_w if err_w is not None else None,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (see _child_setup)
+        )
+    except FileNotFoundError as exc:
+        _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
+        raise SpawnError(f"{argv[0]}: command not found", EXIT_NOT_FOUND) from exc
+    except (OSError, subprocess.SubprocessError) as exc:
+        _close_all(in_r, in_w, out_r, out_w, err_r, err_w)
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise SpawnError(f"{argv[0]}: cannot execute: {reason}", EXIT_NOT_EXECUTABLE) from exc
+    _close_all(in_r, out_w, err_w)  # the child's ends
+    # Owned from the fork on: the reaper never takes this child's exit status (it may start
+    # before the event loop claims an agent started early).
+    _SUPERVISION.owned.add(popen.pid)
+    return Started(popen, in_w, out_r, err_r, tuple(argv), session)
+
+
+def _close_all(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
+
+
+# -- the early start ---------------------------------------------------------------------------
+
+
+@value(frozen=False)
+class _Early:
+    agent: tuple[tuple[str, ...], AgentConfig, Started] | None = None
+    signals: list[int] = field(default_factory=list)  # recorded before the runtime's handlers
+
+
+_EARLY = _Early()
+
+
+def start_early(argv: Sequence[str], agent: AgentConfig) -> bool:
+    """Start the agent now, for the runtime's ``spawn_agent`` to take (``take_early``); False
+    when it could not be started (the runtime then tries again and reports why, as always).
+    Records the signals the runtime handles from here on (``catch_signals``)."""
+    catch_signals()
+    try:
+        started = start_agent(argv, agent)
+    except SpawnError:
+        return False
+    _EARLY.agent = (tuple(argv), agent, started)
+    return True
+
+
+def take_early(argv: Sequence[str], agent: AgentConfig) -> Started | None:
+    """The agent ``start_early`` started for this command and agent config, once; else None."""
+    early = _EARLY.agent
+    if early is None or early[0] != tuple(argv) or early[1] != agent:
+        return None
+    _EARLY.agent = None
+    return early[2]
+
+
+def catch_signals() -> None:
+    """Record SIGINT, SIGTERM and SIGHUP instead of dying of them, until the runtime installs
+    its own handlers and reads them (``early_signals``)."""
+    for signum in EARLY_SIGNALS:
+        signal.signal(signum, _record)
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    _EARLY.signals.append(signum)
+
+
+def early_signals() -> list[signal.Signals]:
+    """The signals recorded before the runtime's handlers, once (oldest first)."""
+    caught, _EARLY.signals = _EARLY.signals, []
+    return [signal.Signals(signum) for signum in caught]
