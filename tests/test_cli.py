@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -154,6 +155,39 @@ async def test_console_format_is_plain_text_on_stderr() -> None:
     text = ran.stderr.decode()
     assert "starting" in text and "exit" in text
     assert "\x1b[" not in text  # not a terminal: no colours
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_each_log_line_is_one_write(fmt: str) -> None:
+    """The agent may write to the same stderr (passthrough): a line of the proxy's stays whole
+    only if it is written in one call (a pipe keeps a write under PIPE_BUF together). With an
+    unbuffered stderr (``python -u``, ``PYTHONUNBUFFERED``), ``print`` made two writes, the
+    line and its newline, and an agent's output could land between them."""
+    code = (
+        "import io, sys\n"
+        "class Recording(io.RawIOBase):\n"
+        "    calls = []\n"
+        "    def writable(self): return True\n"
+        "    def write(self, b): self.calls.append(bytes(b)); return len(b)\n"
+        "sys.stderr = io.TextIOWrapper(Recording(), write_through=True)\n"
+        "from acp_proxy.shell.logsetup import configure_logging, get_logger\n"
+        f"configure_logging('info', {fmt!r})\n"
+        "get_logger().info('hello', key=1)\n"
+        "get_logger().warning('again')\n"
+        "print(repr(Recording.calls), file=sys.__stdout__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-u", "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=proxy_env(),
+        timeout=60,
+    ).stdout
+    calls = ast.literal_eval(out)  # the repr of a list of bytes, printed by the line above
+    assert len(calls) == 2
+    assert all(call.endswith(b"\n") and call.count(b"\n") == 1 for call in calls)
+    assert b"hello" in calls[0] and b"again" in calls[1]
 
 
 async def test_log_level_error_is_quiet() -> None:

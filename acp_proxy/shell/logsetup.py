@@ -112,7 +112,10 @@ def _structlog() -> Any:
                 structlog.dev.ConsoleRenderer(colors=colors, sort_keys=False),
             ],
             wrapper_class=wrapper_class,
-            logger_factory=structlog.PrintLoggerFactory(file=stream),
+            # One write per line (``print`` makes two, the line and its newline, when stderr is
+            # unbuffered): the agent may share this stderr, and only a single write under
+            # PIPE_BUF keeps a line whole between its writes.
+            logger_factory=structlog.WriteLoggerFactory(file=stream),
             cache_logger_on_first_use=False,
         )
     return structlog
