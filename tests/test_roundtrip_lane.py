@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -94,11 +95,11 @@ def _connection(
 
 
 def _lane(conn: Connection, direction: Direction, raw: bytes) -> Result:
-    """What the shell does with a line read alone: the lane first, else ``handle_line``."""
+    """What the shell does with a line read alone: the lane first, else the general path."""
     message = conn.track_line(direction, raw)
     if message is not None:
         return Result((OutFrame(raw, message, conn.version),))
-    return conn.handle_line(direction, raw)
+    return conn.untracked_line(direction, raw)
 
 
 def _owed(conn: Connection) -> tuple[list[bytes], list[bytes]]:
@@ -255,19 +256,24 @@ async def test_round_trips_over_pipes_take_the_lane_and_keep_the_budget_exact(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """300 sequential round trips through a session on real pipes: every frame arrives byte
-    for byte, none goes through ``handle_line`` (the lane took them all, on the readiness
+    for byte, none goes through a general path (the lane took them all, on the readiness
     callback), and the budget and the request table are back to zero at the end. Midway,
     another holder fills the budget: the next read waits instead of keeping its reservation
     (``BufferBudget.keep_read``), and resumes, losing nothing, once the budget is released."""
     general = 0
-    original = Connection.handle_line
 
-    def counting(self: Connection, direction: Direction, raw: bytes) -> Result:
-        nonlocal general
-        general += 1
-        return original(self, direction, raw)
+    def counted(name: str) -> None:
+        original = getattr(Connection, name)
 
-    monkeypatch.setattr(Connection, "handle_line", counting)
+        def counting(self: Connection, *args: Any, **kwargs: Any) -> Result:
+            nonlocal general
+            general += 1
+            return original(self, *args, **kwargs)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(Connection, name, counting)
+
+    for name in ("handle_line", "untracked_line", "handle_many"):  # the general paths
+        counted(name)
     budget = BufferBudget(8 * MiB, 2 * MiB + READ_SIZE)
     p = _Pipes()
     session = PumpSession(Config(), p.client, p.client, p.agent, p.agent, budget=budget)

@@ -313,15 +313,7 @@ class _Outbox:
         """
         if self.closed:
             return False
-        if (
-            self.try_send is not None
-            and not self.busy
-            and not self.tail
-            and not self.broken
-            and not self.replies
-            and len(self.queue) == 0
-            and not self.queue.rate_limited
-        ):
+        if self._writes_now():
             # No backlog: the peer keeps up, so write at once and never merge (issue 4:
             # "while the consumer keeps up, every message is written as it comes"). What the
             # kernel does not take becomes the tail, and the next frames queue behind it.
@@ -355,20 +347,24 @@ class _Outbox:
         building the frame tuple: True when written (the kernel's whole take, or its rest left
         as the ``tail`` for the writer), False when nothing was done and ``push`` must queue
         it (something waits before it, the queue is rate limited, or the frame is big)."""
-        if (
-            self.try_send is None
-            or self.busy
-            or self.tail
-            or self.broken
-            or self.replies
-            or self.closed
-            or len(raw) >= _BIG_FRAME
-            or len(self.queue) != 0
-            or self.queue.rate_limited
-        ):
+        if self.closed or len(raw) >= _BIG_FRAME or not self._writes_now():
             return False
         self._send_now(raw + b"\n")
         return True
+
+    def _writes_now(self) -> bool:
+        """A forwarded frame may be written at once: the stream can write without waiting and
+        nothing waits before the frame (no write in flight, no tail, no replies, an empty queue
+        without a rate limit), and the peer still reads."""
+        return (
+            self.try_send is not None
+            and not self.busy
+            and not self.tail
+            and not self.broken
+            and not self.replies
+            and len(self.queue) == 0
+            and not self.queue.rate_limited
+        )
 
     def _send_now(self, data: bytes) -> None:
         """One non-blocking write of ``data``; what the kernel did not take becomes the tail,
@@ -644,6 +640,7 @@ class PumpSession:
         connection = self.connection
         handle_line = connection.handle_line
         track_line = connection.track_line
+        untracked_line = connection.untracked_line
         dispatch = self._dispatch
         budget = self.budget
         receiving = self._receiving
@@ -692,7 +689,7 @@ class PumpSession:
                 if message is not None:  # a request or response, tracked: on as it came
                     written = forward.write_line(line)
                 else:
-                    result = handle_line(direction, line)
+                    result = untracked_line(direction, line)
                     written = (
                         len(result.forward) == 1
                         and not result.reply

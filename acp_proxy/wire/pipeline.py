@@ -355,6 +355,19 @@ class Connection:
             message = self._tracked(direction, raw)
             if message is not None:
                 return Result((OutFrame(raw, message, self.version),))
+        return self._line(direction, raw, interested)
+
+    def untracked_line(self, direction: Direction, raw: bytes) -> Result:
+        """``handle_line`` for a line ``track_line`` declined (which left everything as it
+        was): the general path, without trying the tracked step or the ``"id"`` search again
+        (issue 13: the shell's lane asks ``track_line`` first for every line it reads alone)."""
+        if self._inspect_all:
+            return self.handle_many(direction, [Line(raw)])
+        return self._line(direction, raw, self._interested(raw) if self._chain_on else None)
+
+    def _line(
+        self, direction: Direction, raw: bytes, interested: tuple[bool, ...] | None
+    ) -> Result:
         if direction is _A2C:
             return self._agent_line(raw, interested)
         return self._client_line(raw, interested)
