@@ -9,6 +9,8 @@ right after the early start: exact, no timing involved.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -119,5 +121,22 @@ def test_the_early_agent_is_taken_once_and_only_for_its_command() -> None:
     finally:
         spawn._EARLY.agent = None
         started.popen.wait()
-        spawn._SUPERVISION.owned.discard(started.popen.pid)
+        spawn.SUPERVISION.owned.discard(started.popen.pid)
         spawn._close_all(started.stdin_fd, started.stdout_fd, started.stderr_fd)
+
+
+def test_signals_before_the_loop_are_recorded_once_each() -> None:
+    """A sender repeating signals in the window before the runtime's handlers adds nothing: the
+    record holds each signal once (at most the three the runtime handles), in first-come order,
+    and is emptied when read."""
+    saved = {signum: signal.getsignal(signum) for signum in spawn.EARLY_SIGNALS}
+    try:
+        spawn.catch_signals()
+        for signum in [signal.SIGHUP] * 50 + [signal.SIGTERM, signal.SIGHUP, signal.SIGTERM]:
+            os.kill(os.getpid(), signum)
+        assert spawn._EARLY.signals == [signal.SIGHUP, signal.SIGTERM]
+        assert spawn.early_signals() == [signal.SIGHUP, signal.SIGTERM]
+        assert spawn.early_signals() == []
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)

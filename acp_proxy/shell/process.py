@@ -35,8 +35,8 @@ import anyio.abc
 
 from acp_proxy.config import AgentConfig
 from acp_proxy.shell.spawn import (
-    _SUPERVISION,
     SESSION_ENV,
+    SUPERVISION,
     SpawnError,
     start_agent,
     take_early,
@@ -148,7 +148,7 @@ def kill_leftovers(session: str | None) -> int:
     cookie = None if session is None else f"{SESSION_ENV}={session}".encode()
     killed = 0
     for pid in _descendants(os.getpid()):
-        if pid in _SUPERVISION.owned or (cookie is not None and not _has_cookie(pid, cookie)):
+        if pid in SUPERVISION.owned or (cookie is not None and not _has_cookie(pid, cookie)):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
@@ -163,7 +163,7 @@ def reap_adopted() -> int:
     """
     reaped = 0
     for pid in _child_ids(os.getpid()):
-        if pid in _SUPERVISION.owned:
+        if pid in SUPERVISION.owned:
             continue
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
@@ -186,7 +186,7 @@ async def _reap_forever() -> None:
 async def run_supervised(main: Callable[..., Awaitable[int]], *args: Any) -> int:
     """Run the proxy's top level ``main(*args)``; with supervision on, reap adopted processes
     while it runs and kill (then reap) every descendant left when it returns."""
-    if not _SUPERVISION.enabled:
+    if not SUPERVISION.enabled:
         return await main(*args)
     try:
         async with anyio.create_task_group() as tg:
@@ -216,7 +216,7 @@ class ChildProcess:
             self._pidfd = os.pidfd_open(popen.pid)
         self._watching = False
         self._changed = anyio.Event()
-        _SUPERVISION.owned.add(self.pid)
+        SUPERVISION.owned.add(self.pid)
 
     @property
     def returncode(self) -> int | None:
@@ -247,7 +247,7 @@ class ChildProcess:
         if self._pidfd is not None and not self._watching:
             os.close(self._pidfd)
             self._pidfd = None
-        _SUPERVISION.owned.discard(self.pid)
+        SUPERVISION.owned.discard(self.pid)
 
     def close(self) -> None:
         """Stop owning the child; if it has not been waited for, the reaper takes it over."""

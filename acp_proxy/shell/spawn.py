@@ -78,7 +78,8 @@ class _Supervision:
     sessions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
 
-_SUPERVISION = _Supervision()
+# Shared with ``process`` (the reaper, ``ChildProcess``): one per process, as the subreaper flag.
+SUPERVISION = _Supervision()
 
 
 @functools.cache
@@ -103,7 +104,7 @@ def enable_supervision() -> bool:
     sweep of ``run_supervised``. Returns whether this process is now a subreaper or PID 1.
     In-process callers (tests) never call it: a test runner must not become a subreaper.
     """
-    _SUPERVISION.enabled = True
+    SUPERVISION.enabled = True
     prctl = _prctl()
     subreaper = prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     return subreaper or os.getpid() == 1
@@ -164,7 +165,7 @@ def start_agent(
         raise SpawnError("no agent command given", EXIT_NOT_FOUND)
     env = dict(os.environ if environ is None else environ)
     env.update(agent.env)
-    session = f"{os.getpid()}.{next(_SUPERVISION.sessions)}"
+    session = f"{os.getpid()}.{next(SUPERVISION.sessions)}"
     env[SESSION_ENV] = session
     # Our own pipes (not asyncio's pipe transports): FdStream reads them in large chunks with no
     # per-read transport machinery, and we can enlarge their kernel buffers (issue 6).
@@ -202,7 +203,7 @@ def start_agent(
     _close_all(in_r, out_w, err_w)  # the child's ends
     # Owned from the fork on: the reaper never takes this child's exit status (it may start
     # before the event loop claims an agent started early).
-    _SUPERVISION.owned.add(popen.pid)
+    SUPERVISION.owned.add(popen.pid)
     return Started(popen, in_w, out_r, err_r, tuple(argv), session)
 
 
@@ -218,7 +219,9 @@ def _close_all(*fds: int | None) -> None:
 @value(frozen=False)
 class _Early:
     agent: tuple[tuple[str, ...], AgentConfig, Started] | None = None
-    signals: list[int] = field(default_factory=list)  # recorded before the runtime's handlers
+    # Recorded before the runtime's handlers, each signal once (bounded by EARLY_SIGNALS: a
+    # sender repeating one adds nothing; the ladder starts once anyway).
+    signals: list[int] = field(default_factory=list)
 
 
 _EARLY = _Early()
@@ -254,10 +257,12 @@ def catch_signals() -> None:
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
-    _EARLY.signals.append(signum)
+    if signum not in _EARLY.signals:
+        _EARLY.signals.append(signum)
 
 
 def early_signals() -> list[signal.Signals]:
-    """The signals recorded before the runtime's handlers, once (oldest first)."""
+    """The signals recorded before the runtime's handlers, once (each at most once, in the
+    order they first came)."""
     caught, _EARLY.signals = _EARLY.signals, []
     return [signal.Signals(signum) for signum in caught]
