@@ -36,8 +36,9 @@ from acp_proxy.wire.pipeline import Connection, Result
 C2A, A2C = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
 MiB = 1024 * 1024
 
-ID_TEXTS = ["1", "2", "-7", "0", "1.5", "2e3", '"a"', '"b"', "null", "true", "{}", "[1]",
-            '"x\\"y"', "12345678901234567890123"]  # fmt: skip
+ID_TEXTS = ["1", "2", "-7", "0", "-0", "1.5", "2e3", '"a"', '"b"', "null", "true", "{}", "[1]",
+            '"x\\"y"', "12345678901234567890123", "18446744073709551615",
+            "-9223372036854775808"]  # fmt: skip
 METHOD_TEXTS = ['"session/prompt"', '"initialize"', '"fs/read_text_file"', "5", "null"]
 WS = st.sampled_from(["", " ", "\t", "  "])
 

@@ -417,7 +417,10 @@ class Connection:
             method = message["method"]
             if type(method) is not str:
                 return None
-            id_bytes = rawjson.id_bytes(raw)
+            # A JSON integer has one spelling, ``-?(0|[1-9][0-9]*)`` (RFC 8259 section 6), and
+            # orjson returns an ``int`` only for one, so a non-zero ``int`` id's bytes are its
+            # decimal form; ``0`` may have been ``-0``, and every other id is read from ``raw``.
+            id_bytes = b"%d" % rid if type(rid) is int and rid else rawjson.id_bytes(raw)
             if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
                 return None  # the general path refuses it (table full) or says why
             if method == "initialize" and direction is _C2A:
