@@ -72,9 +72,6 @@ class Block:
         return [Line(p) for p in self.raw.split(b"\n") if p and not p.isspace()]
 
 
-_NEWLINE = 0x0A
-
-
 class LineSplitter:
     """Split a byte stream into ``Line`` / ``Oversize`` events; feed chunks, call ``end`` at EOF.
 
@@ -134,16 +131,10 @@ class LineSplitter:
         consumed: feed ``data`` as usual). Issue 13: the round trip's reads are almost all of
         this shape, and the event list, the ``Block`` and its scan cost more than the line."""
         n = len(data)
-        if (
-            n < 2
-            or n > self._max
-            or data[n - 1] != _NEWLINE
-            or self._parts
-            or self._discarding
-            or data.find(b"\n", 0, n - 1) >= 0
-        ):
+        # The first newline is the last byte: one line, complete (one ``memchr``).
+        if n < 2 or n > self._max or self._parts or self._discarding or data.find(b"\n") != n - 1:
             return None
-        line = data[: n - 1]
+        line = data[:-1]
         return None if line.isspace() else line
 
     def feed_blocks(self, data: bytes) -> list[Line | Oversize | Block]:

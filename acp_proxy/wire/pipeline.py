@@ -128,7 +128,8 @@ KIND_TEXT = "text"  # anything else that cannot be a frame: a banner, a log line
 
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
-_OPENERS = (ord("{"), ord("["))  # the first byte of every JSON-RPC frame (object or batch)
+_OBJECT_OPENER = ord("{")
+_OPENERS = (_OBJECT_OPENER, ord("["))  # the first byte of every JSON-RPC frame (object or batch)
 # The first two bytes of a line that can be a frame with nothing before its opener (issue 9,
 # "diversion that matches reality"; ``rawjson.could_be_frame`` is the general check).
 _FRAME_STARTS = frozenset(
@@ -402,36 +403,37 @@ class Connection:
         untracked, as the general path does. Not inspecting (``_inspect_all``), as the caller
         checks.
         """
-        if len(raw) * 33 > self._max_parse or raw[:2] not in _FRAME_STARTS:
+        # ``{`` first: an object with nothing before its opener (what ``_FRAME_STARTS`` admits
+        # of objects, once orjson parsed it), so what parses is a ``dict``.
+        if raw[0] != _OBJECT_OPENER or len(raw) * 33 > self._max_parse:
             return None
         try:
-            message = orjson.loads(raw)
+            message: JsonObject = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return None
-        if type(message) is not dict:
-            return None
         rid = message.get("id", OMITTED)
-        if rid is OMITTED or (rid is not None and type(rid) not in (str, int, float)):
-            pass  # no id (an ``"id"`` deeper down), or not a valid one (``_is_id``): untracked
-        elif "method" in message:
-            method = message["method"]
-            if type(method) is not str:
-                return None
-            # A JSON integer has one spelling, ``-?(0|[1-9][0-9]*)`` (RFC 8259 section 6), and
-            # orjson returns an ``int`` only for one, so a non-zero ``int`` id's bytes are its
-            # decimal form; ``0`` may have been ``-0``, and every other id is read from ``raw``.
-            id_bytes = b"%d" % rid if type(rid) is int and rid else rawjson.id_bytes(raw)
-            if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
-                return None  # the general path refuses it (table full) or says why
-            if method == "initialize" and direction is _C2A:
-                self._init_ids.add(rid)
-        elif "result" in message or "error" in message:
-            if direction is _A2C:
-                if rid in self._init_ids:
-                    return None  # the version negotiation
-                self._tracker.answer(_C2A, rid)
-            else:
-                self._tracker.answer(_A2C, rid)
+        if type(rid) is int or type(rid) is str or type(rid) is float or rid is None:  # ``_is_id``
+            method = message.get("method", OMITTED)
+            if method is not OMITTED:
+                if type(method) is not str:
+                    return None
+                # A JSON integer has one spelling, ``-?(0|[1-9][0-9]*)`` (RFC 8259 section 6),
+                # and orjson returns an ``int`` only for one, so a non-zero ``int`` id's bytes
+                # are its decimal form; ``0`` may have been ``-0``, and every other id is read
+                # from ``raw``.
+                id_bytes = b"%d" % rid if type(rid) is int and rid else rawjson.id_bytes(raw)
+                if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
+                    return None  # the general path refuses it (table full) or says why
+                if method == "initialize" and direction is _C2A:
+                    self._init_ids.add(rid)
+            elif "result" in message or "error" in message:
+                if direction is _A2C:
+                    if rid in self._init_ids:
+                        return None  # the version negotiation
+                    self._tracker.answer(_C2A, rid)
+                else:
+                    self._tracker.answer(_A2C, rid)
+        # (else: no id, an ``"id"`` deeper down, or not a valid one: forwarded untracked)
         self._count_passed(direction, 1)
         return message
 
