@@ -5,6 +5,7 @@ each equals what the script sent."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -385,6 +386,8 @@ async def test_a_real_prometheus_scrapes_the_proxy(tmp_path: Path) -> None:
 
     binary = shutil.which("prometheus")
     if binary is None:
+        if os.environ.get("ACP_PROXY_REQUIRE_PROMETHEUS") == "1":  # .ci/run installed it
+            pytest.fail("ACP_PROXY_REQUIRE_PROMETHEUS=1, but no prometheus binary on PATH")
         print("skipped: no prometheus binary (apt-get install prometheus)")
         pytest.skip("no prometheus binary on PATH (Debian package `prometheus`)")
     cmd = [
