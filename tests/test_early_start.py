@@ -9,15 +9,18 @@ right after the early start: exact, no timing involved.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from proxy_harness import REPO, proxy_env
 
-from acp_proxy.config import AgentConfig, StderrMode
+from acp_proxy import cli
+from acp_proxy.config import AgentConfig, Config, StderrMode
 from acp_proxy.shell import spawn
 
 # Runs ``acp_proxy.cli.main(argv[1:])`` with ``spawn.start_agent`` wrapped: each start prints
@@ -29,8 +32,8 @@ from acp_proxy.shell import spawn
 real = spawn.start_agent
 def start_agent(*args, **kwargs):
     started = real(*args, **kwargs)
-    seen = ("anyio" in sys.modules, "acp_proxy.shell.runtime" in sys.modules)
-    print("START anyio=%s runtime=%s" % seen, file=sys.stderr, flush=True)
+    seen = tuple(m in sys.modules for m in ("anyio", "acp_proxy.shell.runtime", "acp_proxy.config"))
+    print("START anyio=%s runtime=%s config=%s" % seen, file=sys.stderr, flush=True)
     if os.environ.get("ACTION") == "term":
         os.kill(os.getpid(), signal.SIGTERM)
     return started
@@ -65,8 +68,39 @@ def _starts(stderr: str) -> list[str]:
 def test_the_agent_starts_before_the_event_loop_is_imported() -> None:
     done = _run(agent=["true"])
     assert done.returncode == 0, done.stderr
-    # Started once, early, and the runtime took that one (no second start).
-    assert _starts(done.stderr) == ["START anyio=False runtime=False"]
+    # Started once, early (before the config model too: no config file), and the runtime took
+    # that one (no second start).
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=False"]
+
+
+@pytest.mark.parametrize("options", [["--log-format", "json"], ["--log-frames"]])
+def test_log_options_leave_the_start_before_the_config(options: list[str]) -> None:
+    done = _run(*options, agent=["true"])
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=False"]
+
+
+def test_with_a_config_file_the_agent_starts_once_it_is_read(tmp_path: Path) -> None:
+    """The file may refuse the session or change the agent's settings: read first, then the
+    agent starts, still before the event loop; with the file's settings (here its stderr is
+    logged, so the START line the agent's start prints is the only stderr line not logged)."""
+    config = tmp_path / "rules.yaml"
+    config.write_text("agent:\n  stderr: log\n")
+    agent = [sys.executable, "-c", "import sys; print('from the agent', file=sys.stderr)"]
+    done = _run("--config", str(config), agent=agent)
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=True"]
+    assert "from the agent" in done.stderr
+    assert "\nfrom the agent\n" not in "\n" + done.stderr  # a log event, not passed through
+
+
+def test_an_option_that_can_still_refuse_the_session_waits_for_the_config() -> None:
+    """--log-file is opened after the agent could start early; one that cannot be opened must
+    refuse the session with no agent started."""
+    done = _run("--log-file", "/nonexistent/dir/log", agent=["true"])
+    assert done.returncode == 2
+    assert _starts(done.stderr) == []
+    assert "--log-file /nonexistent/dir/log" in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -82,7 +116,7 @@ def test_a_session_something_can_still_refuse_starts_the_agent_in_the_runtime(
     args = [str(tmp_path) + "/rec.jsonl" if a == "REC" else a for a in extra]
     done = _run(*args, agent=["true"])
     assert done.returncode == 0, done.stderr
-    assert _starts(done.stderr) == ["START anyio=True runtime=True"]
+    assert _starts(done.stderr) == ["START anyio=True runtime=True config=True"]
 
 
 def test_a_signal_right_after_the_early_start_takes_the_ladder() -> None:
@@ -96,7 +130,7 @@ def test_a_signal_right_after_the_early_start_takes_the_ladder() -> None:
             done = _run(agent=READ_TO_EOF, action="term", stdin=client.stdout.fileno())
         finally:
             client.kill()
-    assert _starts(done.stderr) == ["START anyio=False runtime=False"]
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=False"]
     assert done.returncode == 0, done.stderr
     assert "signal received; shutting the agent down" in done.stderr
     assert "signal=SIGTERM" in done.stderr
@@ -108,21 +142,70 @@ def test_an_agent_that_cannot_start_is_reported_once_by_the_runtime() -> None:
     assert done.stderr.count("/nonexistent/agent: command not found") == 1
 
 
+def _start_early_sleeper(agent: AgentConfig) -> spawn.Started:
+    """``start_early`` of ``sleep 60`` with ``agent``, without its signal handlers (a test
+    process keeps its own)."""
+    started = spawn.start_agent(["sleep", "60"], agent)
+    spawn._EARLY.agent = (spawn._key(["sleep", "60"], agent), started)
+    return started
+
+
+def _forget(started: spawn.Started) -> None:
+    started.popen.kill()
+    started.popen.wait()
+    spawn.SUPERVISION.owned.discard(started.popen.pid)
+    for fd in (started.stdin_fd, started.stdout_fd, started.stderr_fd):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def test_the_early_agent_is_taken_once_and_only_for_its_command() -> None:
     agent = AgentConfig()
-    started = spawn.start_agent(["true"], agent)
+    started = _start_early_sleeper(agent)
     try:
-        spawn._EARLY.agent = (("true",), agent, started)
-        other = AgentConfig(stderr=StderrMode.LOG)
-        assert spawn.take_early(["false"], agent) is None
-        assert spawn.take_early(["true"], other) is None
-        assert spawn.take_early(["true"], agent) is started
-        assert spawn.take_early(["true"], agent) is None
+        assert spawn.started_early()
+        assert spawn.take_early(["sleep", "60"], agent) is started
+        assert spawn.take_early(["sleep", "60"], agent) is None
+        assert not spawn.started_early()
+        assert started.popen.poll() is None  # taken, and running
     finally:
         spawn._EARLY.agent = None
-        started.popen.wait()
-        spawn.SUPERVISION.owned.discard(started.popen.pid)
-        spawn._close_all(started.stdin_fd, started.stdout_fd, started.stderr_fd)
+        _forget(started)
+
+
+@pytest.mark.parametrize(
+    ("argv", "agent"),
+    [
+        (["sleep", "61"], AgentConfig()),
+        (["sleep", "60"], AgentConfig(stderr=StderrMode.LOG)),
+        (["sleep", "60"], AgentConfig(env={"A": "1"})),
+    ],
+)
+def test_an_early_agent_for_another_command_or_settings_is_killed_not_taken(
+    argv: list[str], agent: AgentConfig
+) -> None:
+    """Never run with the wrong command or settings, and never left behind: killed (SIGKILL,
+    its process group) and reaped, its pipes closed."""
+    started = _start_early_sleeper(AgentConfig())
+    try:
+        assert spawn.take_early(argv, agent) is None
+        assert started.popen.returncode == -signal.SIGKILL  # reaped by take_early
+        assert started.popen.pid not in spawn.SUPERVISION.owned
+        with pytest.raises(OSError):
+            os.fstat(started.stdout_fd)
+        assert not spawn.started_early()
+    finally:
+        spawn._EARLY.agent = None
+        if started.popen.returncode is None:
+            _forget(started)
+
+
+def test_the_start_before_the_config_uses_the_default_configs_agent_settings() -> None:
+    """What the command line starts an agent with before it reads the config is what the
+    default config says (else the runtime would kill that agent and start another)."""
+    argv = ["agent", "--flag"]
+    assert spawn._key(argv, cli._UNCONFIGURED_AGENT) == spawn._key(argv, Config().agent)
 
 
 def test_signals_before_the_loop_are_recorded_once_each() -> None:

@@ -11,9 +11,12 @@ command line starts the agent from here before it imports anyio and the runtime 
 The early start (issue 13, start-up as users feel it): for a plain stdio session the CLI starts
 the agent as soon as the command line and the config are known, and only then imports anyio,
 asyncio and the runtime (about 100 ms), so the agent's own start-up (a Node agent: several
-hundred milliseconds) runs while the proxy gets ready instead of after it. Until the runtime
-installs its signal handlers, SIGINT, SIGTERM and SIGHUP are recorded (``catch_signals``), and
-the runtime then shuts the agent down with the usual ladder, as for a signal that comes later.
+hundred milliseconds) runs while the proxy gets ready instead of after it. Without a config file
+the config is known from the command line alone, and the agent starts before the config model
+is even imported: this module imports neither the config nor ``dataclasses`` (the agent's
+settings come as ``AgentSettings``). Until the runtime installs its signal handlers, SIGINT,
+SIGTERM and SIGHUP are recorded (``catch_signals``), and the runtime then shuts the agent down
+with the usual ladder, as for a signal that comes later.
 """
 
 from __future__ import annotations
@@ -28,12 +31,9 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import field
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-
-from acp_proxy.config import AgentConfig, StderrMode
-from acp_proxy.values import value
+from typing import Protocol
 
 # Shell conventions (POSIX "Command Search and Execution").
 EXIT_NOT_FOUND = 127
@@ -71,11 +71,13 @@ class SpawnError(Exception):
 # -- supervision: process-wide state (the subreaper flag is per process) -------------------------
 
 
-@value(frozen=False)
 class _Supervision:
-    enabled: bool = False  # enable_supervision() ran: subreaper, reaper, final sweep
-    owned: set[int] = field(default_factory=set)  # pids whose status a ChildProcess collects
-    sessions: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    __slots__ = ("enabled", "owned", "sessions")
+
+    def __init__(self) -> None:
+        self.enabled = False  # enable_supervision() ran: subreaper, reaper, final sweep
+        self.owned: set[int] = set()  # pids whose status a ChildProcess collects
+        self.sessions = itertools.count(1)
 
 
 # Shared with ``process`` (the reaper, ``ChildProcess``): one per process, as the subreaper flag.
@@ -135,21 +137,47 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-@value(frozen=False)
+class AgentSettings(Protocol):
+    """What the start of an agent reads of its settings (``config.AgentConfig``; this module
+    does not import the config, so that the command line can start an agent before it does)."""
+
+    @property
+    def env(self) -> Mapping[str, str]: ...  # overrides on top of the inherited environment
+
+    @property
+    def stderr(self) -> str: ...  # ``config.StderrMode``, a ``StrEnum``: "log" or "passthrough"
+
+
+# ``config.StderrMode.LOG``: each line of the agent's stderr becomes a log event.
+_STDERR_LOG = "log"
+
+
 class Started:
     """An agent process just started: its ``Popen``, our ends of its pipes, its session."""
 
-    popen: subprocess.Popen[bytes]
-    stdin_fd: int  # our write end of its stdin
-    stdout_fd: int  # our read end of its stdout
-    stderr_fd: int | None  # our read end of its stderr pipe (StderrMode.LOG), else None
-    argv: tuple[str, ...]
-    session: str  # the value of SESSION_ENV in its environment
+    __slots__ = ("argv", "popen", "session", "stderr_fd", "stdin_fd", "stdout_fd")
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        *,
+        stdin_fd: int,
+        stdout_fd: int,
+        stderr_fd: int | None,
+        argv: tuple[str, ...],
+        session: str,
+    ) -> None:
+        self.popen = popen
+        self.stdin_fd = stdin_fd  # our write end of its stdin
+        self.stdout_fd = stdout_fd  # our read end of its stdout
+        self.stderr_fd = stderr_fd  # our read end of its stderr pipe ("log"), else None
+        self.argv = argv
+        self.session = session  # the value of SESSION_ENV in its environment
 
 
 def start_agent(
     argv: Sequence[str],
-    agent: AgentConfig,
+    agent: AgentSettings,
     environ: Mapping[str, str] | None = None,
 ) -> Started:
     """Start the agent in its own session with pipes for stdin/stdout (and stderr when logged).
@@ -173,7 +201,7 @@ def start_agent(
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r: int | None = None
     err_w: int | None = None
-    if agent.stderr is StderrMode.LOG:
+    if agent.stderr == _STDERR_LOG:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
     for fd in (in_w, out_r):
         enlarge_pipe(fd)
@@ -204,7 +232,9 @@ def start_agent(
     # Owned from the fork on: the reaper never takes this child's exit status (it may start
     # before the event loop claims an agent started early).
     SUPERVISION.owned.add(popen.pid)
-    return Started(popen, in_w, out_r, err_r, tuple(argv), session)
+    return Started(
+        popen, stdin_fd=in_w, stdout_fd=out_r, stderr_fd=err_r, argv=tuple(argv), session=session
+    )
 
 
 def _close_all(*fds: int | None) -> None:
@@ -216,18 +246,28 @@ def _close_all(*fds: int | None) -> None:
 # -- the early start ---------------------------------------------------------------------------
 
 
-@value(frozen=False)
+# An early agent is taken only for the command and settings it was started with.
+_EarlyKey = tuple[tuple[str, ...], dict[str, str], str]
+
+
+def _key(argv: Sequence[str], agent: AgentSettings) -> _EarlyKey:
+    return (tuple(argv), dict(agent.env), str(agent.stderr))
+
+
 class _Early:
-    agent: tuple[tuple[str, ...], AgentConfig, Started] | None = None
-    # Recorded before the runtime's handlers, each signal once (bounded by EARLY_SIGNALS: a
-    # sender repeating one adds nothing; the ladder starts once anyway).
-    signals: list[int] = field(default_factory=list)
+    __slots__ = ("agent", "signals")
+
+    def __init__(self) -> None:
+        self.agent: tuple[_EarlyKey, Started] | None = None
+        # Recorded before the runtime's handlers, each signal once (bounded by EARLY_SIGNALS:
+        # a sender repeating one adds nothing; the ladder starts once anyway).
+        self.signals: list[int] = []
 
 
 _EARLY = _Early()
 
 
-def start_early(argv: Sequence[str], agent: AgentConfig) -> bool:
+def start_early(argv: Sequence[str], agent: AgentSettings) -> bool:
     """Start the agent now, for the runtime's ``spawn_agent`` to take (``take_early``); False
     when it could not be started (the runtime then tries again and reports why, as always).
     Records the signals the runtime handles from here on (``catch_signals``)."""
@@ -236,17 +276,41 @@ def start_early(argv: Sequence[str], agent: AgentConfig) -> bool:
         started = start_agent(argv, agent)
     except SpawnError:
         return False
-    _EARLY.agent = (tuple(argv), agent, started)
+    _EARLY.agent = (_key(argv, agent), started)
     return True
 
 
-def take_early(argv: Sequence[str], agent: AgentConfig) -> Started | None:
-    """The agent ``start_early`` started for this command and agent config, once; else None."""
+def started_early() -> bool:
+    """An agent was started early and not taken yet."""
+    return _EARLY.agent is not None
+
+
+def take_early(argv: Sequence[str], agent: AgentSettings) -> Started | None:
+    """The agent ``start_early`` started for this command and these settings, once; else None.
+
+    An early agent started for another command or other settings is never run: it is killed
+    (with its process group) and reaped here, so the caller starts the right one and nothing
+    is left behind. (The command line starts one before it reads the config only where the
+    config is the default one, whose settings a test holds equal to those it starts with.)
+    """
     early = _EARLY.agent
-    if early is None or early[0] != tuple(argv) or early[1] != agent:
+    if early is None:
         return None
     _EARLY.agent = None
-    return early[2]
+    key, started = early
+    if key == _key(argv, agent):
+        return started
+    _discard(started)
+    return None
+
+
+def _discard(started: Started) -> None:
+    """Kill an agent that never got a byte of the session, and everything it started."""
+    with contextlib.suppress(OSError):
+        os.killpg(started.popen.pid, signal.SIGKILL)  # its own session: pgid == pid
+    started.popen.wait()
+    SUPERVISION.owned.discard(started.popen.pid)
+    _close_all(started.stdin_fd, started.stdout_fd, started.stderr_fd)
 
 
 def catch_signals() -> None:
