@@ -76,13 +76,7 @@ def _counts(target: str, pairs: int, tmp: Path) -> dict[tuple[str, str], int]:
     argv += ["--log-level", "warning", "--", *agent] if target == "acp_proxy" else agent
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=env)
-    assert proc.stdin is not None
-    init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
-    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
-    rtt_cpu._call(proc, rtt_cpu._request(0, "initialize", init))
-    for rid in range(1, pairs + 1):
-        rtt_cpu._call(proc, rtt_cpu._request(rid, "session/prompt", prompt))
-    proc.stdin.close()
+    rtt_cpu.round_trips(proc, pairs)
     if proc.wait(600) != 0:
         raise RuntimeError(f"the traced proxy exited with {proc.returncode}")
     found: dict[tuple[str, str], int] = {}

@@ -105,16 +105,7 @@ def _callgrind_round_trips(
     """The instructions callgrind counted for the process ``argv`` (a relay in front of the echo
     agent) over ``pairs`` sequential round trips after an ``initialize``."""
 
-    def drive(proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdin is not None
-        init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
-        prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
-        rtt_cpu._call(proc, rtt_cpu._request(0, "initialize", init))
-        for rid in range(1, pairs + 1):
-            rtt_cpu._call(proc, rtt_cpu._request(rid, "session/prompt", prompt))
-        proc.stdin.close()
-
-    return _under_callgrind(argv, env, cwd, tmp, drive)
+    return _under_callgrind(argv, env, cwd, tmp, lambda proc: rtt_cpu.round_trips(proc, pairs))
 
 
 def _under_callgrind(

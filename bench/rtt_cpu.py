@@ -36,6 +36,21 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+INIT = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
+PROMPT = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
+
+
+def round_trips(proc: subprocess.Popen[bytes], pairs: int) -> None:
+    """``initialize``, then ``pairs`` sequential ``session/prompt`` requests, each waiting for its
+    response; then the client's EOF (the steady measures' session: ``instructions.py
+    --round-trips``, ``bytecodes.py``)."""
+    assert proc.stdin is not None
+    _call(proc, _request(0, "initialize", INIT))
+    for rid in range(1, pairs + 1):
+        _call(proc, _request(rid, "session/prompt", PROMPT))
+    proc.stdin.close()
+
+
 def _request(rid: int, method: str, params: object) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode()
 
@@ -82,12 +97,10 @@ def main() -> int:
         )
         for name, (argv, env, cwd) in variants(args.baseline_ref).items()
     }
-    init = {"protocolVersion": 2, "info": {"name": "c", "version": "1"}, "capabilities": {}}
-    prompt = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
     for proc in procs.values():
-        _call(proc, _request(0, "initialize", init))
+        _call(proc, _request(0, "initialize", INIT))
         for i in range(300):  # warm up
-            _call(proc, _request(1 + i, "session/prompt", prompt))
+            _call(proc, _request(1 + i, "session/prompt", PROMPT))
     samples: dict[str, list[float]] = {name: [] for name in procs}
     cpu = dict.fromkeys(procs, 0.0)
     rid = 1000
@@ -97,7 +110,7 @@ def main() -> int:
             before = _cpu_s(proc.pid)
             for _ in range(block):
                 rid += 1
-                data = _request(rid, "session/prompt", prompt)
+                data = _request(rid, "session/prompt", PROMPT)
                 t = time.perf_counter_ns()
                 _call(proc, data)
                 samples[name].append((time.perf_counter_ns() - t) / 1000)
