@@ -664,17 +664,31 @@ def _plain_stdio(args: argparse.Namespace | SimpleNamespace) -> bool:
 
 def _starts_early(config: Config) -> bool:
     """Whether the agent is started before the event loop: a stdio session whose start nothing
-    else can still refuse. Not with ``--record`` (the record file is opened first: one that
-    cannot be written refuses the session before the agent runs), ``--metrics`` (its address is
-    bound first) or tracing (its exporter is set up first), nor on sockets (``--listen`` starts
-    an agent per client, ``--connect`` none)."""
+    else can still refuse. With ``--record``, only when the record file can be opened now (one
+    that cannot refuses the session before the agent runs; the runtime opens it again, and
+    should that fail after all, the agent it never took is killed with the proxy's other
+    leftovers). Not with ``--metrics`` (its address is bound first) or tracing (its exporter is
+    set up first), nor on sockets (``--listen`` starts an agent per client, ``--connect``
+    none)."""
     return (
         config.listen is None
         and config.connect is None
-        and config.record.path is None
+        and (config.record.path is None or _can_record(config.record.path))
         and config.metrics is None
         and not config.tracing.enabled
     )
+
+
+def _can_record(path: str) -> bool:
+    """Whether the recorder could open ``path`` now: a directory it may create a file in, or a
+    file it may append to (created as the recorder creates it: ``0600``)."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        return os.access(path, os.W_OK | os.X_OK)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+    except OSError:
+        return False
+    return True
 
 
 def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) -> tuple[Any, ...]:

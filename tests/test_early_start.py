@@ -10,6 +10,7 @@ right after the early start: exact, no timing involved.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -103,20 +104,32 @@ def test_an_option_that_can_still_refuse_the_session_waits_for_the_config() -> N
     assert "--log-file /nonexistent/dir/log" in done.stderr
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [
-        ["--record", "REC"],
-        ["--metrics", "tcp://127.0.0.1:0"],
-    ],
-)
-def test_a_session_something_can_still_refuse_starts_the_agent_in_the_runtime(
-    extra: list[str], tmp_path: object
-) -> None:
-    args = [str(tmp_path) + "/rec.jsonl" if a == "REC" else a for a in extra]
-    done = _run(*args, agent=["true"])
+def test_a_session_something_can_still_refuse_starts_the_agent_in_the_runtime() -> None:
+    done = _run("--metrics", "tcp://127.0.0.1:0", agent=["true"])
     assert done.returncode == 0, done.stderr
     assert _starts(done.stderr) == ["START anyio=True runtime=True config=True"]
+
+
+@pytest.mark.parametrize("target", ["rec.jsonl", "records/"])
+def test_a_record_that_can_be_written_starts_the_agent_early(tmp_path: Path, target: str) -> None:
+    """--record: the file (or a file in the directory) can be opened, so the agent starts
+    before the event loop, and the record is whole (its header, then the session's frames)."""
+    (tmp_path / "records").mkdir()
+    done = _run("--record", str(tmp_path / target), agent=["true"])
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=True"]
+    (record,) = tmp_path.rglob("*.jsonl")
+    assert oct(record.stat().st_mode & 0o777) == oct(0o600)
+    header, end = (json.loads(line) for line in record.read_text().splitlines())
+    assert (header["acp-proxy-record"], header["agent"]) == (1, ["true"])
+    assert (end["event"], end["exit"]["code"]) == ("end", 0)
+
+
+def test_a_record_that_cannot_be_written_refuses_the_session_with_no_agent() -> None:
+    done = _run("--record", "/nonexistent/dir/rec.jsonl", agent=["true"])
+    assert done.returncode == 2
+    assert _starts(done.stderr) == []
+    assert "cannot open the record file" in done.stderr
 
 
 def test_a_signal_right_after_the_early_start_takes_the_ladder() -> None:
