@@ -6,9 +6,11 @@ Python code. The proxy runs in front of ``bench/echo_agent.py`` with a ``sys.set
 counter installed before it starts (``--run-traced``: this file re-run as the proxy), is driven
 by N and then 3 N sequential ``session/prompt`` requests (each waits for its response, as in
 ``bench/rtt_cpu.py``), and the difference over 2 N is each function's bytecodes per round trip,
-start-up cancelled. A bytecode count does not move with the machine's load; the tracer makes
-the proxy ~30 x slower, which changes no count (the lane's steps do not depend on timing, bar a
-read that finds two lines at once, which sequential round trips never send).
+start-up cancelled. A bytecode count does not move with the machine's load, though the tracer
+makes the proxy ~30 x slower: the proxy's own code counts the same in every run (the lane's
+steps do not depend on timing, bar a read that finds two lines at once, which sequential round
+trips never send); asyncio's loop moves by a few bytecodes per round trip (a pending timer,
+such as the reaper's 5 s one, makes some loop passes longer).
 
 Usage: ``python bench/bytecodes.py [--round-trips N] [--top K]`` prints two Markdown tables: the
 proxy's K busiest functions with their module and bytecodes per round trip, and the totals of

@@ -282,3 +282,40 @@ def test_record_cost_bench_prints_both_rows() -> None:
     assert plain[0] == "| plain" and recorded[0] == "| --record"
     assert plain[-1] == "0 |"
     assert int(recorded[-1].rstrip(" |").replace(",", "")) > 300 * 250  # every frame recorded
+
+
+def test_bytecodes_bench_prints_the_function_table_and_the_totals() -> None:
+    # Issue 13: bytecodes per round trip (a count, not a timing); shape, and that the proxy's
+    # own code and asyncio's loop are both counted, for it and for the relay.
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "bytecodes.py"), "--round-trips", "20", "--top", "3"],
+        capture_output=True,
+        cwd=str(ROOT),
+        timeout=120,
+        check=True,
+    )
+    lines = done.stdout.decode().splitlines()
+    assert lines[:3] == [
+        "20 and 60 sequential round trips against bench/echo_agent.py",
+        "| module | function | bytecodes / round trip |",
+        "|---|---|---|",
+    ]
+    assert len([line for line in lines[3:6] if line.startswith("| ")]) == 3
+    assert lines[6:9] == [
+        "",
+        "| totals per round trip | acp-proxy | minimal asyncio relay (relay_asyncio.py) |",
+        "|---|---|---|",
+    ]
+    totals = {}
+    for line in lines[9:12]:
+        name, proxy, relay = (cell.strip(" *") for cell in line.strip("|").split(" | "))
+        totals[name.split(" (")[0]] = (float(proxy.replace(",", "")), float(relay.replace(",", "")))
+    assert list(totals) == ["all", "asyncio's loop", "the rest"]
+    (proxy_all, relay_all), (proxy_loop, relay_loop), (proxy_own, relay_own) = totals.values()
+    # (each cell rounded on its own)
+    assert (
+        abs(proxy_all - proxy_loop - proxy_own) <= 1
+        and abs(relay_all - relay_loop - relay_own) <= 1
+    )
+    assert relay_loop > 0 and relay_own > 0
+    assert proxy_own > relay_own  # the proxy parses and tracks; the relay copies bytes
