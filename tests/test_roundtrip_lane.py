@@ -1,4 +1,4 @@
-"""The round trip's lane (issue 13): ``Connection.track_line`` and ``handle_line``'s tracked step
+"""The round trip's lane (issue 13): ``Connection.handle_line``'s tracked step
 against the general per-line path (``Connection.handle``), frame for frame.
 
 The lane answers requests and responses that no middleware may act on in one step (parse, id,
@@ -96,11 +96,12 @@ def _connection(
 
 
 def _lane(conn: Connection, direction: Direction, raw: bytes) -> Result:
-    """What the shell does with a line read alone: the lane first, else the general path."""
-    message = conn.track_line(direction, raw)
-    if message is not None:
-        return Result((OutFrame(raw, message, conn.version),))
-    return conn.untracked_line(direction, raw)
+    """What the shell does with a line read alone: ``handle_line``, whose tracked message
+    stands for the frame forwarded as it came."""
+    got = conn.handle_line(direction, raw)
+    if isinstance(got, Result):
+        return got
+    return Result((OutFrame(raw, got, conn.version),))
 
 
 def _owed(conn: Connection) -> tuple[list[bytes], list[bytes]]:
@@ -116,7 +117,6 @@ def _owed(conn: Connection) -> tuple[list[bytes], list[bytes]]:
     rules=st.booleans(),
     max_pending=st.sampled_from([1, 2, 1000]),
     negotiate=st.booleans(),
-    shell=st.booleans(),
     max_parse=st.sampled_from([1 << 20, 1 << 20, 1500, 2000]),  # a budget near 33 bytes a byte
 )
 def test_the_lane_gives_the_general_paths_output(
@@ -125,7 +125,6 @@ def test_the_lane_gives_the_general_paths_output(
     rules: bool,
     max_pending: int,
     negotiate: bool,
-    shell: bool,
     max_parse: int,
 ) -> None:
     fast = _connection(
@@ -135,7 +134,7 @@ def test_the_lane_gives_the_general_paths_output(
         rules=rules, max_pending=max_pending, negotiate=negotiate, max_parse=max_parse
     )
     for direction, raw in steps:
-        a = _lane(fast, direction, raw) if shell else fast.handle_line(direction, raw)
+        a = _lane(fast, direction, raw)
         b = slow.handle(direction, Line(raw))
         assert [f.raw for f in a.forward] == [f.raw for f in b.forward]
         for x, y in zip(a.forward, b.forward, strict=True):
@@ -153,26 +152,27 @@ def test_the_lane_gives_the_general_paths_output(
 def test_the_lane_takes_requests_and_responses_and_leaves_the_rest() -> None:
     conn = _connection(rules=False, max_pending=1000, negotiate=True)
     request = b'{"jsonrpc":"2.0","id":"r1","method":"session/prompt","params":{}}'
-    assert conn.track_line(C2A, request) == json.loads(request)
+    assert conn.handle_line(C2A, request) == json.loads(request)
     assert conn.pending_client_requests == 1
     response = b'{"jsonrpc":"2.0","id":"r1","result":{"messageId":"m"}}'
-    assert conn.track_line(A2C, response) == json.loads(response)
+    assert conn.handle_line(A2C, response) == json.loads(response)
     assert conn.pending_client_requests == 0
     stats = (conn.stats.client_to_agent_in, conn.stats.agent_to_client_out)
     assert stats == (2, 2)  # the initialize exchange, then these two
-    # Left to the general path, with nothing changed: a notification (no "id" bytes), an
-    # unparsable line, an id with an escape (the general path reads its bytes), a full table.
+    # Left to the general path (a ``Result``), each counted once: a notification (no "id"
+    # bytes), an unparsable line, an id with an escape (the general path reads its bytes).
     for raw in (
         b'{"jsonrpc":"2.0","method":"session/update","params":{}}',
         b'{"jsonrpc":"2.0","id":1,',
         b'{"jsonrpc":"2.0","\\u0069d":1,"method":"m"}',
     ):
-        assert conn.track_line(C2A, raw) is None
-    assert conn.stats.client_to_agent_in == 2
+        assert isinstance(conn.handle_line(C2A, raw), Result)
+    assert conn.stats.client_to_agent_in == 2 + 3
+    # A full table: the general path's refusal.
     full = _connection(rules=False, max_pending=1, negotiate=False)
-    assert full.track_line(C2A, b'{"jsonrpc":"2.0","id":1,"method":"m"}') is not None
-    assert full.track_line(C2A, b'{"jsonrpc":"2.0","id":2,"method":"m"}') is None
+    assert not isinstance(full.handle_line(C2A, b'{"jsonrpc":"2.0","id":1,"method":"m"}'), Result)
     refused = full.handle_line(C2A, b'{"jsonrpc":"2.0","id":2,"method":"m"}')
+    assert isinstance(refused, Result)
     assert refused.forward == ()
     assert refused.reply[0].raw.startswith(b'{"jsonrpc":"2.0","id":2,"error":{"code":-32603,')
 
@@ -180,11 +180,11 @@ def test_the_lane_takes_requests_and_responses_and_leaves_the_rest() -> None:
 @pytest.mark.parametrize("rules", [False, True])
 def test_the_initialize_response_negotiates_on_the_general_path(rules: bool) -> None:
     conn = _connection(rules=rules, max_pending=1000, negotiate=False)
-    assert conn.track_line(C2A, b'{"jsonrpc":"2.0","id":0,"method":"initialize"}') is not None
-    response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}'
-    assert conn.track_line(A2C, response) is None  # the negotiation is not the lane's
+    request = b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'
+    assert not isinstance(conn.handle_line(C2A, request), Result)
     assert conn.version is None
-    conn.handle_line(A2C, response)
+    response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}'
+    assert isinstance(conn.handle_line(A2C, response), Result)  # the negotiation: not the lane's
     assert conn.version == 2
     assert conn.pending_client_requests == 0
 
@@ -273,7 +273,7 @@ async def test_round_trips_over_pipes_take_the_lane_and_keep_the_budget_exact(
 
         monkeypatch.setattr(Connection, name, counting)
 
-    for name in ("handle_line", "untracked_line", "handle_many"):  # the general paths
+    for name in ("_agent_line", "_client_line", "handle_many"):  # the general paths
         counted(name)
     budget = BufferBudget(8 * MiB, 2 * MiB + READ_SIZE)
     p = _Pipes()

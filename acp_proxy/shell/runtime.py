@@ -636,30 +636,31 @@ class PumpSession:
         # Never for the other direction's forwarded traffic.
         splitter = self._splitters[direction]
         single_line = splitter.single_line
-        handle_many = self.connection.handle_many
         connection = self.connection
+        handle_many = connection.handle_many
         handle_line = connection.handle_line
-        track_line = connection.track_line
-        untracked_line = connection.untracked_line
         dispatch = self._dispatch
         budget = self.budget
         receiving = self._receiving
         stopping = self._stopping
         reserved = 0
 
-        def handle(chunk: bytes) -> None:
-            """One chunk through the core and out (synchronous)."""
+        def handle(chunk: bytes, line: bytes | None) -> None:
+            """One chunk through the core and out (synchronous); ``line``: what
+            ``single_line(chunk)`` gave."""
             # The complete lines of the chunk travel as one block (``Connection._block``: one
             # scan finds the lines that need the per-line path; the runs between them are
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
             # queue is split into its lines there, so coalescing still merges them (issue 4;
             # ``coalesce._lines_of``). Issue 13: going line by line under backlog made a
             # proxy that fell behind slower still (0.27x the line relay on small chunks).
-            line = splitter.single_line(chunk)
             events: list[Any] | bool
             if line is not None:  # the interactive case, one line a read: fewer steps
                 events = True
-                dispatch(direction, handle_line(direction, line), forward, back)
+                got = handle_line(direction, line)
+                if not isinstance(got, Result):  # tracked, on as it came
+                    got = Result((OutFrame(line, got, connection.version),))
+                dispatch(direction, got, forward, back)
             else:
                 events = splitter.feed_blocks(chunk)
                 if events:
@@ -684,17 +685,15 @@ class PumpSession:
                 # at once. Nothing any buffer holds changed (the splitter holds no partial
                 # line, the outbox wrote it whole), so no accounting is due, and the read this
                 # chunk reserved is kept for the next one when the budget would grant it again.
-                message = track_line(direction, line)
-                result: Result | None = None
-                if message is not None:  # a request or response, tracked: on as it came
+                got = handle_line(direction, line)
+                if not isinstance(got, Result):  # a request or response, tracked: on as it came
                     written = forward.write_line(line)
                 else:
-                    result = untracked_line(direction, line)
                     written = (
-                        len(result.forward) == 1
-                        and not result.reply
-                        and not result.notes
-                        and forward.write_line(result.forward[0].raw)
+                        len(got.forward) == 1
+                        and not got.reply
+                        and not got.notes
+                        and forward.write_line(got.forward[0].raw)
                     )
                 if written:
                     if forward.tail:
@@ -709,14 +708,14 @@ class PumpSession:
                     budget.add(-READ_SIZE)
                     budget.release_owner(splitter)
                 else:
-                    if result is None:
-                        result = Result((OutFrame(line, message, connection.version),))
-                    dispatch(direction, result, forward, back)
+                    if not isinstance(got, Result):
+                        got = Result((OutFrame(line, got, connection.version),))
+                    dispatch(direction, got, forward, back)
                     self._account()
                     budget.add(-READ_SIZE)
                     budget.release_owner(splitter)
             else:
-                handle(chunk)
+                handle(chunk, None)
             if (
                 forward.queue.has_room()
                 and back.has_reply_room()
@@ -753,7 +752,7 @@ class PumpSession:
                     finally:
                         receiving[direction] = None
                     if chunk is not None:
-                        handle(chunk)  # gives the reserved read back
+                        handle(chunk, single_line(chunk))  # gives the reserved read back
                     # (``None``: the consumer handled what was read, and gave back the reserved
                     # read of the last chunk it handled without reserving another.)
                     reserved = 0

@@ -346,44 +346,24 @@ class Connection:
         observed = Observed(direction, raw, sent, replies, infos, kind)
         return Result(res.forward, res.reply, (*notes, *infos, observed))
 
-    def handle_line(self, direction: Direction, raw: bytes) -> Result:
+    def handle_line(self, direction: Direction, raw: bytes) -> JsonObject | Result:
         """``handle_many(direction, [Line(raw)])`` for one non-empty line, without the event
-        loop around it (issue 13, round trip: ``LineSplitter.single_line`` gives such lines)."""
+        loop around it (issue 13, round trip: ``LineSplitter.single_line`` gives such lines).
+
+        A request or response no middleware may act on comes back as its parsed message alone:
+        tracked, and to be forwarded exactly as it came (``Result((OutFrame(raw, message,
+        version),))``, which the shell writes without building it). Anything else comes back
+        as the general path's ``Result``. The middleware's interest is looked for once."""
         if self._inspect_all:
             return self.handle_many(direction, [Line(raw)])
         interested = self._interested(raw) if self._chain_on else None
         if interested is None and raw.find(b'"id"') >= 0:
             message = self._tracked(direction, raw)
             if message is not None:
-                return Result((OutFrame(raw, message, self.version),))
-        return self._line(direction, raw, interested)
-
-    def untracked_line(self, direction: Direction, raw: bytes) -> Result:
-        """``handle_line`` for a line ``track_line`` declined (which left everything as it
-        was): the general path, without trying the tracked step or the ``"id"`` search again
-        (issue 13: the shell's lane asks ``track_line`` first for every line it reads alone)."""
-        if self._inspect_all:
-            return self.handle_many(direction, [Line(raw)])
-        return self._line(direction, raw, self._interested(raw) if self._chain_on else None)
-
-    def _line(
-        self, direction: Direction, raw: bytes, interested: tuple[bool, ...] | None
-    ) -> Result:
+                return message
         if direction is _A2C:
             return self._agent_line(raw, interested)
         return self._client_line(raw, interested)
-
-    def track_line(self, direction: Direction, raw: bytes) -> JsonObject | None:
-        """``handle_line`` for the round trip's frames, without a ``Result``: the parsed message
-        when ``raw`` was tracked and goes on exactly as it came (what ``handle_line`` would
-        answer with ``Result((OutFrame(raw, message, self.version),))``), or ``None`` when
-        nothing was done and ``handle_line`` must handle it (issue 13: the shell writes such a
-        line without building a frame tuple)."""
-        if self._inspect_all or raw.find(b'"id"') < 0:
-            return None
-        if self._chain_on and self._interested(raw) is not None:
-            return None
-        return self._tracked(direction, raw)
 
     def _tracked(self, direction: Direction, raw: bytes) -> JsonObject | None:
         """The round trip's frames in one step: a request or a response that no middleware may
