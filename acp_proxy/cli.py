@@ -9,9 +9,11 @@ then), and ``replay``, whose stdout is the protocol of the agent it plays.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType, SimpleNamespace
@@ -681,9 +683,14 @@ def _starts_early(config: Config) -> bool:
 
 def _can_record(path: str) -> bool:
     """Whether the recorder could open ``path`` now: a directory it may create a file in, or a
-    file it may append to (created as the recorder creates it: ``0600``)."""
+    regular file it may append to (created as the recorder creates it: ``0600``). Anything
+    else is left to the recorder alone: a FIFO opened and closed here would give its reader
+    EOF before the record, and a device may act on an open."""
     if os.path.isdir(path) or path.endswith(os.sep):
         return os.access(path, os.W_OK | os.X_OK)
+    with contextlib.suppress(OSError):  # not there yet (created below), or not reachable
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
     except OSError:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,33 @@ def test_a_record_that_cannot_be_written_refuses_the_session_with_no_agent() -> 
     assert done.returncode == 2
     assert _starts(done.stderr) == []
     assert "cannot open the record file" in done.stderr
+
+
+def test_a_record_fifo_is_opened_once_by_the_recorder(tmp_path: Path) -> None:
+    """--record to a FIFO (a reader collects the record): the command line must not open it to
+    check it (closing it would give the reader its EOF, and the recorder's own open would then
+    wait for a reader forever), so the agent starts in the runtime and the reader gets the
+    whole record."""
+    fifo = tmp_path / "record.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read_all() -> None:
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    try:
+        done = _run("--record", str(fifo), agent=["true"])
+    finally:
+        if reader.is_alive():  # the proxy never opened it: let the reader go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=True runtime=True config=True"]
+    header, end = (json.loads(line) for line in got[0].splitlines())
+    assert (header["acp-proxy-record"], end["event"]) == (1, "end")
 
 
 def test_a_signal_right_after_the_early_start_takes_the_ladder() -> None:
