@@ -691,8 +691,10 @@ def _can_record(path: str) -> bool:
     with contextlib.suppress(OSError):  # not there yet (created below), or not reachable
         if not stat.S_ISREG(os.stat(path).st_mode):
             return False
+    from acp_proxy.record.settings import RECORD_FILE_MODE, RECORD_OPEN_FLAGS
+
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+        os.close(os.open(path, RECORD_OPEN_FLAGS, RECORD_FILE_MODE))
     except OSError:
         return False
     return True

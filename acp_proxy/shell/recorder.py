@@ -30,6 +30,7 @@ from acp_proxy.record.format import (
     frame_line,
     header,
 )
+from acp_proxy.record.settings import RECORD_FILE_MODE, RECORD_OPEN_FLAGS
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import Observed, VersionNegotiated
 
@@ -150,7 +151,7 @@ class Recorder:
         self._summary: dict[str, Any] | None = None
         self._ended: float | None = None
         self._finished = False
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, RECORD_OPEN_FLAGS, RECORD_FILE_MODE)
         self._writer = _Writer(fd)
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
         self._put(
