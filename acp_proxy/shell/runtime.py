@@ -652,7 +652,7 @@ class PumpSession:
             # scan finds the lines that need the per-line path; the runs between them are
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
             # queue is split into its lines there, so coalescing still merges them (issue 4;
-            # ``coalesce._lines_of``). Issue 13: going line by line under backlog made a
+            # the queue's merge pass). Issue 13: going line by line under backlog made a
             # proxy that fell behind slower still (0.27x the line relay on small chunks).
             events: list[Any] | bool
             if line is not None:  # the interactive case, one line a read: fewer steps
@@ -876,6 +876,7 @@ class PumpSession:
                 data = b"\n".join(replies) + b"\n"
                 stats.writes += 1
             else:
+                written = queue.stats.written
                 frames, deadline = queue.take(time.monotonic())
                 if not frames:
                     if outbox.closed and deadline is None:
@@ -883,7 +884,7 @@ class PumpSession:
                     await outbox.wait_ready(deadline)
                     continue
                 outbox.wake_reader()
-                count = len(frames)
+                count = queue.stats.written - written  # messages (a run holds several)
                 if outbox.broken:
                     stats.discarded += count
                     self._account()

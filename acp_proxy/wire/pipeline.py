@@ -431,7 +431,7 @@ class Connection:
         consecutive frames becomes ONE ``OutFrame`` whose ``raw`` is the frames joined with
         ``b"\\n"`` (``message=None``): writing ``raw + b"\\n"`` still puts the exact input bytes on
         the wire, at a fraction of the per-frame cost. The outbound queue splits such a frame into
-        its lines when it has to wait (``coalesce._lines_of``), so coalescing still sees every
+        its lines when it has to wait (its merge pass), so coalescing still sees every
         line. Stats still count every frame.
         """
         forward: list[OutFrame] = []
