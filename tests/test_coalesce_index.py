@@ -226,15 +226,16 @@ def _update(version: int) -> st.SearchStrategy[JsonObject]:
     fields = st.sampled_from(
         ["toolCallId", "messageId", "terminalId", "compactionId", "sessionId", "plan"]
     )
-    members = st.dictionaries(fields, IDS.map(lambda v: v), max_size=3)
-    plan = st.one_of(st.none(), IDS.map(lambda v: {"planId": v}))
-    return st.tuples(st.sampled_from(kinds), members, plan).map(
-        lambda a: {
-            "sessionUpdate": a[0],
-            **a[1],
-            **({"plan": a[2]} if a[2] is not None and "plan" in a[1] else {}),
-        }
-    )
+    members: st.SearchStrategy[dict[str, JsonValue]] = st.dictionaries(fields, IDS, max_size=3)
+    plan: st.SearchStrategy[JsonValue] = st.one_of(st.none(), IDS.map(lambda v: {"planId": v}))
+
+    def build(a: tuple[str, dict[str, JsonValue], JsonValue]) -> JsonObject:
+        update: JsonObject = {"sessionUpdate": a[0], **a[1]}
+        if a[2] is not None and "plan" in a[1]:
+            update["plan"] = a[2]  # sometimes a plan object with an id, sometimes not
+        return update
+
+    return st.tuples(st.sampled_from(kinds), members, plan).map(build)
 
 
 def _registry_key(message: JsonObject, version: int) -> tuple[Class, object] | None:
