@@ -23,15 +23,20 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.streams.memory
+import orjson
 
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.wire.component import Link, Side
+from acp_proxy.wire.envelope import Dialect
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.recorder import Recorder
 
 READ_SIZE = 256 * 1024
 SIDE_CHUNKS = 8
@@ -78,8 +83,10 @@ class ConductorMux:
         *,
         log: Any,
         max_frame_bytes: int,
+        recorder: Recorder | None = None,
     ) -> None:
         self.stream = stream
+        self.recorder = recorder
         self.link = link
         self.log = log
         self.max_frame_bytes = max_frame_bytes
@@ -140,10 +147,11 @@ class ConductorMux:
                 self.log.warning(routed.note)
             if routed.envelope is not None:
                 self.envelopes_in += 1
+                if routed.hop_meta is not None and self.recorder is not None:
+                    self._record_hop(routed.envelope, routed.hop_meta)
             side = routed.side
             if not self.dialect_logged and self.link.dialect is not None:
-                self.dialect_logged = True
-                self.log.info("conductor dialect detected", dialect=self.link.dialect.value)
+                self._detected(self.link.dialect)
             if side is not run_side and run:
                 await self._deliver(run_side, run)
                 run = []
@@ -151,6 +159,32 @@ class ConductorMux:
             run.append(routed.data)
         if run:
             await self._deliver(run_side, run)
+
+    def _detected(self, dialect: Dialect) -> None:
+        self.dialect_logged = True
+        self.log.info("conductor dialect detected", dialect=dialect.value)
+        if self.recorder is not None:
+            self.recorder.event(
+                "conductor",
+                time.monotonic(),
+                dialect=dialect.value,
+                initialize=dialect.init_method,
+                envelope=dialect.envelope_method(request=True),
+                notification_envelope=dialect.envelope_method(request=False),
+            )
+
+    def _record_hop(self, envelope: str, hop_meta: bytes) -> None:
+        """The envelope's own ``_meta`` (hop metadata, which the inner message the record holds
+        does not carry), redacted like a frame."""
+        assert self.recorder is not None
+        cleaned, _changed = self.recorder.redactor.frame(hop_meta)
+        try:
+            value = orjson.loads(cleaned)
+        except orjson.JSONDecodeError:
+            value = cleaned.decode("utf-8", "replace")
+        self.recorder.event(
+            "hop", time.monotonic(), dir="agent_to_client", envelope=envelope, hop_meta=value
+        )
 
     async def _deliver(self, side: Side | None, lines: list[bytes]) -> None:
         if side is Side.CLIENT or side is Side.AGENT:
@@ -205,7 +239,7 @@ async def run_component(
         rules=list(config.rule_names),
         middleware=[spec.name for spec in config.middleware],
     )
-    recorder = None
+    recorder: Recorder | None = None
     if config.record.path is not None:
         from acp_proxy.shell.recorder import open_recorder
 
@@ -214,7 +248,9 @@ async def run_component(
             return 2
     stream = conductor_stream if conductor_stream is not None else stdio_stream()
     link = Link(max(config.max_pending_requests, 1))
-    mux = ConductorMux(stream, link, log=log, max_frame_bytes=config.max_frame_bytes)
+    mux = ConductorMux(
+        stream, link, log=log, max_frame_bytes=config.max_frame_bytes, recorder=recorder
+    )
     shutdown = anyio.Event()
     started = time.monotonic()
     try:
