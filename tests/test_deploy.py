@@ -1,4 +1,4 @@
-"""The container as a service (issue 12.3): the Dockerfile's health check and socket directory,
+"""The container as a service: the Dockerfile's health check and socket directory,
 the health probe against a real proxy, and the Kubernetes example in ``deploy/`` (validated as
 YAML with the fields the docs promise, its arguments parsed by the real CLI)."""
 
@@ -21,7 +21,7 @@ from acp_proxy.cli import build_parser
 from acp_proxy.config import parse_config
 from acp_proxy.shell import probe
 from acp_proxy.shell.probe import metrics_url
-from acp_proxy.shell.sockets import parse_address
+from acp_proxy.shell.sockets.address import parse_address
 
 DEPLOY = REPO / "deploy" / "kubernetes.yaml"
 TIMEOUT = 20.0
