@@ -86,7 +86,8 @@ class Tool:
     start: float
     turn: Turn | None
     kind: str | None = None
-    name: str | None = None  # v2 ``name`` (unstable), else the ``title``
+    name: str | None = None  # v2 ``name`` (unstable): the tool's name
+    title: str | None = None  # what the user sees (free text)
     status: str | None = None
 
 
@@ -410,15 +411,10 @@ class TurnTracker:
 
 
 def _merge(tool: Tool, update: dict[str, Any]) -> None:
-    for attr, key in (("kind", "kind"), ("status", "status")):
+    for key in ("kind", "status", "name", "title"):
         value = update.get(key)
         if isinstance(value, str):
-            setattr(tool, attr, value)
-    name = update.get("name")
-    if isinstance(name, str):
-        tool.name = name
-    elif tool.name is None and isinstance(update.get("title"), str):
-        tool.name = update["title"]
+            setattr(tool, key, value)
 
 
 def _has_content(kind: str, update: dict[str, Any]) -> bool:
