@@ -68,7 +68,7 @@ _TURN_METHODS: Final = frozenset({*turns.METHODS})
 
 
 class SessionView(Protocol):
-    """What the metrics read of a live session at scrape time (``runtime.PumpSession``)."""
+    """What the metrics read of a live session at scrape time (``shell.session.PumpSession``)."""
 
     @property
     def connection(self) -> Any: ...  # .pending_client_requests / .pending_agent_requests
