@@ -340,7 +340,7 @@ def main(argv: Sequence[str]) -> int:
     if changes:
         config = dataclasses.replace(config, **changes)
     if config.metrics is not None:
-        from acp_proxy.shell.sockets import AddressError, parse_address
+        from acp_proxy.shell.sockets.address import AddressError, parse_address
 
         try:
             parse_address(config.metrics, listen=True)
