@@ -254,7 +254,7 @@ def _socket_options(
         url = getattr(config, key)
         if url is not None:
             # Imported only here: stdio mode never loads the socket layer (start-up, issue 13).
-            from acp_proxy.shell.sockets import AddressError, parse_address
+            from acp_proxy.shell.sockets.address import AddressError, parse_address
 
             try:
                 parse_address(url, listen=listen)
@@ -307,7 +307,7 @@ def _run_checks(config: Config) -> list[str]:
     applies them so that a file it accepts also starts (issue 14)."""
     import socket
 
-    from acp_proxy.shell.sockets import AddressError, is_loopback_ip, parse_address
+    from acp_proxy.shell.sockets.address import AddressError, is_loopback_ip, parse_address
 
     def where(key: str) -> str:
         line = config.lines.get(key)
@@ -627,11 +627,11 @@ def _main(argv: Sequence[str] | None) -> int:
     from acp_proxy.shell.process import run_supervised
 
     if config.listen is not None:
-        from acp_proxy.shell.sockets import run_listen
+        from acp_proxy.shell.sockets.server import run_listen
 
         return anyio.run(_collecting, run_supervised, *_telemetry(config, run_listen, agent_argv))
     if config.connect is not None:
-        from acp_proxy.shell.sockets import run_connect
+        from acp_proxy.shell.sockets.connect import run_connect
 
         return anyio.run(_collecting, run_supervised, *_telemetry(config, run_connect))
 

@@ -1,4 +1,4 @@
-"""Socket transports (issue 5): real loopback TCP and real Unix sockets, the real CLI as a
+"""Socket transports: real loopback TCP and real Unix sockets, the real CLI as a
 subprocess, ``tests/tiny_agent.py`` as the (cheap) agent. Only 127.0.0.1 and Unix paths are ever
 connected to; 0.0.0.0 is only bound (never sent to)."""
 
@@ -31,7 +31,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.shell.sockets import Address, AddressError, is_loopback_ip, parse_address
+from acp_proxy.shell.sockets.address import Address, AddressError, is_loopback_ip, parse_address
 
 PROXY = [sys.executable, "-m", "acp_proxy", "--log-format", "json"]
 TINY = [sys.executable, "-S", str(TESTS / "tiny_agent.py")]
@@ -463,7 +463,7 @@ async def test_agent_that_cannot_start_is_reported_to_its_client(tmp_path: Path)
     with anyio.fail_after(TIMEOUT):
         async with listening("--listen", "tcp://127.0.0.1:0", agent=[missing]) as proxy:
             stream = await proxy.connect()
-            # The agent is started at the client's first request (issue 10), not at connect.
+            # The agent is started at the client's first request, not at connect.
             await stream.send(request(1, "initialize", {}))
             assert await Lines(stream).rest() == (
                 b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"acp-proxy: '
@@ -697,7 +697,7 @@ async def test_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("pattern", [False, True])
 async def test_listen_records_one_file_per_connection(tmp_path: Path, pattern: bool) -> None:
-    # Issue 11: with --listen, each connection gets its own record, never two interleaved.
+    # With --listen, each connection gets its own record, never two interleaved.
     target = str(tmp_path / "conn-{conn}.jsonl") if pattern else str(tmp_path)
     with anyio.fail_after(TIMEOUT):
         async with listening(
