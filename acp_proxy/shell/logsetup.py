@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import sys
 import time
 from typing import Any, BinaryIO, TextIO
@@ -41,7 +42,13 @@ LEVELS: dict[str, int] = {
 # before structlog is involved (0 until configured: structlog's own defaults then decide);
 # setup: the structlog configuration still to apply, (format, stream, colors); file: the log
 # file we opened (closed when replaced).
-_state: dict[str, Any] = {"level": INFO, "threshold": 0, "setup": None, "file": None}
+_state: dict[str, Any] = {
+    "level": INFO,
+    "threshold": 0,
+    "setup": None,
+    "file": None,
+    "format": LogFormat.CONSOLE,
+}
 
 
 def configure_logging(
@@ -68,8 +75,10 @@ def configure_logging(
             else sys.stderr
         )
         # Decided now, as structlog's configuration always was: the terminal, not a later one.
-        colors = not log_file and sys.stderr.isatty()
+        # NO_COLOR (https://no-color.org): present and not empty turns colours off.
+        colors = not log_file and sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     _state["file"] = stream if log_file else None
+    _state["format"] = fmt
     fd = _fileno(stream)
     if fd is not None and needs_writer(fd):
         # A pipe, a terminal or a FIFO can stop draining: the session must not wait for it.
@@ -221,3 +230,15 @@ def get_logger(**initial: Any) -> Any:
     """A structlog bound logger (``Any``: structlog's filtering loggers are generated classes),
     imported and configured on its first event at an enabled level."""
     return _Logger(dict(initial))
+
+
+def say_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
+    """Say an error that ends the run where the user reads it, once per reader.
+
+    Always on stderr as ``acp-proxy: MESSAGE`` (what an editor shows). Also as a log event when
+    the log is for a machine or somewhere else (``--log-format json``, ``--log-file``); not when
+    the log is the console on stderr, where the event would print the message a second time.
+    """
+    if _state["file"] is not None or _state["format"] is LogFormat.JSON:
+        log.error(event, error=message, **fields)
+    print(f"acp-proxy: {message}", file=sys.stderr)
