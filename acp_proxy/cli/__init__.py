@@ -91,6 +91,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import replay
 
         return replay.main(args_in[1:])
+    if args_in[:1] == ["component"]:
+        from acp_proxy.shell import component
+
+        return component.main(args_in[1:])
 
     COLLECT["after_start"] = gc.isenabled()
     gc.disable()  # until the event loop runs (main() turns it back on if we never get there)

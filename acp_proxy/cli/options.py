@@ -32,6 +32,7 @@ commands:
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy show FILE                         a record (--record PATH) as a transcript
   acp-proxy replay FILE                       act as the agent of a record, on stdio
+  acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -251,7 +252,7 @@ def socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component")
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
