@@ -190,11 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    parser.add_argument_group("telemetry").add_argument(
+    telemetry = parser.add_argument_group("telemetry")
+    telemetry.add_argument(
         "--metrics",
         metavar="URL",
         help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
-        "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+        "127.0.0.1:9464, http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
+        "--metrics-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--metrics-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
+        "metrics; --allow-remote does not cover it)",
     )
     return parser
 
@@ -242,10 +251,15 @@ def _socket_options(
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
         ("metrics", "metrics"),
+        ("metrics_allow_remote", "metrics_allow_remote"),
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             changes[key] = value
+    if changes.get("metrics") is not None:
+        from acp_proxy.telemetry.endpoint import metrics_url
+
+        changes["metrics"] = metrics_url(str(changes["metrics"]))
     if changes:
         import dataclasses
 
@@ -328,7 +342,8 @@ def _run_checks(config: Config) -> list[str]:
                 f"{where(key)}: the socket path is {len(os.fsencode(address.path))} bytes; "
                 f"Unix socket paths are limited to {_UNIX_PATH_MAX}"
             )
-        if not listen or address.scheme != "tcp" or config.allow_remote:
+        consent = config.metrics_allow_remote if key == "metrics" else config.allow_remote
+        if not listen or address.scheme != "tcp" or consent:
             continue
         try:  # the same lookup as the listener's, so names are judged as the run judges them
             infos = socket.getaddrinfo(
@@ -340,7 +355,14 @@ def _run_checks(config: Config) -> list[str]:
         remote = list(
             dict.fromkeys(str(i[4][0]) for i in infos if not is_loopback_ip(str(i[4][0])))
         )
-        if remote:
+        if remote and key == "metrics":
+            problems.append(
+                f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
+                "reach it can read the metrics and the health of the proxy); the proxy refuses "
+                "to serve them there unless metrics_allow_remote: true (or "
+                "--metrics-allow-remote)"
+            )
+        elif remote:
             problems.append(
                 f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
                 "reach it could drive the agent); the proxy refuses to listen there unless "
@@ -450,7 +472,11 @@ _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--connect": ("connect", None),
     "--metrics": ("metrics", None),
 }
-_FAST_FLAGS = {"--log-frames": "log_frames", "--allow-remote": "allow_remote"}
+_FAST_FLAGS = {
+    "--log-frames": "log_frames",
+    "--allow-remote": "allow_remote",
+    "--metrics-allow-remote": "metrics_allow_remote",
+}
 # build_parser's defaults, one per destination.
 _DEFAULTS: dict[str, object] = {
     "config": None,
@@ -468,6 +494,7 @@ _DEFAULTS: dict[str, object] = {
     "connect_timeout": None,
     "handshake_timeout": None,
     "metrics": None,
+    "metrics_allow_remote": None,
 }
 
 
@@ -716,7 +743,7 @@ def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) 
         run = (
             run_with_metrics,
             config.metrics,
-            config.allow_remote,
+            config.metrics_allow_remote,
             config.listen is None,  # stdio, --connect: ready once the agent answered initialize
             config.max_pending_requests,
             *run,
