@@ -73,7 +73,8 @@ class _SideStream(anyio.abc.ByteStream):
             raise anyio.EndOfStream from None
 
     async def send(self, item: bytes) -> None:
-        await self._mux.write(self._side, item)
+        # (A memoryview when the outbox writes the tail of a non-blocking write we declined.)
+        await self._mux.write(self._side, bytes(item))
 
     async def send_eof(self) -> None:
         """The session's input toward this side is over: nothing to close (the conductor owns
