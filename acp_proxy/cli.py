@@ -37,6 +37,7 @@ commands:
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy show FILE                         a record (--record PATH) as a transcript
   acp-proxy replay FILE                       act as the agent of a record, on stdio
+  acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -263,7 +264,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -524,6 +525,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import replay
 
         return replay.main(args_in[1:])
+    if args_in[:1] == ["component"]:
+        from acp_proxy.shell import component
+
+        return component.main(args_in[1:])
 
     _COLLECT["after_start"] = gc.isenabled()
     gc.disable()  # until the event loop runs (main() turns it back on if we never get there)

@@ -27,7 +27,7 @@ import anyio
 
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_address
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
@@ -169,8 +169,7 @@ async def run_with_metrics(
         print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        log.error("cannot serve metrics", error=str(exc))
-        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot serve metrics", f"--metrics: {exc}")
         return exc.exit_code
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
     log.info(

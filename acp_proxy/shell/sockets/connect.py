@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
-from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -106,8 +106,7 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     try:
         agent_stream = await connect(address, config.connect_timeout_s)
     except ConnectError as exc:
-        log.error("cannot connect to the agent", error=str(exc))
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot connect to the agent", str(exc))
         return EXIT_FAILURE
     from acp_proxy.shell.recorder import open_recorder
 
