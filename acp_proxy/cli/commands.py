@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from acp_proxy.cli.options import EXIT_USAGE
@@ -44,8 +44,9 @@ def schema(argv: Sequence[str]) -> int:
 
 def run_checks(config: Config) -> list[str]:
     """What the run refuses about a config file's own settings beyond its validation (the
-    socket addresses, the loopback rule), as ``FILE:LINE: KEY: REASON`` lines. check-config
-    applies them so that a file it accepts also starts."""
+    socket addresses, the loopback rule, the optional features' requirements), as
+    ``FILE:LINE: KEY: REASON`` lines. check-config applies them so that a file it accepts
+    also starts."""
     import socket
 
     from acp_proxy.shell.sockets.address import AddressError, is_loopback_ip, parse_address
@@ -86,6 +87,38 @@ def run_checks(config: Config) -> list[str]:
                 f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
                 "reach it could drive the agent); the proxy refuses to listen there unless "
                 "allow_remote: true (or --allow-remote)"
+            )
+    problems += _feature_checks(config, where)
+    return problems
+
+
+def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
+    """The run's refusals of the optional features a file turns on: tracing without the
+    OpenTelemetry SDK, a record path whose directory does not exist."""
+    problems: list[str] = []
+    if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+        import importlib.util
+
+        try:
+            found = all(
+                importlib.util.find_spec(name) is not None
+                for name in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http")
+            )
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            from acp_proxy.shell.tracing import install_hint
+
+            problems.append(
+                f"{where('tracing')}: tracing is enabled but the OpenTelemetry SDK (the otel "
+                f"extra) is not installed; add it with: {install_hint()}"
+            )
+    if config.record.path is not None:
+        path = config.record.path
+        target = path if path.endswith(os.sep) or os.path.isdir(path) else os.path.dirname(path)
+        if target and not os.path.isdir(target):
+            problems.append(
+                f"{where('record')}: record.path {path}: the directory {target} does not exist"
             )
     return problems
 
