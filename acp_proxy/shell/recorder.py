@@ -361,6 +361,11 @@ class Recorder:
         for frame in frames:
             self._put(frame_line(t, _DIR[direction], frame, self.redactor, generated=True), now)
 
+    def event(self, name: str, now: float, **fields: object) -> None:
+        """An event line the session's transport adds (a proxy component records its
+        conductor's dialect and each envelope's hop metadata: ``shell.component``)."""
+        self._put(event_line(now - self.start, name, **fields), now)
+
     def on_end(self, session: EndedSession, now: float) -> None:
         self._summary = session.summary()
         self._ended = now

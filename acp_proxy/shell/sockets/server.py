@@ -25,7 +25,7 @@ import anyio.abc
 
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     describe_status,
@@ -370,8 +370,7 @@ async def _serve(
     try:
         listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
     except ListenError as exc:
-        log.error("cannot listen", error=str(exc))
-        print(f"acp-proxy: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot listen", str(exc))
         return exc.exit_code
     server = _Server(
         config, agent_argv, agent_address, listener, log.bind(listen=str(listener.address))
