@@ -637,3 +637,24 @@ def test_an_observer_bug_is_counted_not_raised() -> None:
     observer = metrics.session(object())  # type: ignore[arg-type]
     observer.on_end(None, 0.0)  # reading the "session" fails: counted, not raised
     assert metrics.observer_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "label"),
+    [(1, "1"), (2, "2"), (3, "other"), (99999, "other"), ("2", "other"), (True, "other")],
+)
+def test_protocol_version_label_is_bounded(version: object, label: str) -> None:
+    from acp_proxy.telemetry.labels import version_label
+
+    assert version_label(version) == label
+
+
+def test_a_thousand_versions_make_three_series() -> None:
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.notes import VersionNegotiated
+
+    metrics = Metrics(max_pending=10)
+    for version in range(1000):
+        observer = metrics.session(object())  # type: ignore[arg-type]
+        observer.on_notes((VersionNegotiated(version),), 0.0)
+    assert metrics.versions == {("other",): 998, ("1",): 1, ("2",): 1}
