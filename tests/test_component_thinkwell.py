@@ -65,18 +65,19 @@ def conductor() -> Path:
 
 def _session(argv: list[str], module: Path | None = None) -> object:
     from acp_proxy import demo
+    from acp_proxy.demo import session as demo_session
 
     env = demo._child_env()
     if module is not None:
         env["CONDUCTOR_MODULE"] = str(module)
-    return demo.run_session(argv, env, TIMEOUT)
+    return demo_session.run_session(argv, env, TIMEOUT)
 
 
 def _state(record: object) -> object:
-    from acp_proxy import demo
+    from acp_proxy.demo import session as demo_session
     from acp_proxy.meta.state import ClientModel
 
-    assert isinstance(record, demo.SessionRecord)
+    assert isinstance(record, demo_session.SessionRecord)
     model = ClientModel(record.negotiated_version)
     for frame in record.received:
         if isinstance(frame.message, dict):
@@ -88,7 +89,8 @@ def _state(record: object) -> object:
 async def test_thinkwell_chain_reaches_the_standalone_client_state(
     conductor: Path, components: int
 ) -> None:
-    from acp_proxy import demo
+    from acp_proxy.demo import session as demo_session
+    from acp_proxy.demo import stored
 
     chain = ["node", str(DRIVER), *[json.dumps(LOGGED)] * components, json.dumps(AGENT)]
     standalone = [*COMPONENT[:3], "--config", str(EXACT), "--", *AGENT]
@@ -96,17 +98,19 @@ async def test_thinkwell_chain_reaches_the_standalone_client_state(
     alone = await anyio.to_thread.run_sync(_session, standalone)
     chained = await anyio.to_thread.run_sync(_session, chain, conductor)
     for record in (direct, alone, chained):
-        assert isinstance(record, demo.SessionRecord)
-    assert isinstance(chained, demo.SessionRecord) and isinstance(alone, demo.SessionRecord)
-    assert isinstance(direct, demo.SessionRecord)
+        assert isinstance(record, demo_session.SessionRecord)
+    assert isinstance(chained, demo_session.SessionRecord) and isinstance(
+        alone, demo_session.SessionRecord
+    )
+    assert isinstance(direct, demo_session.SessionRecord)
 
     # the same client state as through standalone acp-proxy, which is the agent's own state
     # with the rule's keys added
     assert _state(chained) == _state(alone)
-    assert demo.final_meta(chained) == demo.final_meta(alone)
-    before = demo.final_meta(direct)
+    assert stored.final_meta(chained) == stored.final_meta(alone)
+    before = stored.final_meta(direct)
     added = set()
-    for name, meta in demo.final_meta(chained).items():
+    for name, meta in stored.final_meta(chained).items():
         own = before.get(name)
         for key, val in (meta if isinstance(meta, dict) else {}).items():
             if not isinstance(own, dict) or own.get(key) != val:
