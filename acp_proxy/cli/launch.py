@@ -102,7 +102,7 @@ def with_telemetry(
         run = (
             run_with_metrics,
             config.metrics,
-            config.allow_remote,
+            config.metrics_allow_remote,
             config.listen is None,  # stdio, --connect: ready once the agent answered initialize
             config.max_pending_requests,
             *run,

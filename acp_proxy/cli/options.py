@@ -179,11 +179,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    parser.add_argument_group("telemetry").add_argument(
+    telemetry = parser.add_argument_group("telemetry")
+    telemetry.add_argument(
         "--metrics",
         metavar="URL",
         help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
-        "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+        "127.0.0.1:9464, http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
+        "--metrics-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--metrics-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
+        "metrics; --allow-remote does not cover it)",
     )
     return parser
 
@@ -231,10 +240,15 @@ def socket_options(
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
         ("metrics", "metrics"),
+        ("metrics_allow_remote", "metrics_allow_remote"),
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             changes[key] = value
+    if changes.get("metrics") is not None:
+        from acp_proxy.telemetry.endpoint import metrics_url
+
+        changes["metrics"] = metrics_url(str(changes["metrics"]))
     if changes:
         import dataclasses
 
@@ -290,7 +304,11 @@ _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--connect": ("connect", None),
     "--metrics": ("metrics", None),
 }
-_FAST_FLAGS = {"--log-frames": "log_frames", "--allow-remote": "allow_remote"}
+_FAST_FLAGS = {
+    "--log-frames": "log_frames",
+    "--allow-remote": "allow_remote",
+    "--metrics-allow-remote": "metrics_allow_remote",
+}
 # build_parser's defaults, one per destination.
 DEFAULTS: dict[str, object] = {
     "config": None,
@@ -308,6 +326,7 @@ DEFAULTS: dict[str, object] = {
     "connect_timeout": None,
     "handshake_timeout": None,
     "metrics": None,
+    "metrics_allow_remote": None,
 }
 
 

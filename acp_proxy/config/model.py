@@ -119,7 +119,8 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
-    allow_remote: bool = False
+    allow_remote: bool = False  # listen on a non-loopback address
+    metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
