@@ -263,7 +263,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "ui")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -516,6 +516,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(demo.main(args_in[1:]) or 0)
     if args_in[:1] == ["schema"]:
         return _schema(args_in[1:])
+    if args_in[:1] == ["ui"] or (args_in[:1] == ["show"] and "--web" in args_in):
+        from acp_proxy.shell import ui_command  # the live view: imported only when asked for
+
+        return ui_command.main([a for a in args_in[1:] if a != "--web"])
     if args_in[:1] == ["show"]:
         from acp_proxy.shell import show
 
