@@ -1,6 +1,6 @@
 """The container as a service (issue 12.3): the Dockerfile's health check and socket directory,
 the health probe against a real proxy, and the Kubernetes example in ``deploy/`` (validated as
-YAML with the fields the README promises, its arguments parsed by the real CLI)."""
+YAML with the fields the docs promise, its arguments parsed by the real CLI)."""
 
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def test_kubernetes_example_probes_and_scrape_annotations_match_the_metrics_port
     }
 
 
-def test_readme_points_at_the_example_and_agrees_on_paths() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_docs_point_at_the_example_and_agree_on_paths() -> None:
+    readme = (REPO / "docs" / "containers.md").read_text(encoding="utf-8")
     assert "deploy/kubernetes.yaml" in readme
     assert "/etc/acp/" not in readme  # the Dockerfile's directory is /etc/acp-proxy
     assert "unix:///run/acp/acp.sock" in readme

@@ -80,8 +80,17 @@ class Setting:
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
-    Setting("rules", Kind.RULES, "The annotation rules (see Rules above)."),
-    Setting("middleware", Kind.MIDDLEWARE, "The middleware chain (see Middleware interface)."),
+    Setting(
+        "rules",
+        Kind.RULES,
+        "The annotation rules: which messages to annotate, and the `_meta` keys to set or remove.",
+    ),
+    Setting(
+        "middleware",
+        Kind.MIDDLEWARE,
+        "The middleware chain, in order: the built-in `rules` and your own classes "
+        "(`use: package.module:Class`).",
+    ),
     Setting(
         "v1",
         Kind.SECTION,
@@ -90,7 +99,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             Setting(
                 "mode",
                 Kind.CHOICE,
-                "v1 annotation policy (above): `safe`, `stateful` or `off`.",
+                "v1 annotation policy: `safe` (annotate only where no agent metadata can be "
+                "lost), `stateful` or `off`.",
                 attr="v1_mode",
                 choices=V1Mode,
             ),
@@ -107,14 +117,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "max_frame_bytes",
         Kind.SIZE,
-        "Longest accepted line. A byte count or a size with a unit (see below).",
+        "Longest accepted line. A byte count or a size with a unit (`64MiB`, `64mb`, `64k`).",
         attr="max_frame_bytes",
     ),
     Setting(
         "max_buffer_bytes",
         Kind.SIZE,
         "Bytes all connections of the process together may hold in partial lines and outbound "
-        "queues (see [Bounds](#bounds)). At least `max_frame_bytes` + 1 MiB; when not given, "
+        "queues. At least `max_frame_bytes` + 1 MiB; when not given, "
         "raised to that if `max_frame_bytes` needs it.",
         attr="max_buffer_bytes",
     ),
@@ -256,8 +266,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "metrics",
         Kind.ADDRESS,
         "`tcp://HOST:PORT` or `unix:///PATH`: serve `/metrics`, `/healthz` and `/readyz` there "
-        "(see [Metrics, health and tracing](#metrics-health-and-tracing)). The command line "
-        "wins.",
+        "(Prometheus metrics and health probes). The command line wins.",
         attr="metrics",
         listen=True,
         default_doc="off",
@@ -286,8 +295,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "record",
         Kind.SECTION,
-        "Session records (see [Recording, reading and replaying sessions]"
-        "(#recording-reading-and-replaying-sessions)).",
+        "Session records: every frame of a session, both directions, redacted, in a JSON "
+        "Lines file.",
         attr="record",
         children=(
             Setting(
