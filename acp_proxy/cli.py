@@ -190,11 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    parser.add_argument_group("telemetry").add_argument(
+    telemetry = parser.add_argument_group("telemetry")
+    telemetry.add_argument(
         "--metrics",
         metavar="URL",
         help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
         "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+    )
+    telemetry.add_argument(
+        "--ui",
+        metavar="URL",
+        help="serve the live view (a web page of the session's frames and entities, and its "
+        "event stream) at URL, e.g. tcp://127.0.0.1:0; prints its address with an access "
+        "token to stderr (loopback only unless --allow-remote)",
     )
     return parser
 
@@ -449,6 +457,7 @@ _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--listen": ("listen", None),
     "--connect": ("connect", None),
     "--metrics": ("metrics", None),
+    "--ui": ("ui", None),
 }
 _FAST_FLAGS = {"--log-frames": "log_frames", "--allow-remote": "allow_remote"}
 # build_parser's defaults, one per destination.
@@ -468,6 +477,7 @@ _DEFAULTS: dict[str, object] = {
     "connect_timeout": None,
     "handshake_timeout": None,
     "metrics": None,
+    "ui": None,
 }
 
 
@@ -586,6 +596,16 @@ def _main(argv: Sequence[str] | None) -> int:
         config = dataclasses.replace(
             config, record=dataclasses.replace(config.record, path=args.record)
         )
+    if args.ui is not None:
+        config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, address=args.ui))
+    if config.ui.address is not None:
+        from acp_proxy.shell.sockets import AddressError, parse_address
+
+        try:
+            if parse_address(config.ui.address, listen=True).scheme != "tcp":
+                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+        except AddressError as exc:
+            _usage_error(parser, f"--ui: {exc}")
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
         _usage_error(
@@ -681,6 +701,7 @@ def _starts_early(config: Config) -> bool:
         and config.connect is None
         and (config.record.path is None or _can_record(config.record.path))
         and config.metrics is None
+        and config.ui.address is None
         and not config.tracing.enabled
     )
 
@@ -714,6 +735,11 @@ def _telemetry(config: Config, main: Callable[..., Awaitable[int]], *rest: Any) 
         # The trace-context middleware goes last in the chain (issue 12.2).
         config = with_trace_context(config)
         run = (run_with_tracing, config.tracing, main, config, *rest)
+    if config.ui.address is not None:
+        # The live view (imported only when on): its tap joins the metrics' and tracing's.
+        from acp_proxy.shell.ui_server import run_with_ui
+
+        run = (run_with_ui, config.ui, config.allow_remote, config.record, *run)
     if config.metrics is not None:
         from acp_proxy.shell.telemetry import run_with_metrics
 

@@ -34,8 +34,8 @@ from acp_proxy.record.format import (
     frame_line,
 )
 from acp_proxy.ui.entities import EntityView
-from acp_proxy.values import value
 from acp_proxy.ui.events import StreamBuilder
+from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.notes import Observed, VersionNegotiated
 

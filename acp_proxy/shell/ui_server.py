@@ -8,6 +8,7 @@ Contract: owns the listener of the live view and what it answers; never writes t
 - ``/events`` the observer stream (Server-Sent Events, ``acp_proxy.ui.events``): a replay of
   what the server holds (``?since=SEQ``, or the ``Last-Event-ID`` a reconnecting EventSource
   sends; ``?since=now``: new events only), then every new event;
+- ``/history?since=SEQ`` the same replay as one JSON Lines body (what the page loads first);
 - ``/api/sessions`` and ``/api/entities?conn=N`` (the entity panel, ``acp_proxy.ui.entities``);
 - ``/export?conn=N&format=record|zed`` a session as a record file or as Zed's "Copy All
   Messages" JSON.
@@ -32,6 +33,8 @@ from typing import Any, Final
 import anyio
 import orjson
 
+from acp_proxy.config.model import UiConfig
+from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.sockets import (
@@ -176,6 +179,16 @@ class UiServer:
                 for s in self.hub.sessions.values()
             ]
             return _response(200, "application/json", orjson.dumps({"sessions": sessions}))
+        if path == "/history":
+            # The replay as one JSON Lines body (a page loads it in one request, then
+            # subscribes to /events?since=<the last seq>): much faster than one message each.
+            since = _int(request.query.get("since")) or 0
+            chunks, missing = self.hub.replay(since)
+            lines = [orjson.dumps(events.hello(self.hub.mode, self.hub.builder.head))]
+            if missing:
+                lines.append(orjson.dumps({"event": "truncated", "lost": missing}))
+            body = b"\n".join([*lines, *(_data(chunk) for chunk in chunks)]) + b"\n"
+            return _response(200, "application/x-ndjson", body)
         conn = _int(request.query.get("conn"))
         if path == "/api/entities":
             session = self.hub.sessions.get(conn) if conn is not None else None
@@ -192,7 +205,9 @@ class UiServer:
             body = export.record_lines(held, session.header)
             disposition = f'Content-Disposition: attachment; filename="session-{conn}.jsonl"\r\n'
             return _response(200, "application/x-ndjson", body, disposition)
-        return _text(404, "/, /events, /api/sessions, /api/entities?conn=N, /export?conn=N")
+        return _text(
+            404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
+        )
 
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
@@ -241,6 +256,11 @@ class UiServer:
             hub.unsubscribe(observer)
 
 
+def _data(chunk: bytes) -> bytes:
+    """The JSON of one SSE chunk (``id: N\ndata: JSON\n\n``)."""
+    return chunk[chunk.index(b"data: ") + 6 : -2]
+
+
 def _int(text: str | None) -> int | None:
     if text is None or not text.isdigit():
         return None
@@ -285,17 +305,21 @@ async def _serving(
 
 
 async def run_with_ui(
-    url: str,
+    settings: UiConfig,
     allow_remote: bool,
-    limits: HubLimits,
-    redactor: Any,
+    record: RecordConfig,
     main: Callable[..., Awaitable[int]],
     *args: Any,
 ) -> int:
-    """Serve the live view on ``url`` while ``main(*args)`` runs; returns its exit code. The
-    listener is bound before ``main`` starts; a refusal exits before anything is spawned."""
-    hub = UiHub(mode="live", redactor=redactor, limits=limits)
-    made = await _serving(url, allow_remote, hub, what="live view")
+    """Serve the live view at ``settings.address`` while ``main(*args)`` runs; returns its
+    exit code. The listener is bound before ``main`` starts; a refusal exits before anything
+    is spawned. What it shows is redacted by the ``record:`` settings' rules."""
+    from acp_proxy.shell.recorder import build_redactor
+
+    limits = HubLimits(settings.history_bytes, settings.observer_bytes, settings.max_observers)
+    hub = UiHub(mode="live", redactor=build_redactor(record), limits=limits)
+    assert settings.address is not None
+    made = await _serving(settings.address, allow_remote, hub, what="live view")
     if isinstance(made, int):
         return made
     listener, server = made
