@@ -75,10 +75,13 @@ def sse_chunk(seq: int | None, data: bytes) -> bytes:
 class Observer:
     """One subscription's queue (see the module docstring)."""
 
-    __slots__ = ("bound", "cut", "queue", "queued", "wake")
+    __slots__ = ("bound", "cut", "queue", "queued", "scope", "wake")
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
+        # The scope of the subscription's writes: a cut-off cancels a write the observer is
+        # not reading, so its connection ends now rather than when the write times out.
+        self.scope: anyio.CancelScope | None = None
         self.queue: deque[bytes] = deque()
         self.queued = 0
         self.cut: str | None = None
@@ -103,6 +106,8 @@ class Observer:
             self.cut = reason
             self.queue.clear()
             self.queued = 0
+            if self.scope is not None:
+                self.scope.cancel()
         self.wake.set()
 
     def take(self) -> bytes:

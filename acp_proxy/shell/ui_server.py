@@ -45,7 +45,7 @@ from acp_proxy.shell.sockets import (
     open_listener,
     parse_address,
 )
-from acp_proxy.shell.ui_hub import HubLimits, UiHub, sse_chunk
+from acp_proxy.shell.ui_hub import HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.ui import events, export, security
 
 MAX_HEAD: Final = 8 * 1024
@@ -111,7 +111,8 @@ class UiServer:
         self.names = tuple(names)
         self.allow_remote = allow_remote
         self.page = page_bytes()
-        self.refused = 0
+        self.refused = 0  # requests refused by the checks
+        self.cut_off: list[str] = []  # why observers were cut off (the last 100)
 
     async def serve(self, sock: socket.socket) -> None:
         """Accept and answer on ``sock`` (non-blocking, listening) until cancelled."""
@@ -209,6 +210,22 @@ class UiServer:
             404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
         )
 
+    async def _stream(self, stream: SocketStream, observer: Observer, first: list[bytes]) -> None:
+        """The head, the replay (in slices, never one huge buffer), then each new batch, until
+        the observer is cut off (which cancels this) or goes away."""
+        for i in range(0, len(first), 512):
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await stream.send(b"".join(first[i : i + 512]))
+        while observer.cut is None:
+            with anyio.move_on_after(KEEPALIVE_S):
+                await observer.wake.wait()
+            if observer.cut is not None:
+                return
+            data = observer.take() or b": keepalive\n\n"
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await stream.send(data)
+            await anyio.sleep(FLUSH_INTERVAL_S)
+
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
         since_text = request.query.get("since") or request.headers.get("last-event-id") or "0"
@@ -228,28 +245,15 @@ class UiServer:
             if missing:
                 notice = {"event": "truncated", "lost": missing}
                 first.append(sse_chunk(None, orjson.dumps(notice)))
-            with anyio.fail_after(SEND_TIMEOUT_S):
-                await stream.send(b"".join(first))
-            # The replay goes out in slices, so a large one is not one huge buffer.
-            for i in range(0, len(replay), 512):
-                if observer.cut is not None:
-                    break
-                with anyio.fail_after(SEND_TIMEOUT_S):
-                    await stream.send(b"".join(replay[i : i + 512]))
-            while observer.cut is None:
-                with anyio.move_on_after(KEEPALIVE_S):
-                    await observer.wake.wait()
-                if observer.cut is not None:
-                    break
-                data = observer.take() or b": keepalive\n\n"
-                with anyio.fail_after(SEND_TIMEOUT_S):
-                    await stream.send(data)
-                await anyio.sleep(FLUSH_INTERVAL_S)
+            with anyio.CancelScope() as observer.scope:
+                await self._stream(stream, observer, [*first, *replay])
             if observer.cut is not None:
+                self.cut_off = [*self.cut_off[-99:], observer.cut]
                 # Told why, if it reads within CUTOFF_SEND_S; then closed either way.
                 notice = {"event": "cutoff", "reason": observer.cut}
                 with anyio.move_on_after(CUTOFF_SEND_S):
-                    await stream.send(sse_chunk(None, orjson.dumps(notice)))
+                    # (after a blank line: a write cut short leaves no half event before it)
+                    await stream.send(b"\n\n" + sse_chunk(None, orjson.dumps(notice)))
         except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         finally:
