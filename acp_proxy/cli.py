@@ -37,6 +37,7 @@ commands:
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy show FILE                         a record (--record PATH) as a transcript
   acp-proxy replay FILE                       act as the agent of a record, on stdio
+  acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -262,7 +263,7 @@ def _socket_options(
         url = getattr(config, key)
         if url is not None:
             # Imported only here: stdio mode never loads the socket layer (start-up, issue 13).
-            from acp_proxy.shell.sockets import AddressError, parse_address
+            from acp_proxy.shell.sockets.address import AddressError, parse_address
 
             try:
                 parse_address(url, listen=listen)
@@ -271,7 +272,7 @@ def _socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "ui")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
 
 
 def _refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -315,7 +316,7 @@ def _run_checks(config: Config) -> list[str]:
     applies them so that a file it accepts also starts (issue 14)."""
     import socket
 
-    from acp_proxy.shell.sockets import AddressError, is_loopback_ip, parse_address
+    from acp_proxy.shell.sockets.address import AddressError, is_loopback_ip, parse_address
 
     def where(key: str) -> str:
         line = config.lines.get(key)
@@ -538,6 +539,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import replay
 
         return replay.main(args_in[1:])
+    if args_in[:1] == ["component"]:
+        from acp_proxy.shell import component
+
+        return component.main(args_in[1:])
 
     _COLLECT["after_start"] = gc.isenabled()
     gc.disable()  # until the event loop runs (main() turns it back on if we never get there)
@@ -599,7 +604,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.ui is not None:
         config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, address=args.ui))
     if config.ui.address is not None:
-        from acp_proxy.shell.sockets import AddressError, parse_address
+        from acp_proxy.shell.sockets.address import AddressError, parse_address
 
         try:
             if parse_address(config.ui.address, listen=True).scheme != "tcp":
@@ -651,11 +656,11 @@ def _main(argv: Sequence[str] | None) -> int:
     from acp_proxy.shell.process import run_supervised
 
     if config.listen is not None:
-        from acp_proxy.shell.sockets import run_listen
+        from acp_proxy.shell.sockets.server import run_listen
 
         return anyio.run(_collecting, run_supervised, *_telemetry(config, run_listen, agent_argv))
     if config.connect is not None:
-        from acp_proxy.shell.sockets import run_connect
+        from acp_proxy.shell.sockets.connect import run_connect
 
         return anyio.run(_collecting, run_supervised, *_telemetry(config, run_connect))
 

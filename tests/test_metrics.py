@@ -17,7 +17,7 @@ import pytest
 from proxy_harness import FAKE_AGENT, REPO, TESTS, Lines, init_response, proxy_env, request, run
 from telemetry_harness import LogReader, http_get, scrape, total, value
 
-from acp_proxy.telemetry.metrics import (
+from acp_proxy.telemetry.labels import (
     ACP_METHODS,
     code_label,
     exit_status_label,
@@ -110,20 +110,34 @@ def _check_counts(samples: dict[Any, float], *, finished: bool) -> None:
         == 1
     )
 
-    def count(direction: str, method: str, outcome: str, code: str = "") -> float:
+    def count(direction: str, method: str, outcome: str) -> float:
         return value(
             samples,
             "acp_proxy_request_duration_seconds_count",
             direction=direction,
             method=method,
             outcome=outcome,
-            error_code=code,
         )
 
     assert count(C2A, "initialize", "result") == 1
     assert count(C2A, "session/new", "result") == 1
     assert count(C2A, "session/prompt", "result") == 1
-    assert count(C2A, "other", "error", "-32601") == 1
+    assert count(C2A, "other", "error") == 1
+    # Successes carry no error code: errors are counted on their own, by code.
+    errors = {
+        labels: v
+        for (name, labels), v in samples.items()
+        if name == "acp_proxy_request_errors_total"
+    }
+    assert errors == {
+        (("direction", C2A), ("error_code", "-32601"), ("method", "other")): 1.0,
+    }
+    # v2: the prompt response only accepts the prompt; the second prompt supersedes the first
+    # turn, which the agent never ended; the second ends with the session.
+    turns = "acp_proxy_turn_duration_seconds_count"
+    assert value(samples, turns, stop_reason="superseded") == 1
+    assert value(samples, turns, stop_reason="session_end") == (1 if finished else 0)
+    assert value(samples, "acp_proxy_cancellations_total") == 1
     assert count(A2C, "fs/read_text_file", "result") == 1
     answered = 5
     # Every request is in the histogram exactly once; the last prompt only once it has ended.
@@ -196,7 +210,7 @@ async def test_stdio_scrape_during_session_and_readyz_flips_at_initialize(
         _check_counts(samples, finished=False)
         assert value(samples, "acp_proxy_pending_requests", direction=C2A) == 1
         assert value(samples, "acp_proxy_pending_requests", direction=A2C) == 0
-        assert value(samples, "acp_proxy_sessions") == 1
+        assert value(samples, "acp_proxy_open_sessions") == 1
         assert value(samples, "acp_proxy_ready") == 1
         assert value(samples, "acp_proxy_build_info", version=_version()) == 1
         assert value(samples, "process_open_fds") > 0
@@ -254,7 +268,7 @@ async def test_listen_scrape_after_session(tmp_path: Path) -> None:
         await log.event("connection closed")
         samples = await scrape(metrics)
         _check_counts(samples, finished=True)
-        assert value(samples, "acp_proxy_sessions") == 0
+        assert value(samples, "acp_proxy_open_sessions") == 0
         assert value(samples, "acp_proxy_pending_requests", direction=C2A) == 0
         assert value(samples, "acp_proxy_agent_exits_total", status="exit_3") == 1
         assert value(samples, "acp_proxy_generated_frames_total", direction=A2C) == 1
@@ -566,10 +580,11 @@ def test_accounting_from_a_connection_in_observe_mode() -> None:
     assert metrics.ready
     assert metrics.untracked == {(C2A,): 1}
     assert {k: (h.count, h.total) for k, h in metrics.durations.items()} == {
-        (C2A, "initialize", "result", ""): (1, 0.25),
-        (C2A, "session/new", "error", "-32602"): (1, 3.0),
+        (C2A, "initialize", "result"): (1, 0.25),
+        (C2A, "session/new", "error"): (1, 3.0),
     }
-    hist = metrics.durations[(C2A, "initialize", "result", "")]
+    assert metrics.errors == {(C2A, "session/new", "-32602"): 1}
+    hist = metrics.durations[(C2A, "initialize", "result")]
     assert hist.buckets[5] == 1 and sum(hist.buckets) == 1  # 0.25 is in the le="0.25" bucket
 
 

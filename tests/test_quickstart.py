@@ -86,3 +86,22 @@ def test_the_quick_start_session_line_with_the_demo_agent(tmp_path: Path) -> Non
     assert answer["id"] == 0
     assert answer["result"]["protocolVersion"] == 2
     assert "starting" in log.read_text(encoding="utf-8")
+
+
+def test_mypy_strict_checks_a_user_middleware_against_the_install(tmp_path: Path) -> None:
+    """Outside the checkout, with no MYPYPATH: mypy must find the installed package (an
+    editable install's import hook is invisible to it; the plain .pth file is not)."""
+    (tmp_path / "mw.py").write_text(
+        "from acp_proxy.middleware import FORWARD, BaseMiddleware, JsonObject, MessageContext,"
+        " Verdict\n\n\nclass Tag(BaseMiddleware):\n"
+        "    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:\n"
+        "        return FORWARD\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")}
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "c"), "mw.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith("Success: no issues found in 1 source file")

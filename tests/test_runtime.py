@@ -1,7 +1,7 @@
 """The streaming shell end to end: real ``python -m acp_proxy``, real fake agents, real pipes.
 
 Asserts exact bytes on the wire (style.md habit 9). Also drives ``pump_session`` in-process over
-in-memory streams, the way the socket transports (issue 5) will.
+in-memory streams, the way the socket transports do.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from proxy_harness import (
 )
 
 from acp_proxy.config import Config
-from acp_proxy.shell.runtime import PumpSession, pump_session
+from acp_proxy.shell.hooks import EndedSession
+from acp_proxy.shell.session import PumpSession, pump_session
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import Note, Observed
 
@@ -576,7 +577,7 @@ class _Recorder:
     def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         self.generated.append((str(direction), frames))
 
-    def on_end(self, session: PumpSession, now: float) -> None:
+    def on_end(self, session: EndedSession, now: float) -> None:
         self.ended += 1
 
 

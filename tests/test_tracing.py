@@ -96,7 +96,11 @@ PROMPT = (
 )
 NEW = request(1, "session/new", {"cwd": "/w", "mcpServers": []}).rstrip(b"\n")
 SCRIPT: list[tuple[bytes, list[bytes]]] = [
-    (request(0, "initialize", {"protocolVersion": 2}).rstrip(b"\n"), [init_response(0)[:-1]]),
+    # A v1 session: its turn ends with the prompt response.
+    (
+        request(0, "initialize", {"protocolVersion": 1}).rstrip(b"\n"),
+        [init_response(0, version=1)[:-1]],
+    ),
     (NEW, [_frame({"id": 1, "result": {"sessionId": "s1"}})]),
     (
         PROMPT,
@@ -201,9 +205,15 @@ def _without_injected(frame: bytes) -> Any:
 def _attrs(span: Any) -> dict[str, Any]:
     out = {}
     for kv in span.attributes:
-        value = kv.value
-        out[kv.key] = getattr(value, value.WhichOneof("value"))
+        out[kv.key] = _value(kv.value)
     return out
+
+
+def _value(value: Any) -> Any:
+    got = getattr(value, value.WhichOneof("value"))
+    if value.WhichOneof("value") == "array_value":
+        return [_value(v) for v in got.values]
+    return got
 
 
 def _by_name(receiver: Receiver) -> dict[str, Any]:
@@ -223,16 +233,16 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
     spans = _by_name(receiver)
     assert sorted(spans) == [
         "_vendor/thing",
+        "execute_tool",
         "fs/read_text_file",
         "initialize",
+        "invoke_agent",
         "session/new",
-        "session/prompt",
-        "tool_call",
     ]
     resource = {kv.key: kv.value.string_value for kv in receiver.spans[0][0].attributes}
     assert resource["service.name"] == "proxy-under-test"
 
-    prompt = spans["session/prompt"]
+    prompt = spans["invoke_agent"]  # the turn: the session/prompt request's span
     # The client's traceparent is the parent of the proxy's span.
     assert prompt.trace_id.hex() == TRACE
     assert prompt.parent_span_id.hex() == PARENT
@@ -244,7 +254,12 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
         "rpc.jsonrpc.request_id": "2",
         "acp.direction": "client_to_agent",
         "acp.session_id": "s1",
-        "acp.protocol_version": 2,
+        "acp.protocol_version": 1,
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.conversation.id": "s1",
+        "gen_ai.response.finish_reasons": ["end_turn"],
+        "acp.stop_reason": "end_turn",
+        "acp.turn.tool_calls": 1,
     }
     # The agent got the proxy span's traceparent, and only that member differs.
     forwarded = PROMPT.replace(
@@ -254,13 +269,18 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
     assert received[2] == forwarded
 
     # The turn's tool call and the agent's request during it are children of the prompt span.
-    tool = spans["tool_call"]
+    tool = spans["execute_tool"]
     assert (tool.trace_id, tool.parent_span_id) == (prompt.trace_id, prompt.span_id)
     assert _attrs(tool) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.call.id": "t1",
+        "gen_ai.conversation.id": "s1",
         "acp.session_id": "s1",
         "acp.tool_call_id": "t1",
-        "acp.tool_kind": "read",
-        "acp.tool_status": "completed",
+        "acp.tool_call.kind": "read",
+        "acp.tool_call.title": "Read x",
+        "acp.tool_call.status": "completed",
+        "acp.tool_call.final_status": "completed",
     }
     read = spans["fs/read_text_file"]
     assert (read.trace_id, read.parent_span_id) == (prompt.trace_id, prompt.span_id)
@@ -372,6 +392,51 @@ def test_missing_extra_is_a_clear_error(tmp_path: Path) -> None:
         timeout=TIMEOUT,
     )
     assert done.returncode == 2
-    assert b"acp-proxy: tracing needs the OpenTelemetry SDK: pip install 'acp-proxy[otel]'" in (
-        done.stderr
-    )
+    # acp-proxy is not on the package index: the command names this installation's source.
+    want = f"acp-proxy: tracing needs the OpenTelemetry SDK (the otel extra): {sys.executable} "
+    want += f"-m pip install -e '{REPO}[otel]'\n"
+    assert done.stderr.decode() == want
+
+
+@pytest.mark.parametrize(
+    ("prefix", "direct_url", "hint"),
+    [
+        (
+            "/v",
+            '{"dir_info": {"editable": true}, "url": "file:///src/acp"}',
+            "/v/bin/python -m pip install -e '/src/acp[otel]'",
+        ),
+        (
+            "/v",
+            '{"dir_info": {}, "url": "file:///src/acp"}',
+            "/v/bin/python -m pip install '/src/acp[otel]'",
+        ),
+        (
+            "/h/.local/share/pipx/venvs/acp-proxy",
+            '{"dir_info": {}, "url": "file:///src/acp"}',
+            "pipx inject acp-proxy opentelemetry-sdk opentelemetry-exporter-otlp-proto-http",
+        ),
+        (
+            "/h/.local/share/uv/tools/acp-proxy",
+            '{"dir_info": {}, "url": "file:///src/acp"}',
+            "uv tool install --reinstall '/src/acp[otel]'",
+        ),
+        (
+            "/v",
+            '{"archive_info": {}, "url": "file:///tmp/acp_proxy-0.2.0-py3-none-any.whl"}',
+            "/v/bin/python -m pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http",
+        ),
+        (
+            "/v",
+            "",
+            "/v/bin/python -m pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http",
+        ),
+    ],
+)
+def test_install_hint_fits_the_installation(
+    prefix: str, direct_url: str, hint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from acp_proxy.shell import tracing
+
+    monkeypatch.setattr(Path, "is_dir", lambda self: str(self) == "/src/acp")
+    assert tracing.install_hint(prefix, "/v/bin/python", direct_url) == hint

@@ -19,7 +19,8 @@ import orjson
 import pytest
 from ui_records import big_record, serve_record
 
-from acp_proxy.shell.sockets import open_listener, parse_address
+from acp_proxy.shell.sockets.address import parse_address
+from acp_proxy.shell.sockets.listening import open_listener
 from acp_proxy.shell.ui_hub import HubLimits, UiHub
 from acp_proxy.shell.ui_server import UiServer
 

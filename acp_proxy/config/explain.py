@@ -35,7 +35,10 @@ def explain_config(config: Config) -> str:
     """A human-readable summary of ``config`` for ``acp-proxy check-config`` (no final newline)."""
     lines = [f"config: {config.source or '(none: pure pass-through)'}"]
     if config.rules:
-        lines.append(f"rules ({len(config.rules)}, applied in this order; every match applies):")
+        lines.append(
+            f"rules ({len(config.rules)}, applied in this order"
+            + ("; every match applies):" if len(config.rules) > 1 else "):")
+        )
         for i, rule in enumerate(config.rules, 1):
             where = f" (line {rule.line})" if rule.line is not None else ""
             lines.append(f"  {i}. {rule.name}{where}")
@@ -57,7 +60,7 @@ def explain_config(config: Config) -> str:
         for i, spec in enumerate(config.middleware, 1):
             policy = "fail-closed" if spec.fail_closed else "fail-open"
             if spec.use == BUILTIN_RULES:
-                desc = f"rules (built-in, {len(config.rules)} rules)"
+                desc = f"rules (built-in, {_count(len(config.rules), 'rule')})"
             else:
                 desc = f"{spec.name} = {spec.use}"
                 if spec.options:
@@ -88,5 +91,31 @@ def explain_config(config: Config) -> str:
         f"  max_connections: {config.max_connections}, "
         f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
+        f"  metrics: {config.metrics or 'off'}",
+        "  tracing: "
+        + (
+            f"enabled (OTLP, configured by OTEL_* variables), inject traceparent: "
+            f"{'yes' if config.tracing.inject else 'no'}"
+            if config.tracing.enabled
+            else "off"
+        ),
+        "  record: " + _explain_record(config),
     ]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _explain_record(config: Config) -> str:
+    record = config.record
+    if record.path is None:
+        return "off (--record PATH turns it on)"
+    extra = ""
+    if record.redact or record.redact_patterns:
+        extra = (
+            f", redacting also {_count(len(record.redact), 'key name')} and "
+            f"{_count(len(record.redact_patterns), 'pattern')}"
+        )
+    return f"{record.path}, max_bytes {record.max_bytes} ({_size_text(record.max_bytes)}){extra}"

@@ -274,8 +274,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "tracing",
         Kind.SECTION,
-        "OpenTelemetry traces (`pip install 'acp-proxy[otel]'`); the exporter is configured "
-        "by the standard `OTEL_*` environment variables.",
+        "OpenTelemetry traces (needs the `otel` extra, e.g. `pip install '.[otel]'` from a "
+        "checkout); the exporter is configured by the standard `OTEL_*` environment variables.",
         attr="tracing",
         children=(
             Setting(

@@ -14,6 +14,7 @@ is byte for byte the same) when the first event at an enabled level is emitted.
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from typing import Any, BinaryIO, TextIO
 
@@ -37,7 +38,13 @@ LEVELS: dict[str, int] = {
 # before structlog is involved (0 until configured: structlog's own defaults then decide);
 # setup: the structlog configuration still to apply, (format, stream, colors); file: the log
 # file we opened (closed when replaced).
-_state: dict[str, Any] = {"level": INFO, "threshold": 0, "setup": None, "file": None}
+_state: dict[str, Any] = {
+    "level": INFO,
+    "threshold": 0,
+    "setup": None,
+    "file": None,
+    "format": LogFormat.CONSOLE,
+}
 
 
 def configure_logging(
@@ -64,8 +71,10 @@ def configure_logging(
             else sys.stderr
         )
         # Decided now, as structlog's configuration always was: the terminal, not a later one.
-        colors = not log_file and sys.stderr.isatty()
+        # NO_COLOR (https://no-color.org): present and not empty turns colours off.
+        colors = not log_file and sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     _state["file"] = stream if log_file else None
+    _state["format"] = fmt
     _state["setup"] = (fmt, stream, colors)
     _state["level"] = numeric
     _state["threshold"] = numeric
@@ -194,3 +203,15 @@ def get_logger(**initial: Any) -> Any:
     """A structlog bound logger (``Any``: structlog's filtering loggers are generated classes),
     imported and configured on its first event at an enabled level."""
     return _Logger(dict(initial))
+
+
+def say_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
+    """Say an error that ends the run where the user reads it, once per reader.
+
+    Always on stderr as ``acp-proxy: MESSAGE`` (what an editor shows). Also as a log event when
+    the log is for a machine or somewhere else (``--log-format json``, ``--log-file``); not when
+    the log is the console on stderr, where the event would print the message a second time.
+    """
+    if _state["file"] is not None or _state["format"] is LogFormat.JSON:
+        log.error(event, error=message, **fields)
+    print(f"acp-proxy: {message}", file=sys.stderr)

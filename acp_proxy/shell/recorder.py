@@ -1,4 +1,4 @@
-"""``--record``: one session's frames appended to a JSON Lines file while they pass (issue 11).
+"""``--record``: one session's frames appended to a JSON Lines file while they pass.
 
 Contract: owns the record file of one session. A ``Recorder`` is a ``SessionObserver``: it turns
 each observation into record lines (``acp_proxy.record.format``, which also redacts) on the
@@ -36,7 +36,7 @@ from acp_proxy.wire.pipeline import Observed, VersionNegotiated
 
 if TYPE_CHECKING:
     from acp_proxy.config import Config
-    from acp_proxy.shell.runtime import PumpSession
+    from acp_proxy.shell.hooks import EndedSession
     from acp_proxy.wire.pipeline import Note
 
 # Lines waiting for the writer thread, in bytes: past this the session drops lines rather than
@@ -233,7 +233,12 @@ class Recorder:
         for frame in frames:
             self._put(frame_line(t, _DIR[direction], frame, self.redactor, generated=True), now)
 
-    def on_end(self, session: PumpSession, now: float) -> None:
+    def event(self, name: str, now: float, **fields: object) -> None:
+        """An event line the session's transport adds (a proxy component records its
+        conductor's dialect and each envelope's hop metadata: ``shell.component``)."""
+        self._put(event_line(now - self.start, name, **fields), now)
+
+    def on_end(self, session: EndedSession, now: float) -> None:
         self._summary = session.summary()
         self._ended = now
 

@@ -1,4 +1,4 @@
-"""The metrics and health endpoints (issue 12.1): a tiny HTTP/1.1 responder on the proxy's loop.
+"""The metrics and health endpoints: a tiny HTTP/1.1 responder on the proxy's loop.
 
 Contract: owns the ``--metrics`` listener and what it answers: ``GET /metrics`` (the Prometheus
 text format, rendered by ``prometheus_client`` from ``telemetry.metrics.Metrics``), ``/healthz``
@@ -10,8 +10,8 @@ Why a responder of our own on the event loop rather than ``prometheus_client``'s
 ``start_http_server``: that server is a thread per scrape that reads the counters while the loop
 writes them (our counters are lock-free dicts, safe only on the loop's thread); it binds any
 address it is given (our loopback rule would have to be checked beside it), and it starts a
-thread at start-up. Three GET paths need 100 lines: bind through ``sockets.open_listener`` (same
-URL syntax, loopback rule and Unix socket handling as ``--listen``), read one request head
+thread at start-up. Three GET paths need 100 lines: bind through ``open_listener`` (same URL
+syntax, loopback rule and Unix socket handling as ``--listen``), read one request head
 (bounded: 8 KiB, 10 s), answer, close. A slow scraper holds one task, never a session.
 """
 
@@ -27,15 +27,10 @@ import anyio
 
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger
-from acp_proxy.shell.sockets import (
-    AddressError,
-    ListenError,
-    SocketStream,
-    close_with,
-    open_listener,
-    parse_address,
-)
+from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
@@ -174,8 +169,7 @@ async def run_with_metrics(
         print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        log.error("cannot serve metrics", error=str(exc))
-        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot serve metrics", f"--metrics: {exc}")
         return exc.exit_code
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
     log.info(

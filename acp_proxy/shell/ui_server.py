@@ -36,15 +36,10 @@ import orjson
 from acp_proxy.config.model import UiConfig
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger
-from acp_proxy.shell.sockets import (
-    AddressError,
-    ListenError,
-    SocketStream,
-    close_with,
-    open_listener,
-    parse_address,
-)
+from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.ui_hub import HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.ui import events, export, security
 
@@ -290,8 +285,7 @@ async def _serving(
         print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        log.error("cannot serve the live view", error=str(exc))
-        print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot serve the live view", f"--ui: {exc}")
         return exc.exit_code
     token = secrets.token_urlsafe(32)
     host = listener.address.host

@@ -13,7 +13,8 @@ lists, in order, ``(index, start, stop)`` of each line ``raw[start:stop]`` (the 
 does not start with ``{"`` (a batch, a blank or whitespace line, non-JSON output, a frame with
 something before its opener) or that contains one of ``needles`` (an empty needle occurs in every
 line; a needle holding ``\\n`` in none). Every other line starts like a JSON object and holds no
-needle: ``Connection._block`` forwards runs of them whole (issue 13, pass-through speed).
+needle: the block path (``acp_proxy.wire.blocks``) forwards runs of them whole (pass-through
+speed).
 """
 
 from __future__ import annotations

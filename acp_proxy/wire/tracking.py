@@ -2,8 +2,8 @@
 
 Contract: owns the two tables of JSON-RPC requests that crossed the proxy and have not been
 answered yet (client requests awaiting the agent, agent requests awaiting the client), keyed by
-id, each with its method and the id's bytes exactly as the sender wrote them (issue 9: "error
-replies the proxy writes echo the request id's original bytes"). Bounded (issue 10): at most
+id, each with its method and the id's bytes exactly as the sender wrote them (the error replies
+the proxy writes echo the request id's original bytes). Bounded (README "Bounds"): at most
 ``max_pending`` requests per direction and ``MAX_PENDING_ID_BYTES`` of ids for both; past that a
 request is not admitted (the pipeline answers it with an error instead of forwarding it). Builds
 the ``-32603`` errors owed when a peer is gone, lazily, in chunks. Pure: no I/O, no clock.
@@ -23,9 +23,15 @@ from acp_proxy.wire.chain import INTERNAL_ERROR, Direction
 
 # Bytes of request ids held in both tables together (an id may be a string of any length).
 MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
-# Errors owed at a peer's exit are built and handed out this many at a time (issue 10.2: 400,000
-# responses built at once took 1.9 GB).
+# Errors owed at a peer's exit are built and handed out this many at a time (bounded memory:
+# 400,000 responses built at once took 1.9 GB).
 ABORT_CHUNK = 1000
+
+
+def is_id(value: object) -> bool:
+    """A valid request id: ACP digest §8.1, a string, an integer or null (JSON-RPC: also a
+    number)."""
+    return value is None or type(value) in (str, int, float)
 
 
 def error_frame_bytes(id_bytes: bytes, code: int, message: str) -> bytes:
