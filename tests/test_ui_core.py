@@ -274,3 +274,17 @@ def test_remote_hosts_need_allow_remote() -> None:
 )
 def test_malformed_heads(raw: bytes) -> None:
     assert security.parse_head(raw) is None
+
+
+def test_the_ui_section_of_the_config(tmp_path: Any) -> None:
+    from acp_proxy.config import ConfigError, load_config
+    from acp_proxy.config.model import UiConfig
+
+    path = tmp_path / "c.yaml"
+    path.write_text("ui:\n  address: tcp://127.0.0.1:0\n  observer_bytes: 1MiB\n")
+    config = load_config(str(path), {})
+    assert config.ui == UiConfig(address="tcp://127.0.0.1:0", observer_bytes=1024 * 1024)
+    assert load_config(None, {}).ui == UiConfig()
+    path.write_text("ui:\n  max_observers: 0\n")
+    with pytest.raises(ConfigError, match=r"ui\.max_observers"):
+        load_config(str(path), {})
