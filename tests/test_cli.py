@@ -13,6 +13,7 @@ import pytest
 from proxy_harness import REPO, init_response, proxy_cmd, proxy_env, request, run, write_config
 
 from acp_proxy import __version__, cli
+from acp_proxy.cli import options as options_module
 from acp_proxy.config import ConfigError, explain_config, load_config
 from acp_proxy.wire.scan import SCANNER
 
@@ -340,7 +341,7 @@ def test_start_up_loads_what_the_command_line_asks_for(tmp_path: Path) -> None:
     ],
 )
 def test_the_fast_option_path_reads_what_argparse_reads(options: list[str]) -> None:
-    fast = cli._fast_options(options)
+    fast = options_module.fast_options(options)
     parsed, extra = cli.build_parser().parse_known_args(options)
     assert fast is not None
     assert (vars(fast), extra) == (vars(parsed), [])
@@ -361,7 +362,7 @@ def test_the_fast_option_path_reads_what_argparse_reads(options: list[str]) -> N
     ],
 )
 def test_the_fast_option_path_leaves_the_rest_to_argparse(options: list[str]) -> None:
-    assert cli._fast_options(options) is None
+    assert options_module.fast_options(options) is None
 
 
 def test_garbage_collection_is_off_only_during_start_up() -> None:

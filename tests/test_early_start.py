@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from proxy_harness import REPO, proxy_env
 
-from acp_proxy import cli
+from acp_proxy.cli import launch
 from acp_proxy.config import AgentConfig, Config, StderrMode
 from acp_proxy.shell import spawn
 
@@ -246,7 +246,7 @@ def test_the_start_before_the_config_uses_the_default_configs_agent_settings() -
     """What the command line starts an agent with before it reads the config is what the
     default config says (else the runtime would kill that agent and start another)."""
     argv = ["agent", "--flag"]
-    assert spawn._key(argv, cli._UNCONFIGURED_AGENT) == spawn._key(argv, Config().agent)
+    assert spawn._key(argv, launch.UNCONFIGURED_AGENT) == spawn._key(argv, Config().agent)
 
 
 def test_signals_before_the_loop_are_recorded_once_each() -> None:

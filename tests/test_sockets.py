@@ -420,10 +420,11 @@ async def test_port_in_use_is_said_once_on_a_console(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_connect_refused_is_a_clear_error(tmp_path: Path) -> None:
     url = f"unix://{tmp_path}/nobody.sock"
-    ran = await run([*PROXY, "--connect", url, "--connect-timeout", "2"], request(1, "x"))
+    ran = await run([*PROXY, "--connect", url, "--connect-timeout", "0.3"], request(1, "x"))
     assert (ran.rc, ran.stdout) == (1, b"")
     assert _said_once(ran, "cannot connect to the agent") == (
-        f"cannot connect to the agent at {url}: No such file or directory"
+        f"cannot connect to the agent at {url}: No such file or directory "
+        "(tried for 0.3 s, --connect-timeout)"
     )
 
 

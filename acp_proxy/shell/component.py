@@ -316,20 +316,22 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``acp-proxy component``; returns the exit code (2: usage or config)."""
     import dataclasses
 
-    from acp_proxy import cli
+    from acp_proxy.cli.commands import print_config_errors
+    from acp_proxy.cli.launch import with_telemetry
+    from acp_proxy.cli.options import CONFIG_ENV, EXIT_USAGE
     from acp_proxy.config import ConfigError, load_config
 
     parser = build_parser()
     args = parser.parse_args(list(argv))
-    config_path = args.config or os.environ.get(cli.CONFIG_ENV) or None
+    config_path = args.config or os.environ.get(CONFIG_ENV) or None
     try:
         config = load_config(config_path, os.environ)
     except ConfigError as exc:
-        cli._print_config_errors(exc)
-        return cli.EXIT_USAGE
+        print_config_errors(exc)
+        return EXIT_USAGE
     except OSError as exc:
         print(f"acp-proxy: {config_path}: {exc.strerror or exc}", file=sys.stderr)
-        return cli.EXIT_USAGE
+        return EXIT_USAGE
     changes: dict[str, Any] = {}
     if args.max_frame_bytes is not None:
         changes["max_frame_bytes"] = args.max_frame_bytes
@@ -357,8 +359,8 @@ def main(argv: Sequence[str]) -> int:
         configure_logging(args.log_level, args.log_format, args.log_file)
     except OSError as exc:
         print(f"acp-proxy: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
-        return cli.EXIT_USAGE
-    return int(anyio.run(*cli._telemetry(config, run_component)))
+        return EXIT_USAGE
+    return int(anyio.run(*with_telemetry(config, run_component)))
 
 
 __all__ = ["ConductorMux", "build_parser", "main", "run_component"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from acp_proxy.shell.repeats import Repeats
 from acp_proxy.wire.pipeline import (
     Dropped,
     FrameInfo,
@@ -38,7 +39,7 @@ class NoteLog:
     kind); ``record``: the redaction settings applied to samples of the agent's own output.
     """
 
-    __slots__ = ("debug", "frame_log", "log", "record")
+    __slots__ = ("debug", "frame_log", "log", "record", "repeats")
 
     def __init__(
         self, log: Any, frame_log: FrameLog | None, debug: bool, record: RecordConfig
@@ -47,6 +48,12 @@ class NoteLog:
         self.frame_log = frame_log
         self.debug = debug
         self.record = record
+        # Warnings a peer can repeat at will: logged once, then counted.
+        self.repeats = Repeats()
+
+    def flush(self) -> None:
+        """The session ends: log how often each counted warning repeated since its last line."""
+        self.repeats.flush()
 
     def __call__(self, notes: tuple[Note, ...]) -> None:
         log = self.log
@@ -84,7 +91,9 @@ class NoteLog:
                         sample=redacted_text(self.record, note.sample),
                     )
             elif type(note) is OversizeFrame:
-                log.warning(
+                self.repeats(
+                    OversizeFrame,
+                    log.warning,
                     "frame over the size limit discarded",
                     size=note.size,
                     limit=note.limit,
@@ -94,7 +103,9 @@ class NoteLog:
                 )
             elif type(note) is MiddlewareFailed:
                 failure = note.failure
-                log.error(
+                self.repeats(
+                    (MiddlewareFailed, failure.middleware, failure.fail_closed),
+                    log.error,
                     "middleware failed",
                     middleware=failure.middleware,
                     error=failure.error,
@@ -116,13 +127,17 @@ class NoteLog:
                     reason=note.reason,
                 )
             elif type(note) is UnusualVersion:
-                log.warning(
+                self.repeats(
+                    UnusualVersion,
+                    log.warning,
                     "initialize response has an unusual protocolVersion",
                     protocol_version=note.value,
                     action=note.action,
                 )
             elif type(note) is PendingFull:
-                log.warning(
+                self.repeats(
+                    (PendingFull, note.direction),
+                    log.warning,
                     "too many requests awaiting an answer; request answered with an error",
                     direction=str(note.direction),
                     method=note.method,

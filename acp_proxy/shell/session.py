@@ -163,6 +163,7 @@ class PumpSession:
                 tg.start_soon(self._client_reader)
                 await self._agent_reader()
         finally:
+            self._log_notes.flush()
             # Whatever is left is garbage once the session ends: give the budget back.
             self.budget.add(-self._held)
             self._held = 0

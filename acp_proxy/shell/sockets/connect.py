@@ -35,20 +35,41 @@ class ConnectError(Exception):
     """The agent's address could not be reached (refused, unresolvable, timed out)."""
 
 
+# "Not there yet": errors retried until the deadline (an agent that starts after the proxy, a
+# sidecar started before its agent). Others (a name that does not resolve, a permission) fail
+# at once.
+_NOT_YET = frozenset(
+    (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET, errno.ECONNABORTED, errno.EAGAIN)
+)
+# The pause between tries: doubles from the first to the last, never past the deadline.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 0.5
+
+
 async def connect(address: Address, timeout: float) -> SocketStream:
-    """Connect to the agent at ``address`` within ``timeout`` seconds. Raises ``ConnectError``."""
-    try:
-        with anyio.fail_after(timeout):
-            return await _connect(address)
-    except TimeoutError:
-        raise ConnectError(
-            f"cannot connect to the agent at {address}: no answer within {timeout:g} s "
-            "(--connect-timeout)"
-        ) from None
-    except OSError as exc:
-        raise ConnectError(
-            f"cannot connect to the agent at {address}: {exc.strerror or exc}"
-        ) from exc
+    """Connect to the agent at ``address`` within ``timeout`` seconds, trying again (with a
+    growing pause) while it refuses or its socket file does not exist yet. Raises
+    ``ConnectError`` with the last reason."""
+    deadline = time.monotonic() + timeout
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            with anyio.fail_after(max(deadline - time.monotonic(), RETRY_FIRST_S)):
+                return await _connect(address)
+        except TimeoutError:
+            raise ConnectError(
+                f"cannot connect to the agent at {address}: no answer within {timeout:g} s "
+                "(--connect-timeout)"
+            ) from None
+        except OSError as exc:
+            left = deadline - time.monotonic()
+            if exc.errno not in _NOT_YET or left <= 0:
+                tried = f" (tried for {timeout:g} s, --connect-timeout)" if left <= 0 else ""
+                raise ConnectError(
+                    f"cannot connect to the agent at {address}: {exc.strerror or exc}{tried}"
+                ) from exc
+            await anyio.sleep(min(pause, left))
+            pause = min(pause * 2, RETRY_MAX_S)
 
 
 async def _connect(address: Address) -> SocketStream:
