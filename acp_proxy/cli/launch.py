@@ -52,9 +52,9 @@ def starts_early(config: Config) -> bool:
     else can still refuse. With ``--record``, only when the record file can be opened now (one
     that cannot refuses the session before the agent runs; the runtime opens it again, and
     should that fail after all, the agent it never took is killed with the proxy's other
-    leftovers). Not with ``--metrics`` or ``--ui`` (their address is bound first) or tracing (its exporter is
-    set up first), nor on sockets (``--listen`` starts an agent per client, ``--connect``
-    none)."""
+    leftovers). Not with ``--metrics`` or ``--ui`` (their address is bound first) or tracing
+    (its exporter is set up first), nor on sockets (``--listen`` starts an agent per client,
+    ``--connect`` none)."""
     return (
         config.listen is None
         and config.connect is None

@@ -84,6 +84,7 @@ from acp_proxy.config.model import (
     NonJsonPolicy,
     StderrMode,
     TracingConfig,
+    UiConfig,
 )
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ __all__ = [
     "Setting",
     "StderrMode",
     "TracingConfig",
+    "UiConfig",
     "explain_config",
     "json_schema",
     "load_config",
