@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from acp_schema import validate_v2, validate_v2_message
 
-from acp_proxy.demo import Frame, SessionRecord, pair_updates
 from acp_proxy.demo import agent as demo_agent
+from acp_proxy.demo.pairing import pair_updates
+from acp_proxy.demo.session import Frame, SessionRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RULES = ROOT / "acp_proxy" / "data" / "default.yaml"
@@ -204,7 +205,7 @@ def test_text_report_of_the_bundled_run() -> None:
 
 
 def test_a_burst_ends_in_the_same_stored_metadata() -> None:
-    # No pacing: the proxy may coalesce queued updates (issue 4); the client's state must not move.
+    # No pacing: the proxy may coalesce queued updates; the client's state must not move.
     proc = _demo("--json", "--pace-ms", "0")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

@@ -305,17 +305,57 @@ async def test_http_paths_and_methods(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_metrics_refuses_a_non_loopback_address() -> None:
-    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--", sys.executable, "-c", "1"])
+async def test_metrics_refuses_a_non_loopback_address_with_its_own_consent() -> None:
+    agent = ["--", sys.executable, "-c", "1"]
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", *agent])
     assert ran.rc == 2
-    assert b"acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0" in ran.stderr
+    line = ran.stderr.decode().splitlines()[-1]
+    # What the metrics port exposes (not "driving the agent"), and its own flag.
+    assert line == (
+        "acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a "
+        "loopback address (anyone who can reach it can read the metrics and the health of "
+        "the proxy); pass --metrics-allow-remote (metrics_allow_remote: true in the config) "
+        "to serve it there"
+    )
+    # --allow-remote is the ACP listener's consent, not the metrics port's.
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--allow-remote", *agent])
+    assert ran.rc == 2
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--metrics-allow-remote", *agent])
+    assert ran.rc == 0, ran.stderr
 
 
 @pytest.mark.anyio
 async def test_metrics_bad_url_is_a_usage_error() -> None:
-    ran = await run([*PROXY, "--metrics", "http://x", "--", sys.executable, "-c", "1"])
+    ran = await run([*PROXY, "--metrics", "ftp://x", "--", sys.executable, "-c", "1"])
     assert ran.rc == 2
-    assert b"--metrics: 'http://x': expected tcp://HOST:PORT" in ran.stderr
+    assert b"--metrics: 'ftp://x': expected tcp://HOST:PORT" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464/", "tcp://127.0.0.1:9464"),
+        ("http://[::1]:9464/metrics", "tcp://[::1]:9464"),
+        ("localhost:0", "tcp://localhost:0"),
+        ("tcp://127.0.0.1:1", "tcp://127.0.0.1:1"),
+        ("unix:///run/m.sock", "unix:///run/m.sock"),
+        ("https://127.0.0.1:9464", "https://127.0.0.1:9464"),  # not served: left to be refused
+    ],
+)
+def test_metrics_url_forms(given: str, url: str) -> None:
+    from acp_proxy.telemetry.endpoint import metrics_url
+
+    assert metrics_url(given) == url
+
+
+@pytest.mark.anyio
+async def test_metrics_accepts_host_port_and_http_forms(tmp_path: Path) -> None:
+    for form in ("127.0.0.1:0", "http://127.0.0.1:0/"):
+        ran = await run([*PROXY, "--metrics", form, "--", sys.executable, "-c", "1"])
+        assert ran.rc == 0, ran.stderr
+        assert b'{"address":"tcp://127.0.0.1:' in ran.stderr
 
 
 # -- pure: bounded labels --------------------------------------------------------------------------
@@ -547,6 +587,8 @@ async def test_check_config_applies_the_loopback_rule_to_metrics(tmp_path: Path)
         f"acp-proxy: {cfg}:1: metrics: 0.0.0.0 is not a loopback address"
     )
     cfg.write_text("metrics: tcp://0.0.0.0:9464\nallow_remote: true\n")
+    assert (await run(check)).rc == 2  # the listener's consent does not cover the metrics port
+    cfg.write_text("metrics: 0.0.0.0:9464\nmetrics_allow_remote: true\n")
     assert (await run(check)).rc == 0
 
 

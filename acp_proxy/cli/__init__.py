@@ -161,6 +161,8 @@ def _main(argv: Sequence[str] | None) -> int:
         )
     if args.ui is not None:
         config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, address=args.ui))
+    if args.ui_allow_remote:
+        config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, allow_remote=True))
     if config.ui.address is not None:
         from acp_proxy.shell.sockets.address import AddressError, parse_address
 

@@ -70,7 +70,8 @@ def run_checks(config: Config) -> list[str]:
                 f"{where(key)}: the socket path is {len(os.fsencode(address.path))} bytes; "
                 f"Unix socket paths are limited to {_UNIX_PATH_MAX}"
             )
-        if not listen or address.scheme != "tcp" or config.allow_remote:
+        consent = config.metrics_allow_remote if key == "metrics" else config.allow_remote
+        if not listen or address.scheme != "tcp" or consent:
             continue
         try:  # the same lookup as the listener's, so names are judged as the run judges them
             infos = socket.getaddrinfo(
@@ -82,7 +83,14 @@ def run_checks(config: Config) -> list[str]:
         remote = list(
             dict.fromkeys(str(i[4][0]) for i in infos if not is_loopback_ip(str(i[4][0])))
         )
-        if remote:
+        if remote and key == "metrics":
+            problems.append(
+                f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
+                "reach it can read the metrics and the health of the proxy); the proxy refuses "
+                "to serve them there unless metrics_allow_remote: true (or "
+                "--metrics-allow-remote)"
+            )
+        elif remote:
             problems.append(
                 f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
                 "reach it could drive the agent); the proxy refuses to listen there unless "

@@ -101,14 +101,14 @@ def with_telemetry(
         # The live view (imported only when on): its tap joins the metrics' and tracing's.
         from acp_proxy.shell.ui_server import run_with_ui
 
-        run = (run_with_ui, config.ui, config.allow_remote, config.record, *run)
+        run = (run_with_ui, config.ui, config.record, *run)
     if config.metrics is not None:
         from acp_proxy.shell.telemetry import run_with_metrics
 
         run = (
             run_with_metrics,
             config.metrics,
-            config.allow_remote,
+            config.metrics_allow_remote,
             config.listen is None,  # stdio, --connect: ready once the agent answered initialize
             config.max_pending_requests,
             *run,

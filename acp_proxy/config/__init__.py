@@ -52,7 +52,8 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     max_connections: INT
     handshake_timeout: SECONDS
     allow_remote: BOOL
-    metrics: tcp://HOST:PORT | unix:///PATH
+    metrics_allow_remote: BOOL
+    metrics: tcp://HOST:PORT | unix:///PATH | HOST:PORT | http://HOST:PORT
     tracing: {enabled: BOOL, inject: BOOL}
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and

@@ -91,6 +91,7 @@ class UiConfig:
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     address: str | None = None  # tcp://HOST:PORT; None: off (the command line's --ui wins)
+    allow_remote: bool = False  # a non-loopback address (--ui-allow-remote)
     history_bytes: int = 64 * 1024 * 1024  # events held for replay; the oldest go first
     observer_bytes: int = 8 * 1024 * 1024  # one observer's queue; past it, cut off
     max_observers: int = 64  # subscriptions at once
@@ -131,7 +132,8 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
-    allow_remote: bool = False
+    allow_remote: bool = False  # listen on a non-loopback address
+    metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)  # issue 11

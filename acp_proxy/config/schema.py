@@ -259,14 +259,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "allow_remote",
         Kind.BOOL,
-        "Allow `listen` (and `metrics`, `ui.address`) on a non-loopback address.",
+        "Allow `listen` on a non-loopback address (anyone who can reach it can drive the agent).",
         attr="allow_remote",
+    ),
+    Setting(
+        "metrics_allow_remote",
+        Kind.BOOL,
+        "Allow `metrics` on a non-loopback address (anyone who can reach it can read the "
+        "metrics and the health of the proxy).",
+        attr="metrics_allow_remote",
     ),
     Setting(
         "metrics",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: serve `/metrics`, `/healthz` and `/readyz` there "
-        "(Prometheus metrics and health probes). The command line wins.",
+        "`tcp://HOST:PORT` (or `HOST:PORT`, `http://HOST:PORT`) or `unix:///PATH`: serve "
+        "`/metrics`, `/healthz` and `/readyz` there (Prometheus metrics and health probes). "
+        "The command line wins.",
         attr="metrics",
         listen=True,
         default_doc="off",
@@ -343,11 +351,18 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "address",
                 Kind.ADDRESS,
                 "`tcp://HOST:PORT`: serve the live view there (loopback only unless "
-                "`allow_remote`); the URL with its access token is printed to stderr. `--ui` "
+                "`ui.allow_remote`); the URL with its access token is printed to stderr. `--ui` "
                 "wins.",
                 attr="address",
                 listen=True,
                 default_doc="off",
+            ),
+            Setting(
+                "allow_remote",
+                Kind.BOOL,
+                "Allow `ui.address` on a non-loopback address (the token still guards every "
+                "request; anyone who has the URL can read the session).",
+                attr="allow_remote",
             ),
             Setting(
                 "history_bytes",
@@ -532,9 +547,12 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         assert setting.choices is not None
         out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
     elif kind is Kind.ADDRESS:
+        pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
+        if setting.key == "metrics":  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
+            pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
         out["anyOf"] = [
             {"type": "null"},
-            {"type": "string", "pattern": "^(tcp://.+:[0-9]+|unix:///.+)$"},
+            {"type": "string", "pattern": pattern},
             dict(_ENV_REF),
         ]
     elif kind is Kind.ENV:

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--pace-ms N`` waits N ms after each frame it writes. The demo uses it so the proxy is
     never under backpressure and shows each update on its own; without it, the burst of updates
-    may be coalesced by the proxy (issue 4), which ends in the same client state.
+    may be coalesced by the proxy under backpressure, which ends in the same client state.
     """
     parser = argparse.ArgumentParser(prog="python -m acp_proxy.demo.agent")
     parser.add_argument("--pace-ms", type=float, default=0.0, metavar="N")

@@ -31,11 +31,17 @@ from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_address
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.telemetry.endpoint import metrics_url
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
 HEAD_TIMEOUT_S = 10.0
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
+# What a non-loopback metrics port exposes, and its own consent (not --allow-remote's).
+METRICS_EXPOSURE = (
+    "anyone who can reach it can read the metrics and the health of the proxy",
+    "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
+)
 MAX_CLIENTS = 16  # scrapes and probes at once; more wait in the listen backlog
 
 
@@ -163,8 +169,10 @@ async def run_with_metrics(
     """
     log = get_logger()
     try:
-        address = parse_address(url, listen=True)
-        listener = await open_listener(address, allow_remote=allow_remote, log=log)
+        address = parse_address(metrics_url(url), listen=True)
+        listener = await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=METRICS_EXPOSURE
+        )
     except AddressError as exc:
         print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,15 @@ FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (
 CUTOFF_SEND_S: Final = 1.0  # how long a cut-off observer gets to read why
 SEND_TIMEOUT_S: Final = 30.0  # a write that makes no progress this long ends the observer
 
+# What a non-loopback live view exposes, and its own consent (refusal's advice).
+UI_EXPOSURE: Final = (
+    "anyone who has its URL (with the token) can read the session",
+    "pass --ui-allow-remote (ui.allow_remote: true in the config) to serve it there",
+)
+RECORDS_EXPOSURE: Final = (
+    "anyone who has its URL (with the token) can read the records",
+    "pass --allow-remote to serve them there",
+)
 _STATUS: Final = {
     200: "OK",
     400: "Bad Request",
@@ -272,7 +281,7 @@ def token_url(host: str, port: int, token: str) -> str:
 
 
 async def _serving(
-    url: str, allow_remote: bool, hub: UiHub, *, what: str
+    url: str, allow_remote: bool, hub: UiHub, *, what: str, exposure: tuple[str, str]
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
@@ -280,7 +289,9 @@ async def _serving(
         address = parse_address(url, listen=True)
         if address.scheme != "tcp":
             raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
-        listener = await open_listener(address, allow_remote=allow_remote, log=log)
+        listener = await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=exposure
+        )
     except AddressError as exc:
         print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
         return 2
@@ -304,7 +315,6 @@ async def _serving(
 
 async def run_with_ui(
     settings: UiConfig,
-    allow_remote: bool,
     record: RecordConfig,
     main: Callable[..., Awaitable[int]],
     *args: Any,
@@ -317,7 +327,9 @@ async def run_with_ui(
     limits = HubLimits(settings.history_bytes, settings.observer_bytes, settings.max_observers)
     hub = UiHub(mode="live", redactor=build_redactor(record), limits=limits)
     assert settings.address is not None
-    made = await _serving(settings.address, allow_remote, hub, what="live view")
+    made = await _serving(
+        settings.address, settings.allow_remote, hub, what="live view", exposure=UI_EXPOSURE
+    )
     if isinstance(made, int):
         return made
     listener, server = made
@@ -360,7 +372,9 @@ async def serve_records(
         except (OSError, RecordError) as exc:
             print(f"acp-proxy: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
             return 2
-    made = await _serving(url, allow_remote, hub, what=f"{len(paths)} record(s)")
+    made = await _serving(
+        url, allow_remote, hub, what=f"{len(paths)} record(s)", exposure=RECORDS_EXPOSURE
+    )
     if isinstance(made, int):
         return made
     listener, server = made
