@@ -22,7 +22,8 @@ import orjson
 import pytest
 from ui_session import ROOT, LiveSession, live_session
 
-from acp_proxy.demo import _child_env, run_session
+from acp_proxy.demo import _child_env
+from acp_proxy.demo.session import run_session
 
 CHROMIUM = os.environ.get("ACP_PROXY_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "build" / "test-artifacts"

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from acp_proxy.demo import _Child, _child_env, _is_idle, _response_to, client_messages
+from acp_proxy.demo import _child_env
+from acp_proxy.demo.session import _Child, _is_idle, _response_to, client_messages
 from acp_proxy.jsontypes import JsonObject
 
 ROOT = Path(__file__).resolve().parent.parent
