@@ -139,7 +139,7 @@ def test_a_record_fifo_is_opened_once_by_the_recorder(tmp_path: Path) -> None:
     wait for a reader forever), so the agent starts in the runtime and the reader gets the
     whole record."""
     fifo = tmp_path / "record.fifo"
-    os.mkfifo(fifo)
+    os.mkfifo(fifo, 0o600)  # a record target must be private to the user
     got: list[bytes] = []
 
     def read_all() -> None:
