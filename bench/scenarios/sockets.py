@@ -123,7 +123,7 @@ def _sock_feed(sk: socket.socket, data: bytes) -> None:
 
 
 def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
-    # Issue 13: neither peer can listen; one explicit "n/a" row each (or why it is missing).
+    # Neither peer can listen; one explicit "n/a" row each (or why it is missing).
     peer_rows = [
         skipped(5, "mixed-v2", p, t, h.peer_errors.get(p) or PEER_NO_LISTEN[p])
         for p, t in PEER_TITLES.items()
