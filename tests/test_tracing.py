@@ -440,3 +440,30 @@ def test_install_hint_fits_the_installation(
 
     monkeypatch.setattr(Path, "is_dir", lambda self: str(self) == "/src/acp")
     assert tracing.install_hint(prefix, "/v/bin/python", direct_url) == hint
+
+
+@pytest.mark.parametrize("meta", ["x", None, [1], 7])
+def test_inject_leaves_a_meta_that_is_not_an_object_alone(meta: Any) -> None:
+    """``inject`` changes only the ``traceparent`` member of an object ``_meta``: a ``_meta``
+    that is not an object (a peer's bug, or a value it means) is forwarded as it is."""
+    from acp_proxy.telemetry.propagation import TraceContext
+    from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace
+
+    middleware = TraceContext(inject=True)
+    ctx = MessageContext(Direction.CLIENT_TO_AGENT, 2)
+    message: dict[str, Any] = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "session/new",
+        "params": {"_meta": meta},
+    }
+    assert middleware(message, ctx) is FORWARD
+    assert not middleware.decided
+    # An object _meta gets its traceparent member, and keeps the others.
+    message["params"] = {"cwd": "/", "_meta": {"k": 1}}
+    verdict = middleware(message, ctx)
+    assert isinstance(verdict, Replace)
+    (out,) = verdict.messages
+    params: Any = out["params"]
+    assert list(params["_meta"]) == ["k", "traceparent"]
+    assert params["cwd"] == "/"

@@ -86,6 +86,7 @@ from acp_proxy.config.model import (
     NonJsonPolicy,
     StderrMode,
     TracingConfig,
+    UiConfig,
 )
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ __all__ = [
     "Setting",
     "StderrMode",
     "TracingConfig",
+    "UiConfig",
     "checks_text",
     "explain_config",
     "json_schema",
