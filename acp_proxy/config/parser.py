@@ -425,9 +425,9 @@ class _Parser(NodeReader):
         )
 
     def _buffer_bound(self, top: Any, changes: dict[str, Any], d: Config) -> None:
-        """``max_buffer_bytes`` leaves room for one whole frame and a few reads (bounded memory): the
-        runtime keeps ``max_frame_bytes`` + one read in reserve, so a legal frame always
-        completes. Not given: raised to that minimum; given below it: an error."""
+        """``max_buffer_bytes`` leaves room for one whole frame and a few reads (bounded
+        memory): the runtime keeps ``max_frame_bytes`` + one read in reserve, so a legal frame
+        always completes. Not given: raised to that minimum; given below it: an error."""
         frame = changes.get("max_frame_bytes", d.max_frame_bytes)
         if "max_buffer_bytes" not in changes:
             changes["max_buffer_bytes"] = max(d.max_buffer_bytes, frame + BUFFER_SLACK_BYTES)
