@@ -85,6 +85,7 @@ from acp_proxy.config.model import (
     NonJsonPolicy,
     StderrMode,
     TracingConfig,
+    UiConfig,
 )
 
 if TYPE_CHECKING:
@@ -177,6 +178,7 @@ __all__ = [
     "Setting",
     "StderrMode",
     "TracingConfig",
+    "UiConfig",
     "explain_config",
     "json_schema",
     "load_config",

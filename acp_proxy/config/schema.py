@@ -340,6 +340,51 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             ),
         ),
     ),
+    Setting(
+        "ui",
+        Kind.SECTION,
+        "The live view: a web page of the session (timeline, entities, frame detail) and its "
+        "read-only event stream for other tools.",
+        attr="ui",
+        children=(
+            Setting(
+                "address",
+                Kind.ADDRESS,
+                "`tcp://HOST:PORT`: serve the live view there (loopback only unless "
+                "`ui.allow_remote`); the URL with its access token is printed to stderr. `--ui` "
+                "wins.",
+                attr="address",
+                listen=True,
+                default_doc="off",
+            ),
+            Setting(
+                "allow_remote",
+                Kind.BOOL,
+                "Allow `ui.address` on a non-loopback address (the token still guards every "
+                "request; anyone who has the URL can read the session).",
+                attr="allow_remote",
+            ),
+            Setting(
+                "history_bytes",
+                Kind.SIZE,
+                "Events held for the page and for replays; the oldest go first.",
+                attr="history_bytes",
+            ),
+            Setting(
+                "observer_bytes",
+                Kind.SIZE,
+                "One observer's queue: an observer that falls this far behind is cut off.",
+                attr="observer_bytes",
+            ),
+            Setting(
+                "max_observers",
+                Kind.INT,
+                "Observers (pages and taps) at once; more are refused.",
+                attr="max_observers",
+                minimum=1,
+            ),
+        ),
+    ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 
