@@ -15,7 +15,7 @@ import anyio
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, TESTS, Lines, init_response, proxy_env, request, run
-from telemetry_harness import LogReader, http_get, scrape, total, value
+from telemetry_harness import LogReader, host_port, http_get, scrape, total, value
 
 from acp_proxy.telemetry.labels import (
     ACP_METHODS,
@@ -299,6 +299,40 @@ async def test_http_paths_and_methods(tmp_path: Path) -> None:
         status, head, _ = await http_get(address, "/metrics")
         assert status == 200
         assert b"Content-Type: text/plain; version=0.0.4; charset=utf-8" in head
+        await proc.stdin.aclose()
+        with anyio.fail_after(TIMEOUT):
+            assert await proc.wait() == 0
+
+
+@pytest.mark.anyio
+async def test_healthz_answers_within_a_second_beside_hundreds_of_slow_connections() -> None:
+    """300 connections that sent part of a request head and then nothing (a scraper that hangs,
+    a slow-loris) never keep /healthz from answering: the oldest unfinished ones are closed
+    beyond the cap on open connections, and a probe is answered at once."""
+    from acp_proxy.shell.telemetry import MAX_CONNECTIONS
+
+    cmd = [*PROXY, "--metrics", "tcp://127.0.0.1:0", "--", sys.executable, str(FAKE_AGENT)]
+    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+        assert proc.stderr and proc.stdin
+        log = LogReader(proc.stderr)
+        address = (await log.event("serving metrics"))["address"]
+        host, port = host_port(address)
+        slow = []
+        try:
+            for _ in range(MAX_CONNECTIONS + 44):
+                stream = await anyio.connect_tcp(host, port)
+                await stream.send(b"GET /metrics HT")  # the request line, never finished
+                slow.append(stream)
+            for _ in range(5):
+                with anyio.fail_after(1.0):
+                    status, _, body = await http_get(address, "/healthz")
+                assert (status, body) == (200, b"ok\n")
+            # The oldest slow connection was closed to make room (EOF, no answer).
+            with anyio.fail_after(TIMEOUT), pytest.raises(anyio.EndOfStream):
+                await slow[0].receive()
+        finally:
+            for stream in slow:
+                await stream.aclose()
         await proc.stdin.aclose()
         with anyio.fail_after(TIMEOUT):
             assert await proc.wait() == 0
@@ -637,3 +671,24 @@ def test_an_observer_bug_is_counted_not_raised() -> None:
     observer = metrics.session(object())  # type: ignore[arg-type]
     observer.on_end(None, 0.0)  # reading the "session" fails: counted, not raised
     assert metrics.observer_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "label"),
+    [(1, "1"), (2, "2"), (3, "other"), (99999, "other"), ("2", "other"), (True, "other")],
+)
+def test_protocol_version_label_is_bounded(version: object, label: str) -> None:
+    from acp_proxy.telemetry.labels import version_label
+
+    assert version_label(version) == label
+
+
+def test_a_thousand_versions_make_three_series() -> None:
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.notes import VersionNegotiated
+
+    metrics = Metrics(max_pending=10)
+    for version in range(1000):
+        observer = metrics.session(object())  # type: ignore[arg-type]
+        observer.on_notes((VersionNegotiated(version),), 0.0)
+    assert metrics.versions == {("other",): 998, ("1",): 1, ("2",): 1}

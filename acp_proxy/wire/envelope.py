@@ -36,13 +36,9 @@ import orjson
 
 from acp_proxy.jsontypes import JsonValue
 from acp_proxy.values import value
-from acp_proxy.wire.rawjson import (
-    Unparseable,
-    exact_loads,
-    member_span,
-    object_members,
-    value_start,
-)
+from acp_proxy.wire.rawjson import Unparseable, exact_loads
+from acp_proxy.wire.rawscan import object_members, value_start
+from acp_proxy.wire.rawsplice import member_span
 
 
 class Dialect(enum.Enum):
