@@ -26,14 +26,15 @@
 #    listening on a Unix socket in a volume shared with the client's container:
 #
 #      args: ["--config", "/etc/acp-proxy/rules.yaml", "--listen", "unix:///run/acp/acp.sock",
-#             "--metrics", "tcp://0.0.0.0:9464", "--allow-remote", "--", "my-agent", "--acp"]
+#             "--metrics", "tcp://0.0.0.0:9464", "--metrics-allow-remote", "--", "my-agent", "--acp"]
 #
 #    /run/acp is created here and owned by the image's user, so a named volume or an emptyDir
 #    mounted there is writable by it. The containers of a pod share the loopback interface, so
 #    `--listen tcp://127.0.0.1:7777` works as well; never 0.0.0.0 for the ACP port unless
 #    something in front authenticates (ACP carries no authentication; --allow-remote is
-#    required for it). The metrics port above is bound on all interfaces (--allow-remote) so
-#    that the kubelet's probes and Prometheus can reach it; it serves only metrics and health.
+#    required for it). The metrics port above is bound on all interfaces (its own consent,
+#    --metrics-allow-remote) so that a published port reaches it; it serves only metrics and
+#    health.
 #    The agent binary must be in this container (derive the image as in 1.); mount the rules
 #    from a ConfigMap at /etc/acp-proxy/. The image runs as UID 10001, so
 #    `securityContext: {runAsNonRoot: true}` works as is.

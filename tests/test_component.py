@@ -311,17 +311,18 @@ async def test_successor_that_exits_answers_in_flight_requests_with_errors() -> 
 
 def _demo_session(argv: list[str]) -> object:
     from acp_proxy import demo
+    from acp_proxy.demo.session import run_session
 
     env = demo._child_env()
-    return demo.run_session(argv, env, TIMEOUT)
+    return run_session(argv, env, TIMEOUT)
 
 
 def client_state(record: object) -> object:
     """What the client model stores after every frame the scripted client received."""
-    from acp_proxy import demo
+    from acp_proxy.demo.session import SessionRecord
     from acp_proxy.meta.state import ClientModel
 
-    assert isinstance(record, demo.SessionRecord)
+    assert isinstance(record, SessionRecord)
     model = ClientModel(record.negotiated_version)
     for frame in record.received:
         if isinstance(frame.message, dict):
@@ -339,17 +340,18 @@ async def test_chain_gives_the_client_what_standalone_gives_it(
     """The scripted v2 client through the spec conductor and N components reaches the same
     client state as through acp-proxy standalone, and (coalescing off, whose merges depend on
     timing) the same frames byte for byte."""
-    from acp_proxy import demo
+    from acp_proxy.demo.session import SessionRecord
+    from acp_proxy.demo.stored import final_meta
 
     agent = [sys.executable, "-m", "acp_proxy.demo.agent", "--pace-ms", "2"]
     standalone = [*COMPONENT[:3], "--config", str(config), "--", *agent]
     alone = await anyio.to_thread.run_sync(_demo_session, standalone)
     chain = _chain(dialect, components, agent, config=config)
     chained = await anyio.to_thread.run_sync(_demo_session, chain)
-    assert isinstance(alone, demo.SessionRecord) and isinstance(chained, demo.SessionRecord)
+    assert isinstance(alone, SessionRecord) and isinstance(chained, SessionRecord)
     assert client_state(chained) == client_state(alone)
-    assert demo.final_meta(chained) == demo.final_meta(alone)
-    routed = [m for m in demo.final_meta(chained).values() if isinstance(m, dict)]
+    assert final_meta(chained) == final_meta(alone)
+    routed = [m for m in final_meta(chained).values() if isinstance(m, dict)]
     assert any("example.dev/route" in m for m in routed)
     if config == EXACT:
         # The conductor re-encodes what it routes; its encoding of compact UTF-8 JSON is the

@@ -27,6 +27,7 @@ from acp_proxy.config import (
     ConfigError,
     Kind,
     TracingConfig,
+    UiConfig,
     json_schema,
     parse_config,
     settings_table,
@@ -434,7 +435,7 @@ def test_every_config_field_is_declared() -> None:
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
     internal = {
         *("source", "middleware", "rule_names", "rules", "lines"),
-        *("agent", "coalesce", "tracing", "record"),
+        *("agent", "coalesce", "tracing", "record", "ui"),
     }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
     for section, cls in (
@@ -442,6 +443,7 @@ def test_every_config_field_is_declared() -> None:
         ("coalesce", CoalesceConfig),
         ("record", RecordConfig),
         ("tracing", TracingConfig),
+        ("ui", UiConfig),
     ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}

@@ -84,8 +84,14 @@ def test_kubernetes_example_probes_and_scrape_annotations_match_the_metrics_port
     template = _deployment()["spec"]["template"]
     proxy = _proxy_container()
     options, _ = _options(proxy["args"])
-    metrics = parse_address(options.metrics, listen=True)
-    assert options.allow_remote is True  # probes come from the kubelet, not loopback
+    # The pod's IP (the kubelet expands $(POD_IP) from the downward API), not 0.0.0.0, with
+    # the metrics port's own consent; --allow-remote (the ACP listener's) is not needed.
+    assert options.metrics == "tcp://$(POD_IP):9464"
+    env = {e["name"]: e for e in proxy["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    metrics = parse_address(options.metrics.replace("$(POD_IP)", "10.1.2.3"), listen=True)
+    assert options.metrics_allow_remote is True
+    assert options.allow_remote is None
     ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
     assert ports["metrics"] == metrics.port == 9464
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -276,7 +282,7 @@ def test_kubernetes_example_gives_the_agent_somewhere_to_write_and_sets_resource
     assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in proxy["volumeMounts"]}
-    env = {e["name"]: e["value"] for e in proxy["env"]}
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
     for path in {env["HOME"], "/work", env["TMPDIR"]}:  # /work: the image's WORKDIR
         mount = mounts[path]
         assert not mount.get("readOnly", False)

@@ -1,4 +1,4 @@
-"""The early start (issue 13, start-up as users feel it): on a plain stdio session the agent is
+"""The early start (start-up as users feel it): on a plain stdio session the agent is
 started before the proxy imports anyio and its runtime, so the agent boots while the proxy gets
 ready; a signal that comes in that window takes the usual shutdown ladder.
 
@@ -139,7 +139,7 @@ def test_a_record_fifo_is_opened_once_by_the_recorder(tmp_path: Path) -> None:
     wait for a reader forever), so the agent starts in the runtime and the reader gets the
     whole record."""
     fifo = tmp_path / "record.fifo"
-    os.mkfifo(fifo)
+    os.mkfifo(fifo, 0o600)  # a record target must be private to the user
     got: list[bytes] = []
 
     def read_all() -> None:

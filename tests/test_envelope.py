@@ -3,6 +3,8 @@ dialect's handshake and envelope round trip, byte for byte, with no I/O."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 
@@ -362,3 +364,33 @@ def test_id_tables_are_bounded() -> None:
     assert link.in_flight() == 4
     assert link.incoming(b'{"jsonrpc":"2.0","id":0,"result":1}').side is Side.NOWHERE  # forgotten
     assert link.incoming(b'{"jsonrpc":"2.0","id":9,"result":1}').side is Side.AGENT
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_official_envelopes_match_the_schema(version: int) -> None:
+    """What the component builds and reads in the official dialect is what the official schema
+    (tests/schemas, unstable: ``ProxySuccessorRequest`` / ``ProxySuccessorNotification``)
+    describes."""
+    from acp_schema import validate_v1, validate_v2
+
+    validate = validate_v2 if version == 2 else validate_v1
+    for dialect, plain, _envelope in WRAP:
+        if dialect is not Dialect.OFFICIAL:
+            continue
+        # (the standard library's parser: the table's 1e400 is beyond orjson)
+        built = json.loads(wrap(msg(plain), dialect, hop_meta=b'{"traceparent":"00-x"}'))
+        validate(
+            "ProxySuccessorRequest" if "id" in built else "ProxySuccessorNotification",
+            built["params"],
+        )
+    for dialect, envelope, _inner, _hop in UNWRAP:
+        if dialect is Dialect.OFFICIAL:
+            parsed = orjson.loads(envelope)
+            kind = "ProxySuccessorRequest" if "id" in parsed else "ProxySuccessorNotification"
+            validate(kind, parsed["params"])
+    init = (
+        orjson.loads(INIT_PARAMS)
+        if version == 1
+        else {"protocolVersion": 2, "info": {"name": "zed", "version": "1"}, "capabilities": {}}
+    )
+    validate("InitializeProxyRequest", init)

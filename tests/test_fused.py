@@ -1,6 +1,6 @@
 """The fused annotation path against the general one: same bytes, same messages.
 
-``Connection`` takes the fused path (``RulesMiddleware.fused_v2`` + ``rawjson.splice_member``)
+``Connection`` takes the fused path (``RulesMiddleware.fused_v2`` + ``rawsplice.splice_member``)
 for v2 upsert notifications when its chain is one rules middleware; with ``_fused`` unset it runs
 the chain and ``rewrite.rewrite_bytes``, the reference the RFD property tests (test_annotate,
 test_rawjson) were written against. Every generated frame must come out identical both ways.
@@ -22,7 +22,7 @@ from test_rawjson import WS, json_strings, json_text
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.jsontypes import JsonValue
 from acp_proxy.meta.registry import UPSERT_KINDS
-from acp_proxy.wire import rawjson, rewrite
+from acp_proxy.wire import rawjson, rawsplice, rewrite
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.framing import Line, LineSplitter
 from acp_proxy.wire.pipeline import Connection, Result
@@ -122,14 +122,14 @@ def _connection(rule_list: list[Rule], *, fused: bool) -> Connection:
 def _accelerator(on: bool) -> Iterator[None]:
     """The C accelerator's splice in use (when built) or not: both paths must give the same
     bytes (without it, canonical frames are encoded whole and the rest spliced in Python)."""
-    saved = rewrite.SPLICE_IN_C, rawjson._member_span_c
+    saved = rewrite.SPLICE_IN_C, rawsplice._member_span_c
     if not on:
         rewrite.SPLICE_IN_C = None
-        rawjson._member_span_c = None
+        rawsplice._member_span_c = None
     try:
         yield
     finally:
-        rewrite.SPLICE_IN_C, rawjson._member_span_c = saved
+        rewrite.SPLICE_IN_C, rawsplice._member_span_c = saved
 
 
 def _assert_same_rest(a: Result, b: Result, fast: Connection, slow: Connection) -> None:

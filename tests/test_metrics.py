@@ -15,7 +15,7 @@ import anyio
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, TESTS, Lines, init_response, proxy_env, request, run
-from telemetry_harness import LogReader, http_get, scrape, total, value
+from telemetry_harness import LogReader, host_port, http_get, scrape, total, value
 
 from acp_proxy.telemetry.labels import (
     ACP_METHODS,
@@ -305,17 +305,91 @@ async def test_http_paths_and_methods(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_metrics_refuses_a_non_loopback_address() -> None:
-    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--", sys.executable, "-c", "1"])
+async def test_healthz_answers_within_a_second_beside_hundreds_of_slow_connections() -> None:
+    """300 connections that sent part of a request head and then nothing (a scraper that hangs,
+    a slow-loris) never keep /healthz from answering: the oldest unfinished ones are closed
+    beyond the cap on open connections, and a probe is answered at once."""
+    from acp_proxy.shell.telemetry import MAX_CONNECTIONS
+
+    cmd = [*PROXY, "--metrics", "tcp://127.0.0.1:0", "--", sys.executable, str(FAKE_AGENT)]
+    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+        assert proc.stderr and proc.stdin
+        log = LogReader(proc.stderr)
+        address = (await log.event("serving metrics"))["address"]
+        host, port = host_port(address)
+        slow = []
+        try:
+            for _ in range(MAX_CONNECTIONS + 44):
+                stream = await anyio.connect_tcp(host, port)
+                await stream.send(b"GET /metrics HT")  # the request line, never finished
+                slow.append(stream)
+            for _ in range(5):
+                with anyio.fail_after(1.0):
+                    status, _, body = await http_get(address, "/healthz")
+                assert (status, body) == (200, b"ok\n")
+            # The oldest slow connection was closed to make room (EOF, no answer).
+            with anyio.fail_after(TIMEOUT), pytest.raises(anyio.EndOfStream):
+                await slow[0].receive()
+        finally:
+            for stream in slow:
+                await stream.aclose()
+        await proc.stdin.aclose()
+        with anyio.fail_after(TIMEOUT):
+            assert await proc.wait() == 0
+
+
+@pytest.mark.anyio
+async def test_metrics_refuses_a_non_loopback_address_with_its_own_consent() -> None:
+    agent = ["--", sys.executable, "-c", "1"]
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", *agent])
     assert ran.rc == 2
-    assert b"acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0" in ran.stderr
+    line = ran.stderr.decode().splitlines()[-1]
+    # What the metrics port exposes (not "driving the agent"), and its own flag.
+    assert line == (
+        "acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a "
+        "loopback address (anyone who can reach it can read the metrics and the health of "
+        "the proxy); pass --metrics-allow-remote (metrics_allow_remote: true in the config) "
+        "to serve it there"
+    )
+    # --allow-remote is the ACP listener's consent, not the metrics port's.
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--allow-remote", *agent])
+    assert ran.rc == 2
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--metrics-allow-remote", *agent])
+    assert ran.rc == 0, ran.stderr
 
 
 @pytest.mark.anyio
 async def test_metrics_bad_url_is_a_usage_error() -> None:
-    ran = await run([*PROXY, "--metrics", "http://x", "--", sys.executable, "-c", "1"])
+    ran = await run([*PROXY, "--metrics", "ftp://x", "--", sys.executable, "-c", "1"])
     assert ran.rc == 2
-    assert b"--metrics: 'http://x': expected tcp://HOST:PORT" in ran.stderr
+    assert b"--metrics: 'ftp://x': expected tcp://HOST:PORT" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464/", "tcp://127.0.0.1:9464"),
+        ("http://[::1]:9464/metrics", "tcp://[::1]:9464"),
+        ("localhost:0", "tcp://localhost:0"),
+        ("tcp://127.0.0.1:1", "tcp://127.0.0.1:1"),
+        ("unix:///run/m.sock", "unix:///run/m.sock"),
+        ("https://127.0.0.1:9464", "https://127.0.0.1:9464"),  # not served: left to be refused
+    ],
+)
+def test_metrics_url_forms(given: str, url: str) -> None:
+    from acp_proxy.telemetry.endpoint import metrics_url
+
+    assert metrics_url(given) == url
+
+
+@pytest.mark.anyio
+async def test_metrics_accepts_host_port_and_http_forms(tmp_path: Path) -> None:
+    for form in ("127.0.0.1:0", "http://127.0.0.1:0/"):
+        ran = await run([*PROXY, "--metrics", form, "--", sys.executable, "-c", "1"])
+        assert ran.rc == 0, ran.stderr
+        assert b'{"address":"tcp://127.0.0.1:' in ran.stderr
 
 
 # -- pure: bounded labels --------------------------------------------------------------------------
@@ -547,6 +621,8 @@ async def test_check_config_applies_the_loopback_rule_to_metrics(tmp_path: Path)
         f"acp-proxy: {cfg}:1: metrics: 0.0.0.0 is not a loopback address"
     )
     cfg.write_text("metrics: tcp://0.0.0.0:9464\nallow_remote: true\n")
+    assert (await run(check)).rc == 2  # the listener's consent does not cover the metrics port
+    cfg.write_text("metrics: 0.0.0.0:9464\nmetrics_allow_remote: true\n")
     assert (await run(check)).rc == 0
 
 
@@ -595,3 +671,24 @@ def test_an_observer_bug_is_counted_not_raised() -> None:
     observer = metrics.session(object())  # type: ignore[arg-type]
     observer.on_end(None, 0.0)  # reading the "session" fails: counted, not raised
     assert metrics.observer_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "label"),
+    [(1, "1"), (2, "2"), (3, "other"), (99999, "other"), ("2", "other"), (True, "other")],
+)
+def test_protocol_version_label_is_bounded(version: object, label: str) -> None:
+    from acp_proxy.telemetry.labels import version_label
+
+    assert version_label(version) == label
+
+
+def test_a_thousand_versions_make_three_series() -> None:
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.notes import VersionNegotiated
+
+    metrics = Metrics(max_pending=10)
+    for version in range(1000):
+        observer = metrics.session(object())  # type: ignore[arg-type]
+        observer.on_notes((VersionNegotiated(version),), 0.0)
+    assert metrics.versions == {("other",): 998, ("1",): 1, ("2",): 1}

@@ -714,7 +714,7 @@ def test_writer_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(recorder, "QUEUE_BYTES", 256 * 1024)
     read_end, write_end = os.pipe()
-    writer = recorder._Writer(write_end)
+    writer = recorder._Writer(write_end, "<pipe>")
     line = b'{"x":"' + b"y" * 1000 + b'"}\n'
     accepted = [writer.put(line, 1.0, 0.0) for _ in range(2000)]  # ~2 MB: pipe + queue overflow
     dropped = accepted.count(False)

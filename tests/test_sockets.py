@@ -528,7 +528,7 @@ async def test_non_loopback_refused_without_allow_remote() -> None:
     assert (ran.rc, ran.stdout) == (2, b"")
     assert (
         b"acp-proxy: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a loopback address "
-        b"(anyone who can reach it could drive the agent); pass --allow-remote "
+        b"(anyone who can reach it can drive the agent); pass --allow-remote "
         b"(allow_remote: true in the config) to accept remote clients\n"
     ) in ran.stderr
     assert ran.events("listening") == []

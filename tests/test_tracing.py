@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,9 @@ import anyio
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, Lines, init_response, proxy_env, request, run
+from telemetry_harness import Receiver, attrs, running_receiver
 
 pytest.importorskip("opentelemetry.sdk")
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-)
 
 from acp_proxy.telemetry.propagation import SpanIds, parse_traceparent
 
@@ -29,49 +25,10 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 
 
-class Receiver:
-    """A local OTLP/HTTP trace receiver: POST /v1/traces, protobuf bodies, spans kept."""
-
-    def __init__(self) -> None:
-        spans: list[Any] = []
-        self.spans = spans
-        self.lock = threading.Lock()
-        lock = self.lock
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                with lock:
-                    for rs in request.resource_spans:
-                        for ss in rs.scope_spans:
-                            spans.extend((rs.resource, s) for s in ss.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    r.thread.start()
-    try:
+    with running_receiver() as r:
         yield r
-    finally:
-        r.server.shutdown()
-        r.server.server_close()
 
 
 def _env(endpoint: str) -> dict[str, str]:
@@ -202,20 +159,6 @@ def _without_injected(frame: bytes) -> Any:
     return message
 
 
-def _attrs(span: Any) -> dict[str, Any]:
-    out = {}
-    for kv in span.attributes:
-        out[kv.key] = _value(kv.value)
-    return out
-
-
-def _value(value: Any) -> Any:
-    got = getattr(value, value.WhichOneof("value"))
-    if value.WhichOneof("value") == "array_value":
-        return [_value(v) for v in got.values]
-    return got
-
-
 def _by_name(receiver: Receiver) -> dict[str, Any]:
     with receiver.lock:
         spans = [s for _, s in receiver.spans]
@@ -247,7 +190,7 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
     assert prompt.trace_id.hex() == TRACE
     assert prompt.parent_span_id.hex() == PARENT
     assert prompt.trace_state == "vendor=x"
-    assert _attrs(prompt) == {
+    assert attrs(prompt) == {
         "rpc.system": "jsonrpc",
         "rpc.method": "session/prompt",
         "rpc.jsonrpc.version": "2.0",
@@ -271,7 +214,7 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
     # The turn's tool call and the agent's request during it are children of the prompt span.
     tool = spans["execute_tool"]
     assert (tool.trace_id, tool.parent_span_id) == (prompt.trace_id, prompt.span_id)
-    assert _attrs(tool) == {
+    assert attrs(tool) == {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.call.id": "t1",
         "gen_ai.conversation.id": "s1",
@@ -284,20 +227,20 @@ async def test_spans_links_attributes_and_forwarded_traceparent(
     }
     read = spans["fs/read_text_file"]
     assert (read.trace_id, read.parent_span_id) == (prompt.trace_id, prompt.span_id)
-    assert _attrs(read)["acp.direction"] == "agent_to_client"
-    assert _attrs(read)["rpc.jsonrpc.request_id"] == "a1"
+    assert attrs(read)["acp.direction"] == "agent_to_client"
+    assert attrs(read)["rpc.jsonrpc.request_id"] == "a1"
     assert prompt.start_time_unix_nano <= tool.start_time_unix_nano
     assert tool.end_time_unix_nano <= prompt.end_time_unix_nano
 
     vendor = spans["_vendor/thing"]
-    assert _attrs(vendor)["rpc.jsonrpc.error_code"] == -32601
-    assert _attrs(vendor)["rpc.jsonrpc.error_message"] == "no such method"
+    assert attrs(vendor)["rpc.jsonrpc.error_code"] == -32601
+    assert attrs(vendor)["rpc.jsonrpc.error_message"] == "no such method"
     assert vendor.status.code == vendor.status.STATUS_CODE_ERROR
     # Requests without a traceparent start traces of their own and are forwarded untouched.
     assert spans["session/new"].parent_span_id == b""
     assert spans["session/new"].trace_id != prompt.trace_id
     assert received[1] == NEW
-    assert "acp.protocol_version" not in _attrs(spans["initialize"])  # not negotiated yet
+    assert "acp.protocol_version" not in attrs(spans["initialize"])  # not negotiated yet
 
 
 @pytest.mark.anyio
@@ -440,3 +383,30 @@ def test_install_hint_fits_the_installation(
 
     monkeypatch.setattr(Path, "is_dir", lambda self: str(self) == "/src/acp")
     assert tracing.install_hint(prefix, "/v/bin/python", direct_url) == hint
+
+
+@pytest.mark.parametrize("meta", ["x", None, [1], 7])
+def test_inject_leaves_a_meta_that_is_not_an_object_alone(meta: Any) -> None:
+    """``inject`` changes only the ``traceparent`` member of an object ``_meta``: a ``_meta``
+    that is not an object (a peer's bug, or a value it means) is forwarded as it is."""
+    from acp_proxy.telemetry.propagation import TraceContext
+    from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace
+
+    middleware = TraceContext(inject=True)
+    ctx = MessageContext(Direction.CLIENT_TO_AGENT, 2)
+    message: dict[str, Any] = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "session/new",
+        "params": {"_meta": meta},
+    }
+    assert middleware(message, ctx) is FORWARD
+    assert not middleware.decided
+    # An object _meta gets its traceparent member, and keeps the others.
+    message["params"] = {"cwd": "/", "_meta": {"k": 1}}
+    verdict = middleware(message, ctx)
+    assert isinstance(verdict, Replace)
+    (out,) = verdict.messages
+    params: Any = out["params"]
+    assert list(params["_meta"]) == ["k", "traceparent"]
+    assert params["cwd"] == "/"

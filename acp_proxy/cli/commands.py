@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from acp_proxy.cli.options import EXIT_USAGE
@@ -44,8 +44,9 @@ def schema(argv: Sequence[str]) -> int:
 
 def run_checks(config: Config) -> list[str]:
     """What the run refuses about a config file's own settings beyond its validation (the
-    socket addresses, the loopback rule), as ``FILE:LINE: KEY: REASON`` lines. check-config
-    applies them so that a file it accepts also starts."""
+    socket addresses, the loopback rule, the optional features' requirements), as
+    ``FILE:LINE: KEY: REASON`` lines. check-config applies them so that a file it accepts
+    also starts."""
     import socket
 
     from acp_proxy.shell.sockets.address import AddressError, is_loopback_ip, parse_address
@@ -69,7 +70,8 @@ def run_checks(config: Config) -> list[str]:
                 f"{where(key)}: the socket path is {len(os.fsencode(address.path))} bytes; "
                 f"Unix socket paths are limited to {_UNIX_PATH_MAX}"
             )
-        if not listen or address.scheme != "tcp" or config.allow_remote:
+        consent = config.metrics_allow_remote if key == "metrics" else config.allow_remote
+        if not listen or address.scheme != "tcp" or consent:
             continue
         try:  # the same lookup as the listener's, so names are judged as the run judges them
             infos = socket.getaddrinfo(
@@ -81,11 +83,50 @@ def run_checks(config: Config) -> list[str]:
         remote = list(
             dict.fromkeys(str(i[4][0]) for i in infos if not is_loopback_ip(str(i[4][0])))
         )
-        if remote:
+        if remote and key == "metrics":
+            problems.append(
+                f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
+                "reach it can read the metrics and the health of the proxy); the proxy refuses "
+                "to serve them there unless metrics_allow_remote: true (or "
+                "--metrics-allow-remote)"
+            )
+        elif remote:
             problems.append(
                 f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who can "
                 "reach it could drive the agent); the proxy refuses to listen there unless "
                 "allow_remote: true (or --allow-remote)"
+            )
+    problems += _feature_checks(config, where)
+    return problems
+
+
+def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
+    """The run's refusals of the optional features a file turns on: tracing without the
+    OpenTelemetry SDK, a record path whose directory does not exist."""
+    problems: list[str] = []
+    if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+        import importlib.util
+
+        try:
+            found = all(
+                importlib.util.find_spec(name) is not None
+                for name in ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http")
+            )
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            from acp_proxy.shell.tracing import install_hint
+
+            problems.append(
+                f"{where('tracing')}: tracing is enabled but the OpenTelemetry SDK (the otel "
+                f"extra) is not installed; add it with: {install_hint()}"
+            )
+    if config.record.path is not None:
+        path = config.record.path
+        target = path if path.endswith(os.sep) or os.path.isdir(path) else os.path.dirname(path)
+        if target and not os.path.isdir(target):
+            problems.append(
+                f"{where('record')}: record.path {path}: the directory {target} does not exist"
             )
     return problems
 

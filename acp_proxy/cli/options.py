@@ -179,11 +179,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    parser.add_argument_group("telemetry").add_argument(
+    telemetry = parser.add_argument_group("telemetry")
+    telemetry.add_argument(
         "--metrics",
         metavar="URL",
         help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
-        "tcp://127.0.0.1:9464 (loopback only unless --allow-remote)",
+        "127.0.0.1:9464, http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
+        "--metrics-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--metrics-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
+        "metrics; --allow-remote does not cover it)",
+    )
+    telemetry.add_argument(
+        "--ui",
+        metavar="URL",
+        help="serve the live view (a web page of the session's frames and entities, and its "
+        "event stream) at URL, e.g. tcp://127.0.0.1:0; prints its address with an access "
+        "token to stderr (loopback only unless --ui-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--ui-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --ui bind a non-loopback address (its token still guards every request; "
+        "--allow-remote does not cover it)",
     )
     return parser
 
@@ -231,10 +254,15 @@ def socket_options(
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
         ("metrics", "metrics"),
+        ("metrics_allow_remote", "metrics_allow_remote"),
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             changes[key] = value
+    if changes.get("metrics") is not None:
+        from acp_proxy.telemetry.endpoint import metrics_url
+
+        changes["metrics"] = metrics_url(str(changes["metrics"]))
     if changes:
         import dataclasses
 
@@ -252,7 +280,7 @@ def socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -289,8 +317,14 @@ _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--listen": ("listen", None),
     "--connect": ("connect", None),
     "--metrics": ("metrics", None),
+    "--ui": ("ui", None),
 }
-_FAST_FLAGS = {"--log-frames": "log_frames", "--allow-remote": "allow_remote"}
+_FAST_FLAGS = {
+    "--log-frames": "log_frames",
+    "--allow-remote": "allow_remote",
+    "--metrics-allow-remote": "metrics_allow_remote",
+    "--ui-allow-remote": "ui_allow_remote",
+}
 # build_parser's defaults, one per destination.
 DEFAULTS: dict[str, object] = {
     "config": None,
@@ -308,6 +342,9 @@ DEFAULTS: dict[str, object] = {
     "connect_timeout": None,
     "handshake_timeout": None,
     "metrics": None,
+    "metrics_allow_remote": None,
+    "ui": None,
+    "ui_allow_remote": None,
 }
 
 

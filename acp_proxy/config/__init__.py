@@ -52,7 +52,8 @@ The format (see README.md, "Configuration file", for the user-facing reference):
     max_connections: INT
     handshake_timeout: SECONDS
     allow_remote: BOOL
-    metrics: tcp://HOST:PORT | unix:///PATH
+    metrics_allow_remote: BOOL
+    metrics: tcp://HOST:PORT | unix:///PATH | HOST:PORT | http://HOST:PORT
     tracing: {enabled: BOOL, inject: BOOL}
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
@@ -84,6 +85,7 @@ from acp_proxy.config.model import (
     NonJsonPolicy,
     StderrMode,
     TracingConfig,
+    UiConfig,
 )
 
 if TYPE_CHECKING:
@@ -176,6 +178,7 @@ __all__ = [
     "Setting",
     "StderrMode",
     "TracingConfig",
+    "UiConfig",
     "explain_config",
     "json_schema",
     "load_config",

@@ -792,10 +792,14 @@ class _Parser:
             line=unode.start_mark.line + 1,
         )
 
-    def address(self, node: Node, path: str, *, listen: bool) -> str | None:
+    def address(self, node: Node, path: str, *, listen: bool, metrics: bool = False) -> str | None:
         value = self.optional_string(node, path, expected=_ADDRESS_HELP)
         if value is None:
             return None
+        if metrics:  # also HOST:PORT and http://HOST:PORT (telemetry.endpoint)
+            from acp_proxy.telemetry.endpoint import metrics_url
+
+            value = metrics_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
         if sep and scheme == "unix":
@@ -827,7 +831,10 @@ class _Parser:
             assert setting.choices is not None
             return self.choice(node, path, setting.choices)
         if kind is Kind.ADDRESS:
-            return self.address(node, path, listen=setting.listen)
+            value = self.address(
+                node, path, listen=setting.listen, metrics=setting.key == "metrics"
+            )
+            return value
         if kind is Kind.STRING:
             return self.string(node, path)
         if kind in (Kind.STRINGS, Kind.REGEXES):

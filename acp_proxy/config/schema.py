@@ -259,14 +259,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "allow_remote",
         Kind.BOOL,
-        "Allow `listen` (and `metrics`) on a non-loopback address.",
+        "Allow `listen` on a non-loopback address (anyone who can reach it can drive the agent).",
         attr="allow_remote",
+    ),
+    Setting(
+        "metrics_allow_remote",
+        Kind.BOOL,
+        "Allow `metrics` on a non-loopback address (anyone who can reach it can read the "
+        "metrics and the health of the proxy).",
+        attr="metrics_allow_remote",
     ),
     Setting(
         "metrics",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: serve `/metrics`, `/healthz` and `/readyz` there "
-        "(Prometheus metrics and health probes). The command line wins.",
+        "`tcp://HOST:PORT` (or `HOST:PORT`, `http://HOST:PORT`) or `unix:///PATH`: serve "
+        "`/metrics`, `/healthz` and `/readyz` there (Prometheus metrics and health probes). "
+        "The command line wins.",
         attr="metrics",
         listen=True,
         default_doc="off",
@@ -329,6 +337,51 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "(API keys `sk-...`, GitHub `ghp_...`, Slack, AWS, Google keys, bearer "
                 "tokens, JWTs).",
                 attr="redact_patterns",
+            ),
+        ),
+    ),
+    Setting(
+        "ui",
+        Kind.SECTION,
+        "The live view: a web page of the session (timeline, entities, frame detail) and its "
+        "read-only event stream for other tools.",
+        attr="ui",
+        children=(
+            Setting(
+                "address",
+                Kind.ADDRESS,
+                "`tcp://HOST:PORT`: serve the live view there (loopback only unless "
+                "`ui.allow_remote`); the URL with its access token is printed to stderr. `--ui` "
+                "wins.",
+                attr="address",
+                listen=True,
+                default_doc="off",
+            ),
+            Setting(
+                "allow_remote",
+                Kind.BOOL,
+                "Allow `ui.address` on a non-loopback address (the token still guards every "
+                "request; anyone who has the URL can read the session).",
+                attr="allow_remote",
+            ),
+            Setting(
+                "history_bytes",
+                Kind.SIZE,
+                "Events held for the page and for replays; the oldest go first.",
+                attr="history_bytes",
+            ),
+            Setting(
+                "observer_bytes",
+                Kind.SIZE,
+                "One observer's queue: an observer that falls this far behind is cut off.",
+                attr="observer_bytes",
+            ),
+            Setting(
+                "max_observers",
+                Kind.INT,
+                "Observers (pages and taps) at once; more are refused.",
+                attr="max_observers",
+                minimum=1,
             ),
         ),
     ),
@@ -494,9 +547,12 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         assert setting.choices is not None
         out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
     elif kind is Kind.ADDRESS:
+        pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
+        if setting.key == "metrics":  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
+            pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
         out["anyOf"] = [
             {"type": "null"},
-            {"type": "string", "pattern": "^(tcp://.+:[0-9]+|unix:///.+)$"},
+            {"type": "string", "pattern": pattern},
             dict(_ENV_REF),
         ]
     elif kind is Kind.ENV:

@@ -14,7 +14,7 @@ request tables are the connection's (``acp_proxy.wire.host.Host``).
 from __future__ import annotations
 
 from acp_proxy.jsontypes import JsonValue
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.host import Acc, Host, NotParsedWhy
@@ -69,8 +69,8 @@ class Batches:
         try:
             # Where the array opens (after any whitespace), then one scan of its elements, which
             # also gives where it closes: the batch is walked once, not three times.
-            opens = rawjson.value_start(raw)
-            spans, closes = rawjson.array_elements(raw, opens)
+            opens = rawscan.value_start(raw)
+            spans, closes = rawscan.array_elements(raw, opens)
         except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as this array
             why = NotParsedWhy("batch could not be scanned")
             return self._budget.forward(direction, raw, why)

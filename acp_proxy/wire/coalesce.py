@@ -70,7 +70,7 @@ from acp_proxy.meta.registry import (
 )
 from acp_proxy.meta.updates import merge_updates
 from acp_proxy.values import value
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan, rawsplice
 
 _NEEDLE = b'"session/update"'
 # An estimate of a re-encoded entry's size may drift up to this factor (plus slack) from its last
@@ -270,7 +270,7 @@ class _Entry:
         self.raw = raw  # the exact bytes while nothing was merged into the entry
         self.message = message
         # The last frame merged in, as (bytes, parse): merged frames are its bytes with only the
-        # merged members replaced (issue 9, "lossless rewriting"; ``rawjson.splice``).
+        # merged members replaced (lossless rewriting, ``rawsplice.splice``).
         self.base: tuple[bytes, JsonObject] | None = None
         self.version = version
         self.cls = _Class.UNCLASSIFIED
@@ -322,13 +322,13 @@ class _Entry:
 
     def _splice(self, message: JsonObject) -> bytes:
         """``message`` (a merge) as the bytes of the last frame merged in, with only the members
-        that differ from it encoded. Every merged frame passed ``rawjson.reencodes_exactly``, so
+        that differ from it encoded. Every merged frame passed ``rawscan.reencodes_exactly``, so
         the members encoded from earlier frames keep their values exactly too."""
         raw, base = self.base if self.base is not None else (self.raw, self.message)
         assert base is not None
         envelope = {**base, "params": message["params"]}  # the envelopes are equal
         try:
-            return rawjson.splice(raw, base, envelope) + b"\n"
+            return rawsplice.splice(raw, base, envelope) + b"\n"
         except (rawjson.Unencodable, rawjson.Unparseable):  # pragma: no cover - defensive
             return _dumps(message)
 
@@ -434,9 +434,9 @@ class OutboundQueue:
     def _classify_entry(self, entry: _Entry) -> None:
         info: _Info | None = None
         message: object = entry.message
-        if not rawjson.reencodes_exactly(entry.raw):
+        if not rawscan.reencodes_exactly(entry.raw):
             # A number orjson would respell, or a surrogate escape: never merged, so it is
-            # written as it came (issue 9: "numbers change").
+            # written as it came (orjson would change its numbers).
             entry.classify(None)
             return
         if message is None and _NEEDLE in entry.raw:

@@ -36,7 +36,8 @@ from acp_proxy.wire.envelope import (
     unwrap,
 )
 from acp_proxy.wire.envelope import wrap as wrap_envelope
-from acp_proxy.wire.rawjson import Unparseable, array_elements
+from acp_proxy.wire.rawjson import Unparseable
+from acp_proxy.wire.rawscan import array_elements
 
 INVALID_REQUEST = -32600
 CANCEL = "$/cancel_request"

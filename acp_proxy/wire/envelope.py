@@ -36,7 +36,8 @@ import orjson
 
 from acp_proxy.jsontypes import JsonValue
 from acp_proxy.values import value
-from acp_proxy.wire.rawjson import Unparseable, object_members, value_start
+from acp_proxy.wire.rawjson import Unparseable
+from acp_proxy.wire.rawscan import object_members, value_start
 
 
 class Dialect(enum.Enum):

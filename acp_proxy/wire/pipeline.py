@@ -43,7 +43,7 @@ import orjson
 
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
 from acp_proxy.wire.chain import (
@@ -272,7 +272,7 @@ class Connection:
                 # and orjson returns an ``int`` only for one, so a non-zero ``int`` id's bytes
                 # are its decimal form; ``0`` may have been ``-0``, and every other id is read
                 # from ``raw``.
-                id_bytes = b"%d" % rid if type(rid) is int and rid else rawjson.id_bytes(raw)
+                id_bytes = b"%d" % rid if type(rid) is int and rid else rawscan.id_bytes(raw)
                 if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
                     return None  # the general path refuses it (table full) or says why
                 if method == "initialize" and direction is _C2A:
@@ -487,7 +487,7 @@ class Connection:
             id_bytes = None
             if raw is not None:
                 try:
-                    id_bytes = rawjson.id_bytes(raw)
+                    id_bytes = rawscan.id_bytes(raw)
                 except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
                     id_bytes = None
             if id_bytes is None:
@@ -544,7 +544,7 @@ class Connection:
         if not is_id(rid):  # a repeated id needs room too: it waits beside the first
             return None
         try:
-            id_bytes = rawjson.id_bytes(raw) or b"null"
+            id_bytes = rawscan.id_bytes(raw) or b"null"
         except rawjson.Unparseable:  # pragma: no cover - ``raw`` parsed as ``message``
             id_bytes = encode(rid) or b"null"
         return self._full_reply(id_bytes)

@@ -3,7 +3,7 @@
 Contract: owns what happens to a message some middleware may act on: running the chain, the
 fused v2 annotation path (one fusable middleware answers a v2 update without building a
 message), and encoding the outcome losslessly (only the members that changed are encoded; the
-rest keeps the frame's bytes, ``rawjson.splice``). Never re-encodes bytes nothing changed, never
+rest keeps the frame's bytes, ``rawsplice.splice``). Never re-encodes bytes nothing changed, never
 does I/O; request tracking and counters of frames in and out stay with the connection that
 calls it (``acp_proxy.wire.host.Host``).
 """
@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawsplice
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
     INTERNAL_ERROR,
@@ -38,7 +38,7 @@ from acp_proxy.wire.observe import frame_info, method_of, update_kind
 
 _UPDATE_PATH = ("params", "update")
 _PARAMS_PATH = ("params",)
-# With the C accelerator the fused path splices (``rawjson.splice_member`` locates the member
+# With the C accelerator the fused path splices (``rawsplice.splice_member`` locates the member
 # in C); without it, it encodes canonical frames whole (see ``Rewriter.fused_bytes``).
 SPLICE_IN_C = getattr(block_scan.ACCELERATOR, "member_span", None)
 # Frames up to this size that are already exactly what orjson writes are re-encoded whole (one
@@ -182,7 +182,7 @@ class Rewriter:
         ``params._meta``, for message-target rules); they are set on the parsed message (which
         no one else holds) and only their bytes are encoded into the frame: the whole message
         when the frame is exactly what orjson writes (one C call), else spliced into ``raw``
-        (``rawjson.splice_member``, one member after the other), the same bytes
+        (``rawsplice.splice_member``, one member after the other), the same bytes
         ``rewrite_bytes`` gives. Returns the frame to forward (``raw`` itself when the rules
         leave the message as it is); ``None``: take the general path (the message is as it
         was)."""
@@ -218,7 +218,7 @@ class Rewriter:
                 for path, holder, new in edits:
                     present = "_meta" in holder
                     old_value = holder.get("_meta")
-                    data = rawjson.splice_member(
+                    data = rawsplice.splice_member(
                         data, path, "_meta", old_value, new, present=present
                     )
             except (rawjson.Unparseable, rawjson.Unencodable):
@@ -286,7 +286,7 @@ def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | No
     encoded: bytes | None
     try:
         if raw is not None and request is not None:
-            encoded = rawjson.splice(raw, request, message)
+            encoded = rawsplice.splice(raw, request, message)
         else:
             encoded = rawjson.encode_value(message)
     except (rawjson.Unencodable, rawjson.Unparseable):
@@ -296,7 +296,7 @@ def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | No
         error = error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
         try:  # the id keeps the request's bytes, as every reply's does
             if raw is not None and request is not None:
-                return rawjson.splice(raw, request, error)
+                return rawsplice.splice(raw, request, error)
             return rawjson.encode_value(error)
         except (rawjson.Unencodable, rawjson.Unparseable):
             encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
@@ -307,7 +307,7 @@ def rewrite_bytes(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
     """The bytes of ``out``, a middleware's version of ``original`` (the parse of ``raw``).
 
     Lossless rewriting: only the members that changed are encoded; everything else keeps
-    ``raw``'s bytes (``rawjson.splice``). Fast path: a frame that is already exactly what orjson
+    ``raw``'s bytes (``rawsplice.splice``). Fast path: a frame that is already exactly what orjson
     writes for its value (compact, no escapes, every number in orjson's own spelling) gives the
     same bytes as the splice when ``out`` is encoded whole, at a fraction of the cost.
     Raises ``rawjson.Unencodable`` for a changed value that is not JSON.
@@ -320,7 +320,7 @@ def rewrite_bytes(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
         original = fresh
     if canonical(raw, original):
         return rawjson.encode_value(out)
-    return rawjson.splice(raw, original, out)
+    return rawsplice.splice(raw, original, out)
 
 
 def canonical(raw: bytes, value: JsonObject) -> bool:

@@ -117,7 +117,7 @@ def _choose() -> tuple[Any, str]:
     return _scan, "C"
 
 
-# ``ACCELERATOR``: the C module, also used by ``rawjson.splice_member`` (``member_span``).
+# ``ACCELERATOR``: the C module, also used by ``rawsplice.splice_member`` (``member_span``).
 ACCELERATOR, SCANNER = _choose()
 scan: Callable[[bytes, tuple[bytes, ...]], ScanResult] = (
     scan_py if ACCELERATOR is None else ACCELERATOR.scan

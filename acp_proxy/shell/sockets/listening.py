@@ -56,14 +56,30 @@ class Listener:
                     os.unlink(path)
 
 
-async def open_listener(address: Address, *, allow_remote: bool, log: Any) -> Listener:
-    """Bind and listen on ``address``. Raises ``ListenError`` with a one-line reason."""
+# What a non-loopback listener exposes, and the consent it needs: (risk, refusal's advice).
+ACP_EXPOSURE = (
+    "anyone who can reach it can drive the agent",
+    "pass --allow-remote (allow_remote: true in the config) to accept remote clients",
+)
+
+
+async def open_listener(
+    address: Address,
+    *,
+    allow_remote: bool,
+    log: Any,
+    exposure: tuple[str, str] = ACP_EXPOSURE,
+) -> Listener:
+    """Bind and listen on ``address``. Raises ``ListenError`` with a one-line reason.
+    ``exposure``: what a remote peer could do there, and the consent to pass (refusal)."""
     if address.scheme == "unix":
         return await _listen_unix(address, log)
-    return await _listen_tcp(address, allow_remote=allow_remote, log=log)
+    return await _listen_tcp(address, allow_remote=allow_remote, log=log, exposure=exposure)
 
 
-async def _listen_tcp(address: Address, *, allow_remote: bool, log: Any) -> Listener:
+async def _listen_tcp(
+    address: Address, *, allow_remote: bool, log: Any, exposure: tuple[str, str]
+) -> Listener:
     try:
         infos = await anyio.getaddrinfo(
             address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -75,14 +91,13 @@ async def _listen_tcp(address: Address, *, allow_remote: bool, log: Any) -> List
     if remote and not allow_remote:
         raise ListenError(
             f"refusing to listen on {address}: {', '.join(remote)} is not a loopback address "
-            "(anyone who can reach it could drive the agent); pass --allow-remote "
-            "(allow_remote: true in the config) to accept remote clients",
+            f"({exposure[0]}); {exposure[1]}",
             EXIT_USAGE,
         )
     if remote:
         log.warning(
             "listening on a non-loopback address: traffic is unauthenticated and unencrypted; "
-            "anyone who can reach it can drive the agent",
+            + exposure[0],
             address=str(address),
             addresses=remote,
         )

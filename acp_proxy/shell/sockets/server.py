@@ -314,7 +314,12 @@ class _Server:
             log.exception("session failed")
         finally:
             if recorder is not None:
-                recorder.finish(exit_info(rc) if rc is not None else {"status": status})
+                # Off the event loop: a record file that takes nothing more holds only this
+                # connection's end (up to the recorder's exit wait), never the others.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(
+                        recorder.finish, exit_info(rc) if rc is not None else {"status": status}
+                    )
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
