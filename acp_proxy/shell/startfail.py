@@ -18,8 +18,9 @@ import anyio
 import anyio.abc
 import orjson
 
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawscan
 from acp_proxy.wire.chain import INTERNAL_ERROR
+from acp_proxy.wire.rawjson import Unparseable
 from acp_proxy.wire.tracking import error_frame_bytes, is_id
 
 # The longest wait for the client's first request (an editor sends ``initialize`` at once).
@@ -87,8 +88,8 @@ def _error_for(raw: bytes, reason: str) -> bytes | None:
     if not isinstance(method, str) or "id" not in message or not is_id(message["id"]):
         return None
     try:
-        id_bytes = rawjson.id_bytes(raw.strip()) or b"null"
-    except rawjson.Unparseable:
+        id_bytes = rawscan.id_bytes(raw.strip()) or b"null"
+    except Unparseable:
         return None
     text = f"agent could not be started ({reason}) during {method}"
     return error_frame_bytes(id_bytes, INTERNAL_ERROR, text)
