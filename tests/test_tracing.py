@@ -410,3 +410,38 @@ def test_inject_leaves_a_meta_that_is_not_an_object_alone(meta: Any) -> None:
     params: Any = out["params"]
     assert list(params["_meta"]) == ["k", "traceparent"]
     assert params["cwd"] == "/"
+
+
+@pytest.mark.anyio
+async def test_a_traceparent_read_before_the_version_is_known_still_parents_the_span(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A client that pipelines: its requests are read before the initialize response, when the
+    chain (and so the rewrite) does not run yet. Their spans still join the client's trace;
+    the frames reach the agent byte for byte."""
+    config = tmp_path / "proxy.yaml"
+    config.write_text("tracing: {enabled: true}\n")
+    meta = {"traceparent": f"00-{TRACE}-{PARENT}-01", "tracestate": "vendor=x"}
+    frames = [
+        request(0, "initialize", {"protocolVersion": 2, "_meta": meta}),
+        request(1, "session/new", {"cwd": "/w", "mcpServers": [], "_meta": meta}),
+    ]
+    record = tmp_path / "received.txt"
+    # The agent never answers: the version stays unknown, whatever the timing.
+    agent = [sys.executable, str(FAKE_AGENT), "--record", str(record), "--silent-after", "0"]
+    ran = await run(
+        [*PROXY, "--config", str(config), "--", *agent],
+        b"".join(frames),
+        env=_env(receiver.endpoint),
+        timeout=TIMEOUT,
+    )
+    assert ran.rc == 0
+    assert record.read_bytes() == b"".join(frames)  # nothing rewritten before the version
+    with anyio.fail_after(TIMEOUT):
+        while len(receiver.spans) < 2:
+            await anyio.sleep(0.02)
+    spans = _by_name(receiver)
+    for name in ("initialize", "session/new"):
+        span = spans[name]
+        assert (span.trace_id.hex(), span.parent_span_id.hex()) == (TRACE, PARENT), name
+        assert span.trace_state == "vendor=x"
