@@ -7,7 +7,7 @@ negotiates nothing). The connection owns the negotiated state (``Connection._neg
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.notes import Note, UnusualVersion
 from acp_proxy.wire.rewrite import encode
 

@@ -41,8 +41,8 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
