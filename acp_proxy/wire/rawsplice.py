@@ -95,6 +95,16 @@ def member_span_py(
     return start, close, vs, ve, last
 
 
+def member_span(
+    raw: bytes, path: tuple[bytes, ...], key: bytes
+) -> tuple[int, int, int, int, int] | None:
+    """``member_span_py``, in C when the accelerator is there (the proxy-chain envelopes take
+    their members apart with it: ``wire.envelope``)."""
+    if _member_span_c is not None:
+        return _member_span_c(raw, path, key)  # type: ignore[return-value]
+    return member_span_py(raw, path, key)
+
+
 def splice_member(
     raw: bytes, path: tuple[str, ...], key: str, old: object, new: JsonValue, *, present: bool
 ) -> bytes:
