@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import enum
 
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.wire.envelope import (
     ENVELOPE_METHODS,
     EXPECTED,

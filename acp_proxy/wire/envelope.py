@@ -34,8 +34,8 @@ import enum
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.wire.rawjson import Unparseable, exact_loads
 from acp_proxy.wire.rawscan import object_members, value_start
 from acp_proxy.wire.rawsplice import member_span

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire import scan
 from acp_proxy.wire.rawjson import Unencodable, Unparseable, encode_value, json_equal
 from acp_proxy.wire.rawscan import (
