@@ -26,21 +26,23 @@
 #    listening on a Unix socket in a volume shared with the client's container:
 #
 #      args: ["--config", "/etc/acp-proxy/rules.yaml", "--listen", "unix:///run/acp/acp.sock",
-#             "--metrics", "tcp://0.0.0.0:9464", "--allow-remote", "--", "my-agent", "--acp"]
+#             "--metrics", "tcp://0.0.0.0:9464", "--metrics-allow-remote", "--", "my-agent", "--acp"]
 #
 #    /run/acp is created here and owned by the image's user, so a named volume or an emptyDir
 #    mounted there is writable by it. The containers of a pod share the loopback interface, so
 #    `--listen tcp://127.0.0.1:7777` works as well; never 0.0.0.0 for the ACP port unless
 #    something in front authenticates (ACP carries no authentication; --allow-remote is
-#    required for it). The metrics port above is bound on all interfaces (--allow-remote) so
-#    that the kubelet's probes and Prometheus can reach it; it serves only metrics and health.
+#    required for it). The metrics port above is bound on all interfaces (its own consent,
+#    --metrics-allow-remote) so that a published port reaches it; it serves only metrics and
+#    health.
 #    The agent binary must be in this container (derive the image as in 1.); mount the rules
 #    from a ConfigMap at /etc/acp-proxy/. The image runs as UID 10001, so
 #    `securityContext: {runAsNonRoot: true}` works as is.
 #
-# Health: with `--metrics URL` on the command line, HEALTHCHECK asks URL/healthz (the probe
-# reads PID 1's arguments: python -m acp_proxy.shell.probe); without it there is nothing to
-# ask and the check passes. ACP_PROXY_HEALTHCHECK_URL=tcp://127.0.0.1:9464 names the endpoint
+# Health: with `--metrics URL` on the command line, HEALTHCHECK asks URL/healthz (the probe,
+# python -m acp_proxy.shell.probe, reads the arguments of PID 1, or of PID 1's acp-proxy child
+# under `docker run --init`); without --metrics there is nothing to ask and the check passes
+# while the proxy's process is alive. ACP_PROXY_HEALTHCHECK_URL=tcp://127.0.0.1:9464 names the endpoint
 # when `metrics:` is set in the config file instead.
 
 # ---- build: install the project and its dependencies into /install (pip stays here) ----
@@ -53,9 +55,12 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY acp_proxy ./acp_proxy
-RUN pip install --no-cache-dir --no-warn-script-location --prefix=/install . \
+# With the otel extra, so that `tracing: {enabled: true}` works in the image (OTEL_* variables
+# configure the exporter); the check fails the build without the C scanner or the tracing SDK.
+RUN pip install --no-cache-dir --no-warn-script-location --prefix=/install '.[otel]' \
     && cd / && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
-       "from acp_proxy.wire.scan import SCANNER; assert SCANNER == 'C', SCANNER"
+       "from acp_proxy.wire.scan import SCANNER; assert SCANNER == 'C', SCANNER; \
+import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter"
 
 # ---- runtime: the installed files only ----
 FROM python:3.11-slim

@@ -5,7 +5,8 @@ Contract: ``python bench/setup_peers.py [--build-dir DIR]`` installs, into ``DIR
 (npm) and the Python SDK ``agent-client-protocol`` (pip ``--target``), pinned. Idempotent: an
 install already there is kept. ``ensure(build_dir)`` returns, per peer, ``None`` when it is
 ready or the reason it is not (no npm, no network, ...): bench/run.py skips that peer's rows
-with the reason.
+with the reason. ``--only conductor`` installs the conductor alone and exits 1 when it is not
+ready (.ci/run: the tests through the real conductor, tests/test_component_thinkwell.py).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def _run(argv: list[str], cwd: Path) -> str | None:
     return None
 
 
-def ensure(build_dir: Path, *, install: bool = True) -> dict[str, str | None]:
+def ensure(
+    build_dir: Path, *, install: bool = True, only: str | None = None
+) -> dict[str, str | None]:
     """Per peer (``conductor``, ``sdk-relay``): None when ready, else why not. Without
-    ``install``, only what is already there counts."""
+    ``install``, only what is already there counts; with ``only``, that peer alone."""
     peers = build_dir / "peers"
     out: dict[str, str | None] = {}
     if not install:
@@ -63,6 +66,8 @@ def ensure(build_dir: Path, *, install: bool = True) -> dict[str, str | None]:
         )
         if out["conductor"] is None and not conductor_module(build_dir).exists():
             out["conductor"] = "npm install left no dist/index.js"
+    if only == "conductor":
+        return _needs_node(out)
     if (sdk_path(build_dir) / "acp" / "connection.py").exists():
         out["sdk-relay"] = None
     else:
@@ -82,10 +87,15 @@ def _needs_node(out: dict[str, str | None]) -> dict[str, str | None]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")
+    ap.add_argument(
+        "--only", choices=("conductor",), help="install that peer alone (CI: the conductor tests)"
+    )
     a = ap.parse_args()
-    for peer, reason in ensure(a.build_dir.resolve()).items():
+    ready = True
+    for peer, reason in ensure(a.build_dir.resolve(), only=a.only).items():
         print(f"{peer}: {'ready' if reason is None else reason}")
-    return 0
+        ready = ready and reason is None
+    return 0 if ready or a.only is None else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""The C accelerator's JSON helpers (issue 13) against their pure-Python references.
+"""The C accelerator's JSON helpers against their pure-Python references.
 
 ``_scan.member_span`` (where a member sits in a frame, for the fused annotation splice) must give
-``rawjson.member_span_py``'s answer, and ``_scan.numbers_risky`` (the coalescer's check that
-orjson writes a frame's numbers back unchanged) ``rawjson._risky_numbers`` of the text outside
+``rawsplice.member_span_py``'s answer, and ``_scan.numbers_risky`` (the coalescer's check that
+orjson writes a frame's numbers back unchanged) ``rawscan._risky_numbers`` of the text outside
 the strings, on generated and hostile input. ``splice_member`` and ``splice_value`` must give the
 same bytes with and without the accelerator and with and without the canonical shortcut: the
 splicer is the reference the lossless-rewrite property tests were written against.
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rawjson import WS, json_strings, json_text
 
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan, rawsplice
 
 try:
     from acp_proxy.wire import _scan
@@ -35,7 +35,7 @@ KEYS = ["params", "update", "_meta", "x", r"upd\u0061te", r"_m\u0065ta", r"p\"q"
 
 def _risky_reference(raw: bytes) -> bool:
     try:
-        return rawjson._risky_numbers(rawjson._outside_strings(raw))
+        return rawscan._risky_numbers(rawscan._outside_strings(raw))
     except rawjson.Unparseable:
         return True  # an unterminated string: the caller treats the frame as risky
 
@@ -69,7 +69,7 @@ def test_member_span_in_c_is_the_reference(
     raw = (lead + text).encode()
     json.loads(raw)  # valid JSON, as every frame the fused path sees (orjson parsed it)
     steps = tuple(p.encode() for p in path)
-    assert _scan.member_span(raw, steps, key.encode()) == rawjson.member_span_py(
+    assert _scan.member_span(raw, steps, key.encode()) == rawsplice.member_span_py(
         raw, steps, key.encode()
     )
 
@@ -93,7 +93,7 @@ def test_member_span_in_c_is_the_reference(
 def test_member_span_cases(raw: bytes, expected: tuple[int, ...] | None) -> None:
     path = (b"params", b"update")
     assert _scan.member_span(raw, path, b"_meta") == expected
-    assert rawjson.member_span_py(raw, path, b"_meta") == expected
+    assert rawsplice.member_span_py(raw, path, b"_meta") == expected
 
 
 @needs_c
@@ -183,13 +183,13 @@ def test_splice_member_is_the_same_with_and_without_the_accelerator(
     present = old is not rawjson.Unencodable
     path = ("params", "update")
     try:
-        slow: bytes | None = rawjson._splice_member_py(
+        slow: bytes | None = rawsplice._splice_member_py(
             raw, path, "_meta", old if present else None, new, present=present
         )
     except (rawjson.Unparseable, rawjson.Unencodable):
         slow = None
     try:
-        fast: bytes | None = rawjson.splice_member(
+        fast: bytes | None = rawsplice.splice_member(
             raw, path, "_meta", old if present else None, new, present=present
         )
     except (rawjson.Unparseable, rawjson.Unencodable):
@@ -198,13 +198,13 @@ def test_splice_member_is_the_same_with_and_without_the_accelerator(
     if present and fast is not None:
         # The shortcut (a canonical old object encoded whole) against the splicer alone.
         vs = raw.index(b'"_meta":') + len(b'"_meta":')
-        vs = rawjson._ws(raw, vs)
-        ve = rawjson.value_end(raw, vs)
-        splicer = rawjson._Splicer(raw)
+        vs = rawscan.ws(raw, vs)
+        ve = rawscan.value_end(raw, vs)
+        splicer = rawsplice._Splicer(raw)
         end = splicer.value(vs, old, new)
         assert end == ve
         assert (
-            rawjson.splice_value(raw, vs, old, new, ve)
+            rawsplice.splice_value(raw, vs, old, new, ve)
             == raw[:vs] + b"".join(splicer.out) + raw[ve:]
         )
 
@@ -217,7 +217,7 @@ def test_the_splice_shortcut_keeps_a_nested_objects_member_order() -> None:
     new: Any = {"a": {"y": 2, "x": 1}}
     vs = raw.index(b'{"a"')
     ve = vs + len(b'{"a":{"x":1,"y":2}}')
-    assert rawjson.splice_value(raw, vs, old, new, ve) == raw
+    assert rawsplice.splice_value(raw, vs, old, new, ve) == raw
 
 
 def test_the_splice_shortcut_does_not_take_a_non_canonical_object() -> None:
@@ -227,7 +227,7 @@ def test_the_splice_shortcut_does_not_take_a_non_canonical_object() -> None:
     vs = raw.index(b'{"a"')
     ve = raw.index(b"}") + 1
     assert (
-        rawjson.splice_value(raw, vs, old, new, ve)
+        rawsplice.splice_value(raw, vs, old, new, ve)
         == b'{"params":{"update":{"_meta":{"a" : 1.0,"b":"x"}}}}'
     )
 
@@ -244,8 +244,8 @@ def test_the_splice_shortcut_does_not_take_a_non_canonical_object() -> None:
 def test_splice_member_adds_the_member_last(raw: bytes, expected: bytes) -> None:
     new: Any = {"k": "v"}
     path = ("params", "update")
-    assert rawjson.splice_member(raw, path, "_meta", None, new, present=False) == expected
-    assert rawjson._splice_member_py(raw, path, "_meta", None, new, present=False) == expected
+    assert rawsplice.splice_member(raw, path, "_meta", None, new, present=False) == expected
+    assert rawsplice._splice_member_py(raw, path, "_meta", None, new, present=False) == expected
 
 
 def test_an_unchanged_nan_member_does_not_stop_the_splice() -> None:
@@ -256,8 +256,8 @@ def test_an_unchanged_nan_member_does_not_stop_the_splice() -> None:
     old: Any = json.loads(raw)["params"]["update"]["_meta"]
     new: Any = dict(old)
     path = ("params", "update")
-    assert rawjson.splice_member(raw, path, "_meta", old, new, present=True) == raw
-    assert rawjson._splice_member_py(raw, path, "_meta", old, new, present=True) == raw
+    assert rawsplice.splice_member(raw, path, "_meta", old, new, present=True) == raw
+    assert rawsplice._splice_member_py(raw, path, "_meta", old, new, present=True) == raw
 
 
 @needs_c
@@ -270,9 +270,9 @@ def test_array_elements_in_c_is_the_reference(items: list[str], lead: str, gaps:
     )
     raw = (lead + "[" + (inner or gaps[0]) + "]").encode()
     json.loads(raw)
-    start = rawjson.value_start(raw)
-    assert _scan.array_elements(raw, start) == rawjson.array_elements_py(raw, start)
-    assert rawjson.array_elements(raw, start) == rawjson.array_elements_py(raw, start)
+    start = rawscan.value_start(raw)
+    assert _scan.array_elements(raw, start) == rawscan.array_elements_py(raw, start)
+    assert rawscan.array_elements(raw, start) == rawscan.array_elements_py(raw, start)
 
 
 @needs_c

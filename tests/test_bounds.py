@@ -1,4 +1,4 @@
-"""Memory bounds of the shell (issue 10): the process-wide buffer budget shared by all sessions,
+"""Memory bounds of the shell: the process-wide buffer budget shared by all sessions,
 and answering a huge number of requests in flight when the agent dies without building all the
 answers at once. Memory is checked with ``resource.setrlimit(RLIMIT_AS)`` in a subprocess (the
 old code dies under the same cap) and with the budget's own accounting, never with timings.
@@ -25,7 +25,8 @@ from proxy_harness import (
 )
 
 from acp_proxy.config import Config, ConfigError, parse_config
-from acp_proxy.shell.runtime import READ_SIZE, BufferBudget, PumpSession, process_budget
+from acp_proxy.shell.budget import READ_SIZE, BufferBudget, process_budget
+from acp_proxy.shell.session import PumpSession
 from acp_proxy.wire.chain import Chain, Direction
 from acp_proxy.wire.framing import Line
 from acp_proxy.wire.pipeline import Connection
@@ -53,7 +54,7 @@ def capped(cap: int, cmd: list[str]) -> list[str]:
     return [sys.executable, "-c", CAPPED, str(cap), *cmd]
 
 
-# --- answering the requests in flight at agent death, incrementally (issue 10.2) ------------------
+# --- answering the requests in flight at agent death, incrementally ----------------------------
 
 
 def test_abort_pending_builds_errors_lazily_in_chunks() -> None:
@@ -69,7 +70,7 @@ def test_abort_pending_builds_errors_lazily_in_chunks() -> None:
     rest = list(chunks)
     assert [len(c) for c in rest] == [ABORT_CHUNK, 500]
     frames = [f.raw + b"\n" for c in (first, *rest) for f in c]
-    assert frames == [error_line(i, -32603, "agent gone") for i in range(n)]
+    assert frames == [error_line(i, -32603, "agent gone during m") for i in range(n)]
     assert conn.stats.errors_replied == n
 
 
@@ -112,11 +113,11 @@ async def test_100k_requests_in_flight_answered_at_agent_death_under_a_memory_ca
         )
     assert done.returncode == 5, done.stderr[-2000:]
     assert done.stdout == b"".join(
-        error_line(i, -32603, "agent exited with status 5") for i in range(n)
+        error_line(i, -32603, "agent exited with status 5 during session/prompt") for i in range(n)
     )
 
 
-# --- the process-wide buffer budget (issue 10.3) ------------------------------------------------
+# --- the process-wide buffer budget (``shell.budget``) -------------------------------------------
 
 
 def _pipe_pair() -> tuple[MemoryByteStream, MemoryByteStream]:

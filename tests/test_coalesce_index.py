@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     SNAPSHOT_KINDS,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import (
     AgentConfig,
     CoalesceConfig,
@@ -20,7 +21,6 @@ from acp_proxy.config import (
     parse_config,
 )
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
-from acp_proxy.jsontypes import JsonObject
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.wire.chain import Direction, MessageContext, Replace
 
@@ -30,7 +30,8 @@ R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
     "rules, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
-    "max_connections, handshake_timeout, allow_remote, metrics, tracing, record"
+    "max_connections, handshake_timeout, allow_remote, metrics_allow_remote, metrics, tracing, "
+    "record, ui"
 )
 KINDS = (
     "agent_message, agent_message_chunk, agent_thought, agent_thought_chunk, "
@@ -884,7 +885,10 @@ settings:
   coalesce: disabled, max_queue_messages 10, max_queue_bytes 2048 (2 KiB), min_interval_ms 100
   listen: unix:///run/acp.sock
   connect: tcp://[::1]:7777, connect_timeout 3 s
-  max_connections: 8, handshake_timeout 2.5 s, allow_remote: yes"""
+  max_connections: 8, handshake_timeout 2.5 s, allow_remote: yes
+  metrics: off
+  tracing: off
+  record: off (--record PATH turns it on)"""
 
 
 def test_explain_config() -> None:
@@ -906,5 +910,28 @@ def test_explain_pass_through() -> None:
         "min_interval_ms 0\n"
         "  listen: (stdio)\n"
         "  connect: (spawn the agent command), connect_timeout 10 s\n"
-        "  max_connections: 64, handshake_timeout 30 s, allow_remote: no"
+        "  max_connections: 64, handshake_timeout 30 s, allow_remote: no\n"
+        "  metrics: off\n"
+        "  tracing: off\n"
+        "  record: off (--record PATH turns it on)"
     )
+
+
+def test_explain_names_metrics_tracing_and_record_and_counts_in_words() -> None:
+    text = (
+        "rules:\n  - name: one\n    set_meta: {example.dev/a: 1}\n"
+        "middleware:\n  - use: rules\n"
+        "metrics: tcp://127.0.0.1:9464\n"
+        "tracing: {enabled: true, inject: true}\n"
+        "record: {path: /tmp/r.jsonl, max_bytes: 1MiB, redact: [foo], "
+        "redact_patterns: ['a-[0-9]+', 'b+']}\n"
+    )
+    lines = explain_config(parse(text, {})).splitlines()
+    assert lines[1] == "rules (1, applied in this order):"
+    assert "  1. rules (built-in, 1 rule); fail-open" in lines
+    assert lines[-3:] == [
+        "  metrics: tcp://127.0.0.1:9464",
+        "  tracing: enabled (OTLP, configured by OTEL_* variables), inject traceparent: yes",
+        "  record: /tmp/r.jsonl, max_bytes 1048576 (1 MiB), redacting also 1 key name and "
+        "2 patterns",
+    ]

@@ -1,9 +1,10 @@
-"""The container as a service (issue 12.3): the Dockerfile's health check and socket directory,
+"""The container as a service: the Dockerfile's health check and socket directory,
 the health probe against a real proxy, and the Kubernetes example in ``deploy/`` (validated as
-YAML with the fields the README promises, its arguments parsed by the real CLI)."""
+YAML with the fields the docs promise, its arguments parsed by the real CLI)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,9 @@ from test_dockerfile import exec_form, parse_dockerfile
 
 from acp_proxy.cli import build_parser
 from acp_proxy.config import parse_config
+from acp_proxy.shell import probe
 from acp_proxy.shell.probe import metrics_url
-from acp_proxy.shell.sockets import parse_address
+from acp_proxy.shell.sockets.address import parse_address
 
 DEPLOY = REPO / "deploy" / "kubernetes.yaml"
 TIMEOUT = 20.0
@@ -82,8 +84,14 @@ def test_kubernetes_example_probes_and_scrape_annotations_match_the_metrics_port
     template = _deployment()["spec"]["template"]
     proxy = _proxy_container()
     options, _ = _options(proxy["args"])
-    metrics = parse_address(options.metrics, listen=True)
-    assert options.allow_remote is True  # probes come from the kubelet, not loopback
+    # The pod's IP (the kubelet expands $(POD_IP) from the downward API), not 0.0.0.0, with
+    # the metrics port's own consent; --allow-remote (the ACP listener's) is not needed.
+    assert options.metrics == "tcp://$(POD_IP):9464"
+    env = {e["name"]: e for e in proxy["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    metrics = parse_address(options.metrics.replace("$(POD_IP)", "10.1.2.3"), listen=True)
+    assert options.metrics_allow_remote is True
+    assert options.allow_remote is None
     ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
     assert ports["metrics"] == metrics.port == 9464
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -96,8 +104,8 @@ def test_kubernetes_example_probes_and_scrape_annotations_match_the_metrics_port
     }
 
 
-def test_readme_points_at_the_example_and_agrees_on_paths() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_docs_point_at_the_example_and_agree_on_paths() -> None:
+    readme = (REPO / "docs" / "containers.md").read_text(encoding="utf-8")
     assert "deploy/kubernetes.yaml" in readme
     assert "/etc/acp/" not in readme  # the Dockerfile's directory is /etc/acp-proxy
     assert "unix:///run/acp/acp.sock" in readme
@@ -203,3 +211,83 @@ def test_probe_fails_when_nothing_answers() -> None:
     done = _probe(1, ACP_PROXY_HEALTHCHECK_URL=f"tcp://127.0.0.1:{port}")
     assert done.returncode == 1
     assert done.stdout.startswith(f"acp-proxy probe: tcp://127.0.0.1:{port}/healthz: ".encode())
+
+
+def _fake_proc(root: Path, procs: dict[int, tuple[int, list[str]]]) -> str:
+    """A /proc with the given processes: pid -> (ppid, argv)."""
+    for pid, (ppid, argv) in procs.items():
+        (root / str(pid)).mkdir()
+        (root / str(pid) / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in argv))
+        comm = os.path.basename(argv[0])[:15]
+        (root / str(pid) / "stat").write_bytes(f"{pid} ({comm}) S {ppid} 1 1 0".encode())
+    return str(root)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_probe_finds_the_proxy_behind_an_init_as_pid_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker run --init`: PID 1 is docker-init, the proxy its child. The probe must ask the
+    proxy's endpoint (here nothing answers: unhealthy), not pass because PID 1 has no --metrics."""
+    monkeypatch.delenv("ACP_PROXY_HEALTHCHECK_URL", raising=False)
+    monkeypatch.delenv("ACP_PROXY_HEALTHCHECK", raising=False)
+    url = f"tcp://127.0.0.1:{_closed_port()}"
+    proxy = ["/usr/local/bin/acp-proxy", "--metrics", url, "--", "my-agent"]
+    proc = _fake_proc(
+        tmp_path,
+        {
+            1: (0, ["/sbin/docker-init", "--", *proxy]),
+            7: (1, proxy),
+            9: (7, ["my-agent"]),
+        },
+    )
+    assert probe.find_proxy(proc) == 7
+    assert probe.main([], proc=proc) == 1
+    assert capsys.readouterr().out.startswith(f"acp-proxy probe: {url}/healthz: ")
+
+
+def test_probe_finds_the_proxy_as_pid_1_and_fails_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ACP_PROXY_HEALTHCHECK_URL", raising=False)
+    monkeypatch.delenv("ACP_PROXY_HEALTHCHECK", raising=False)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    as_pid_1 = _fake_proc(
+        tmp_path / "a", {1: (0, ["python3.11", "-m", "acp_proxy", "--", "agent"]), 5: (1, ["x"])}
+    )
+    assert probe.find_proxy(as_pid_1) == 1
+    assert probe.main([], proc=as_pid_1) == 0  # alive, no --metrics: nothing to ask
+    none = _fake_proc(tmp_path / "b", {1: (0, ["/bin/sh", "-c", "sleep 1"]), 5: (1, ["sleep"])})
+    assert probe.find_proxy(none) is None
+    capsys.readouterr()
+    assert probe.main([], proc=none) == 1
+    assert capsys.readouterr().out == (
+        "acp-proxy probe: no acp-proxy process (neither PID 1 nor a child of it)\n"
+    )
+
+
+def test_kubernetes_example_gives_the_agent_somewhere_to_write_and_sets_resources() -> None:
+    """A read-only root filesystem leaves a real agent nowhere to write: its HOME, the working
+    directory and /tmp are writable volumes; and every container states its resources."""
+    spec = _deployment()["spec"]["template"]["spec"]
+    proxy = _proxy_container()
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in proxy["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    for path in {env["HOME"], "/work", env["TMPDIR"]}:  # /work: the image's WORKDIR
+        mount = mounts[path]
+        assert not mount.get("readOnly", False)
+        assert "emptyDir" in volumes[mount["name"]]
+    for container in spec["containers"]:
+        resources = container["resources"]
+        assert set(resources) == {"requests", "limits"}, container["name"]
+        assert {"cpu", "memory"} <= set(resources["requests"]) <= set(resources["limits"])

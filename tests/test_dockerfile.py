@@ -214,3 +214,12 @@ def test_the_image_builds_the_c_scanner_in_the_build_stage_only(
     assert "setup.py" in copied
     assert any("pip install" in r and "SCANNER == 'C'" in r for r in runs)
     assert not any("gcc" in i.args for i in final if i.keyword == "RUN")
+
+
+def test_the_image_can_trace(instructions: list[Instruction]) -> None:
+    """The image installs the otel extra and its build checks that the tracing SDK imports."""
+    *builds, _ = stages(instructions)
+    runs = [i.args for stage in builds for i in stage if i.keyword == "RUN"]
+    (install,) = [r for r in runs if "pip install" in r and "--prefix=/install" in r]
+    assert "'.[otel]'" in install
+    assert "import opentelemetry.sdk.trace" in install

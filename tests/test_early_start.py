@@ -1,4 +1,4 @@
-"""The early start (issue 13, start-up as users feel it): on a plain stdio session the agent is
+"""The early start (start-up as users feel it): on a plain stdio session the agent is
 started before the proxy imports anyio and its runtime, so the agent boots while the proxy gets
 ready; a signal that comes in that window takes the usual shutdown ladder.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from proxy_harness import REPO, proxy_env
 
-from acp_proxy import cli
+from acp_proxy.cli import launch
 from acp_proxy.config import AgentConfig, Config, StderrMode
 from acp_proxy.shell import spawn
 
@@ -139,7 +139,7 @@ def test_a_record_fifo_is_opened_once_by_the_recorder(tmp_path: Path) -> None:
     wait for a reader forever), so the agent starts in the runtime and the reader gets the
     whole record."""
     fifo = tmp_path / "record.fifo"
-    os.mkfifo(fifo)
+    os.mkfifo(fifo, 0o600)  # a record target must be private to the user
     got: list[bytes] = []
 
     def read_all() -> None:
@@ -246,7 +246,7 @@ def test_the_start_before_the_config_uses_the_default_configs_agent_settings() -
     """What the command line starts an agent with before it reads the config is what the
     default config says (else the runtime would kill that agent and start another)."""
     argv = ["agent", "--flag"]
-    assert spawn._key(argv, cli._UNCONFIGURED_AGENT) == spawn._key(argv, Config().agent)
+    assert spawn._key(argv, launch.UNCONFIGURED_AGENT) == spawn._key(argv, Config().agent)
 
 
 def test_signals_before_the_loop_are_recorded_once_each() -> None:

@@ -1,4 +1,4 @@
-"""Flow control between the two directions (issue 9.3): backpressure in one direction never stops
+"""Flow control between the two directions: backpressure in one direction never stops
 the proxy reading the other direction's sender.
 
 Real ``python -m acp_proxy`` and a real streaming agent (``stream_agent.py``) over pipes. Each
@@ -25,7 +25,8 @@ from proxy_harness import REPO, TESTS, Lines, MemoryByteStream, memory_pipe_pair
 from stream_agent import stream_lines
 
 from acp_proxy.config import Config
-from acp_proxy.shell.runtime import REPLY_QUEUE_FRAMES, PumpSession
+from acp_proxy.shell.outbox import REPLY_QUEUE_FRAMES
+from acp_proxy.shell.session import PumpSession
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import Connection
 
@@ -234,10 +235,10 @@ async def test_replies_a_client_leaves_unread_stop_reading_that_client_only() ->
 
 
 async def test_lines_read_behind_a_backlog_still_travel_as_blocks_and_still_coalesce() -> None:
-    """Issue 13: with frames waiting toward a client that does not read, the reader used to go
+    """With frames waiting toward a client that does not read, the reader used to go
     line by line (no one-pass scan of the block: a proxy that fell behind got slower still).
     Now every read is one block; the queue splits a joined run that has to wait into its lines,
-    so coalescing still merges them (issue 4), and every byte arrives in order."""
+    so coalescing still merges them, and every byte arrives in order."""
     client_side, proxy_client = _pipe_pair()
     proxy_agent, agent_side = _pipe_pair()
     calls: list[tuple[int, list[str]]] = []

@@ -1,9 +1,9 @@
-"""The fused annotation path (issue 13) against the general one: same bytes, same messages.
+"""The fused annotation path against the general one: same bytes, same messages.
 
-``Connection`` takes the fused path (``RulesMiddleware.fused_v2`` + ``rawjson.splice_member``)
+``Connection`` takes the fused path (``RulesMiddleware.fused_v2`` + ``rawsplice.splice_member``)
 for v2 upsert notifications when its chain is one rules middleware; with ``_fused`` unset it runs
-the chain and ``_rewrite``, the reference the RFD property tests (test_annotate, test_rawjson)
-were written against. Every generated frame must come out identical both ways.
+the chain and ``rewrite.rewrite_bytes``, the reference the RFD property tests (test_annotate,
+test_rawjson) were written against. Every generated frame must come out identical both ways.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rawjson import WS, json_strings, json_text
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
-from acp_proxy.jsontypes import JsonValue
 from acp_proxy.meta.registry import UPSERT_KINDS
-from acp_proxy.wire import pipeline, rawjson
+from acp_proxy.wire import rawjson, rawsplice, rewrite
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.framing import Line, LineSplitter
 from acp_proxy.wire.pipeline import Connection, Result
@@ -122,14 +122,14 @@ def _connection(rule_list: list[Rule], *, fused: bool) -> Connection:
 def _accelerator(on: bool) -> Iterator[None]:
     """The C accelerator's splice in use (when built) or not: both paths must give the same
     bytes (without it, canonical frames are encoded whole and the rest spliced in Python)."""
-    saved = pipeline._SPLICE_IN_C, rawjson._member_span_c
+    saved = rewrite.SPLICE_IN_C, rawsplice._member_span_c
     if not on:
-        pipeline._SPLICE_IN_C = None
-        rawjson._member_span_c = None
+        rewrite.SPLICE_IN_C = None
+        rawsplice._member_span_c = None
     try:
         yield
     finally:
-        pipeline._SPLICE_IN_C, rawjson._member_span_c = saved
+        rewrite.SPLICE_IN_C, rawsplice._member_span_c = saved
 
 
 def _assert_same_rest(a: Result, b: Result, fast: Connection, slow: Connection) -> None:
@@ -175,7 +175,7 @@ def test_fused_path_gives_the_general_paths_output(
 def test_the_fused_lane_of_a_block_gives_the_per_line_general_output(
     rule_list: list[Rule], raws: list[bytes], direction: Direction, accel: bool
 ) -> None:
-    """Lines read together take the block path, where the fused lane (``Connection._lane``)
+    """Lines read together take the block path, where the fused lane (``Rewriter.lane``)
     answers the v2 notifications without the per-line steps: the bytes on the wire, the notes
     and the counters must be those of the general path fed the lines one by one."""
     lines = [raw.replace(b"\n", b" ") for raw in raws]  # one frame per line (JSON whitespace)
@@ -200,7 +200,7 @@ def test_the_fused_lane_of_a_block_gives_the_per_line_general_output(
 def test_the_fused_path_in_a_batch_gives_the_general_paths_output(
     rule_list: list[Rule], raws: list[bytes], direction: Direction, accel: bool, ws: str
 ) -> None:
-    """The entries of a batch take the fused path too (``Connection._batch``): same array
+    """The entries of a batch take the fused path too (``acp_proxy.wire.batches``): same array
     bytes, replies, notes and counters as the chain."""
     sep = ("," + ws).encode()
     batch = b"[" + ws.encode() + sep.join(raws) + b"]"
@@ -232,13 +232,13 @@ def test_the_lane_takes_block_lines_and_leaves_requests_to_the_tracker(
     request = b'{"jsonrpc":"2.0","id":5,"method":"fs/read_text_file","params":{"path":"/a"}}'
     other = update.replace(b"tool_call_update", b"plan_update")
     lanes: list[bytes] = []
-    real_lane = Connection._lane
+    real_lane = rewrite.Rewriter.lane
 
-    def counting(self: Connection, direction: Direction, raw: bytes) -> Any:
+    def counting(self: rewrite.Rewriter, direction: Direction, raw: bytes, budget: int) -> Any:
         lanes.append(raw)
-        return real_lane(self, direction, raw)
+        return real_lane(self, direction, raw, budget)
 
-    monkeypatch.setattr(Connection, "_lane", counting)
+    monkeypatch.setattr(rewrite.Rewriter, "lane", counting)
     out = conn.handle_many(
         Direction.AGENT_TO_CLIENT,
         LineSplitter().feed_blocks(b"\n".join([update, request, other]) + b"\n"),
@@ -290,8 +290,8 @@ def test_the_fused_path_is_taken_for_the_bench_rule() -> None:
 def test_the_fused_path_is_taken_for_the_example_configs_rules() -> None:
     """config/example.yaml's two rules (an entity rule on tool calls and a message-target rule on
     every update): each update is answered without the middleware's ``__call__``, and both
-    `_meta` members are spliced in, also into a spaced frame and a chunk (issue 13: the example
-    config cost 36 µs a message through the chain)."""
+    `_meta` members are spliced in, also into a spaced frame and a chunk (the example config cost
+    36 µs a message through the chain before the fused path)."""
     entity = Rule(
         name="edge-route",
         set_meta={"example.dev/route": "edge"},

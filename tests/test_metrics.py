@@ -15,9 +15,9 @@ import anyio
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, TESTS, Lines, init_response, proxy_env, request, run
-from telemetry_harness import LogReader, http_get, scrape, total, value
+from telemetry_harness import LogReader, host_port, http_get, scrape, total, value
 
-from acp_proxy.telemetry.metrics import (
+from acp_proxy.telemetry.labels import (
     ACP_METHODS,
     code_label,
     exit_status_label,
@@ -110,20 +110,34 @@ def _check_counts(samples: dict[Any, float], *, finished: bool) -> None:
         == 1
     )
 
-    def count(direction: str, method: str, outcome: str, code: str = "") -> float:
+    def count(direction: str, method: str, outcome: str) -> float:
         return value(
             samples,
             "acp_proxy_request_duration_seconds_count",
             direction=direction,
             method=method,
             outcome=outcome,
-            error_code=code,
         )
 
     assert count(C2A, "initialize", "result") == 1
     assert count(C2A, "session/new", "result") == 1
     assert count(C2A, "session/prompt", "result") == 1
-    assert count(C2A, "other", "error", "-32601") == 1
+    assert count(C2A, "other", "error") == 1
+    # Successes carry no error code: errors are counted on their own, by code.
+    errors = {
+        labels: v
+        for (name, labels), v in samples.items()
+        if name == "acp_proxy_request_errors_total"
+    }
+    assert errors == {
+        (("direction", C2A), ("error_code", "-32601"), ("method", "other")): 1.0,
+    }
+    # v2: the prompt response only accepts the prompt; the second prompt supersedes the first
+    # turn, which the agent never ended; the second ends with the session.
+    turns = "acp_proxy_turn_duration_seconds_count"
+    assert value(samples, turns, stop_reason="superseded") == 1
+    assert value(samples, turns, stop_reason="session_end") == (1 if finished else 0)
+    assert value(samples, "acp_proxy_cancellations_total") == 1
     assert count(A2C, "fs/read_text_file", "result") == 1
     answered = 5
     # Every request is in the histogram exactly once; the last prompt only once it has ended.
@@ -196,7 +210,7 @@ async def test_stdio_scrape_during_session_and_readyz_flips_at_initialize(
         _check_counts(samples, finished=False)
         assert value(samples, "acp_proxy_pending_requests", direction=C2A) == 1
         assert value(samples, "acp_proxy_pending_requests", direction=A2C) == 0
-        assert value(samples, "acp_proxy_sessions") == 1
+        assert value(samples, "acp_proxy_open_sessions") == 1
         assert value(samples, "acp_proxy_ready") == 1
         assert value(samples, "acp_proxy_build_info", version=_version()) == 1
         assert value(samples, "process_open_fds") > 0
@@ -254,7 +268,7 @@ async def test_listen_scrape_after_session(tmp_path: Path) -> None:
         await log.event("connection closed")
         samples = await scrape(metrics)
         _check_counts(samples, finished=True)
-        assert value(samples, "acp_proxy_sessions") == 0
+        assert value(samples, "acp_proxy_open_sessions") == 0
         assert value(samples, "acp_proxy_pending_requests", direction=C2A) == 0
         assert value(samples, "acp_proxy_agent_exits_total", status="exit_3") == 1
         assert value(samples, "acp_proxy_generated_frames_total", direction=A2C) == 1
@@ -291,17 +305,91 @@ async def test_http_paths_and_methods(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_metrics_refuses_a_non_loopback_address() -> None:
-    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--", sys.executable, "-c", "1"])
+async def test_healthz_answers_within_a_second_beside_hundreds_of_slow_connections() -> None:
+    """300 connections that sent part of a request head and then nothing (a scraper that hangs,
+    a slow-loris) never keep /healthz from answering: the oldest unfinished ones are closed
+    beyond the cap on open connections, and a probe is answered at once."""
+    from acp_proxy.shell.telemetry import MAX_CONNECTIONS
+
+    cmd = [*PROXY, "--metrics", "tcp://127.0.0.1:0", "--", sys.executable, str(FAKE_AGENT)]
+    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+        assert proc.stderr and proc.stdin
+        log = LogReader(proc.stderr)
+        address = (await log.event("serving metrics"))["address"]
+        host, port = host_port(address)
+        slow = []
+        try:
+            for _ in range(MAX_CONNECTIONS + 44):
+                stream = await anyio.connect_tcp(host, port)
+                await stream.send(b"GET /metrics HT")  # the request line, never finished
+                slow.append(stream)
+            for _ in range(5):
+                with anyio.fail_after(1.0):
+                    status, _, body = await http_get(address, "/healthz")
+                assert (status, body) == (200, b"ok\n")
+            # The oldest slow connection was closed to make room (EOF, no answer).
+            with anyio.fail_after(TIMEOUT), pytest.raises(anyio.EndOfStream):
+                await slow[0].receive()
+        finally:
+            for stream in slow:
+                await stream.aclose()
+        await proc.stdin.aclose()
+        with anyio.fail_after(TIMEOUT):
+            assert await proc.wait() == 0
+
+
+@pytest.mark.anyio
+async def test_metrics_refuses_a_non_loopback_address_with_its_own_consent() -> None:
+    agent = ["--", sys.executable, "-c", "1"]
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", *agent])
     assert ran.rc == 2
-    assert b"acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0" in ran.stderr
+    line = ran.stderr.decode().splitlines()[-1]
+    # What the metrics port exposes (not "driving the agent"), and its own flag.
+    assert line == (
+        "acp-proxy: --metrics: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a "
+        "loopback address (anyone who can reach it can read the metrics and the health of "
+        "the proxy); pass --metrics-allow-remote (metrics_allow_remote: true in the config) "
+        "to serve it there"
+    )
+    # --allow-remote is the ACP listener's consent, not the metrics port's.
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--allow-remote", *agent])
+    assert ran.rc == 2
+    ran = await run([*PROXY, "--metrics", "tcp://0.0.0.0:0", "--metrics-allow-remote", *agent])
+    assert ran.rc == 0, ran.stderr
 
 
 @pytest.mark.anyio
 async def test_metrics_bad_url_is_a_usage_error() -> None:
-    ran = await run([*PROXY, "--metrics", "http://x", "--", sys.executable, "-c", "1"])
+    ran = await run([*PROXY, "--metrics", "ftp://x", "--", sys.executable, "-c", "1"])
     assert ran.rc == 2
-    assert b"--metrics: 'http://x': expected tcp://HOST:PORT" in ran.stderr
+    assert b"--metrics: 'ftp://x': expected tcp://HOST:PORT" in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "url"),
+    [
+        ("127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464", "tcp://127.0.0.1:9464"),
+        ("http://127.0.0.1:9464/", "tcp://127.0.0.1:9464"),
+        ("http://[::1]:9464/metrics", "tcp://[::1]:9464"),
+        ("localhost:0", "tcp://localhost:0"),
+        ("tcp://127.0.0.1:1", "tcp://127.0.0.1:1"),
+        ("unix:///run/m.sock", "unix:///run/m.sock"),
+        ("https://127.0.0.1:9464", "https://127.0.0.1:9464"),  # not served: left to be refused
+    ],
+)
+def test_metrics_url_forms(given: str, url: str) -> None:
+    from acp_proxy.telemetry.endpoint import metrics_url
+
+    assert metrics_url(given) == url
+
+
+@pytest.mark.anyio
+async def test_metrics_accepts_host_port_and_http_forms(tmp_path: Path) -> None:
+    for form in ("127.0.0.1:0", "http://127.0.0.1:0/"):
+        ran = await run([*PROXY, "--metrics", form, "--", sys.executable, "-c", "1"])
+        assert ran.rc == 0, ran.stderr
+        assert b'{"address":"tcp://127.0.0.1:' in ran.stderr
 
 
 # -- pure: bounded labels --------------------------------------------------------------------------
@@ -533,6 +621,8 @@ async def test_check_config_applies_the_loopback_rule_to_metrics(tmp_path: Path)
         f"acp-proxy: {cfg}:1: metrics: 0.0.0.0 is not a loopback address"
     )
     cfg.write_text("metrics: tcp://0.0.0.0:9464\nallow_remote: true\n")
+    assert (await run(check)).rc == 2  # the listener's consent does not cover the metrics port
+    cfg.write_text("metrics: 0.0.0.0:9464\nmetrics_allow_remote: true\n")
     assert (await run(check)).rc == 0
 
 
@@ -566,10 +656,11 @@ def test_accounting_from_a_connection_in_observe_mode() -> None:
     assert metrics.ready
     assert metrics.untracked == {(C2A,): 1}
     assert {k: (h.count, h.total) for k, h in metrics.durations.items()} == {
-        (C2A, "initialize", "result", ""): (1, 0.25),
-        (C2A, "session/new", "error", "-32602"): (1, 3.0),
+        (C2A, "initialize", "result"): (1, 0.25),
+        (C2A, "session/new", "error"): (1, 3.0),
     }
-    hist = metrics.durations[(C2A, "initialize", "result", "")]
+    assert metrics.errors == {(C2A, "session/new", "-32602"): 1}
+    hist = metrics.durations[(C2A, "initialize", "result")]
     assert hist.buckets[5] == 1 and sum(hist.buckets) == 1  # 0.25 is in the le="0.25" bucket
 
 
@@ -580,3 +671,24 @@ def test_an_observer_bug_is_counted_not_raised() -> None:
     observer = metrics.session(object())  # type: ignore[arg-type]
     observer.on_end(None, 0.0)  # reading the "session" fails: counted, not raised
     assert metrics.observer_errors == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "label"),
+    [(1, "1"), (2, "2"), (3, "other"), (99999, "other"), ("2", "other"), (True, "other")],
+)
+def test_protocol_version_label_is_bounded(version: object, label: str) -> None:
+    from acp_proxy.telemetry.labels import version_label
+
+    assert version_label(version) == label
+
+
+def test_a_thousand_versions_make_three_series() -> None:
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.notes import VersionNegotiated
+
+    metrics = Metrics(max_pending=10)
+    for version in range(1000):
+        observer = metrics.session(object())  # type: ignore[arg-type]
+        observer.on_notes((VersionNegotiated(version),), 0.0)
+    assert metrics.versions == {("other",): 998, ("1",): 1, ("2",): 1}

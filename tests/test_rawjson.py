@@ -1,4 +1,4 @@
-"""Lossless JSON (``acp_proxy.wire.rawjson``): exact parsing and splicing, as properties (issue 9).
+"""Lossless JSON (``rawjson``, ``rawscan``, ``rawsplice``): parsing and splicing, as properties.
 
 The generator writes JSON the way hostile or merely unusual peers do: random whitespace, big and
 negative integers, odd number spellings (``1E+2``, ``-0.0``, ``1e400``), every escape including
@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan, rawsplice
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.framing import Line
 from acp_proxy.wire.pipeline import Connection
@@ -159,7 +159,7 @@ def test_splice_changes_only_what_changed(doc: str, picks: list[Any], wrap_ws: s
             key = existing[index % len(existing)]  # edit an existing member half of the time
         new = _edit(new, path, key, value)
         expected = _edit(expected, path, key, value)
-    out = rawjson.splice(raw, old, new)
+    out = rawsplice.splice(raw, old, new)
     assert exact(out) == expected
     if new is old:
         assert out == raw
@@ -216,7 +216,7 @@ def test_splice_adds_meta_and_keeps_every_other_byte() -> None:
     old: Any = rawjson.loads(FRAME)
     update = {**old["params"]["update"], "_meta": {"example.dev/route": "edge"}}
     new = {**old, "params": {**old["params"], "update": update}}
-    assert rawjson.splice(FRAME, old, new) == FRAME.replace(
+    assert rawsplice.splice(FRAME, old, new) == FRAME.replace(
         b'\\u00e9" }', b'\\u00e9","_meta":{"example.dev/route":"edge"} }'
     )
 
@@ -224,16 +224,16 @@ def test_splice_adds_meta_and_keeps_every_other_byte() -> None:
 def test_splice_removes_a_member_with_its_separator() -> None:
     raw = b'{"a":1, "b":2 ,"c":3}'
     old = rawjson.loads(raw)
-    assert rawjson.splice(raw, old, {"b": 2, "c": 3}) == b'{"b":2 ,"c":3}'
-    assert rawjson.splice(raw, old, {"a": 1, "c": 3}) == b'{"a":1,"c":3}'
-    assert rawjson.splice(raw, old, {"a": 1, "b": 2}) == b'{"a":1, "b":2}'
-    assert rawjson.splice(raw, old, {}) == b"{}"
+    assert rawsplice.splice(raw, old, {"b": 2, "c": 3}) == b'{"b":2 ,"c":3}'
+    assert rawsplice.splice(raw, old, {"a": 1, "c": 3}) == b'{"a":1,"c":3}'
+    assert rawsplice.splice(raw, old, {"a": 1, "b": 2}) == b'{"a":1, "b":2}'
+    assert rawsplice.splice(raw, old, {}) == b"{}"
 
 
 def test_splice_of_an_equal_copy_is_the_original() -> None:
     old = rawjson.loads(FRAME)
     copy = json.loads(json.dumps(old))  # no shared objects at all
-    assert rawjson.splice(FRAME, old, copy) == FRAME
+    assert rawsplice.splice(FRAME, old, copy) == FRAME
 
 
 def test_repeated_key_every_copy_is_changed() -> None:
@@ -241,7 +241,7 @@ def test_repeated_key_every_copy_is_changed() -> None:
     assert rawjson.loads(raw) == {"a": 2}
     # Every copy of a changed key gets the new value: the same reading for first-wins and
     # last-wins parsers.
-    assert rawjson.splice(raw, {"a": 2}, {"a": 5}) == b'{"a":5,"a":5}'
+    assert rawsplice.splice(raw, {"a": 2}, {"a": 5}) == b'{"a":5,"a":5}'
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_repeated_key_every_copy_is_changed() -> None:
 )
 def test_loads_accepts_what_orjson_refuses(raw: bytes) -> None:
     value = rawjson.loads(raw)
-    assert rawjson.splice(raw, value, value) == raw
+    assert rawsplice.splice(raw, value, value) == raw
 
 
 @pytest.mark.parametrize(
@@ -315,14 +315,14 @@ def test_could_be_frame(line: bytes, frame: bool) -> None:
     ],
 )
 def test_reencodes_exactly(raw: bytes, exact_again: bool) -> None:
-    assert rawjson.reencodes_exactly(raw) is exact_again
+    assert rawscan.reencodes_exactly(raw) is exact_again
 
 
 def test_member_bytes() -> None:
     raw = b'{"jsonrpc":"2.0","id":18446744073709551617,"method":"x","id":1E2}'
-    assert rawjson.member_bytes(raw, "id") == b"1E2"
-    assert rawjson.member_bytes(raw, "nope") is None
-    assert rawjson.member_bytes(b"[1]", "id") is None
+    assert rawscan.member_bytes(raw, "id") == b"1E2"
+    assert rawscan.member_bytes(raw, "nope") is None
+    assert rawscan.member_bytes(b"[1]", "id") is None
 
 
 _ID_SPELLINGS = [
@@ -365,7 +365,7 @@ def test_id_bytes_is_member_bytes(
     ws: str,
     first: bool,
 ) -> None:
-    """The fast read of a request id's bytes (issue 13) gives exactly what the full member scan
+    """The fast read of a request id's bytes gives exactly what the full member scan
     gives, whatever the spelling, escapes, nested or repeated ids around it."""
     members = [f'"jsonrpc":{ws}"2.0"', f'"method":{ws}"session/prompt"', f'"params":{ws}{params}']
     if nested is not None:
@@ -376,7 +376,7 @@ def test_id_bytes_is_member_bytes(
         members.append(f'"id":{repeat}')
     raw = ("{" + ws + ("," + ws).join(members) + ws + "}").encode()
     rawjson.loads(raw)  # a frame that parses, as the pipeline's callers guarantee
-    assert rawjson.id_bytes(raw) == rawjson.member_bytes(raw, "id")
+    assert rawscan.id_bytes(raw) == rawscan.member_bytes(raw, "id")
 
 
 # --- through the rules (the pipeline's rewrite) -----------------------------------------------
@@ -431,8 +431,8 @@ def test_deep_values_never_hit_the_recursion_limit() -> None:
     raw = b'{"a":' + b"[" * 1000 + b"]" * 1000 + b"}"
     old = rawjson.loads(raw)
     copy = orjson.loads(raw)  # equal, no shared objects
-    assert rawjson.splice(raw, old, copy) == raw
-    assert rawjson.splice(raw, old, {**copy, "b": 1}) == raw[:-1] + b',"b":1}'
+    assert rawsplice.splice(raw, old, copy) == raw
+    assert rawsplice.splice(raw, old, {**copy, "b": 1}) == raw[:-1] + b',"b":1}'
     assert rawjson.json_equal(old, copy)
     assert not rawjson.json_equal(old, {"a": [[[]]]})
 
@@ -455,7 +455,7 @@ def test_splicing_a_big_frame_makes_one_copy() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        added = rawjson.splice_member(
+        added = rawsplice.splice_member(
             raw, ("params", "update"), "_meta", None, {"a/b": 1}, present=False
         )
         peak = tracemalloc.get_traced_memory()[1] - before
@@ -469,7 +469,7 @@ def test_splicing_a_big_frame_makes_one_copy() -> None:
     try:
         before = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        changed = rawjson.splice_member(
+        changed = rawsplice.splice_member(
             with_meta, ("params", "update"), "_meta", {"a/b": 1}, {"a/b": 2}, present=True
         )
         peak = tracemalloc.get_traced_memory()[1] - before

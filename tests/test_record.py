@@ -689,7 +689,7 @@ async def test_show_follow_tails_a_record_being_written(tmp_path: Path) -> None:
             ) as show_proc:
                 assert show_proc.stdout is not None
                 rows = Lines(show_proc.stdout)
-                assert (await rows.line()).startswith(b"record of ")
+                assert (await rows.line()).startswith(b"session 1: record of ")
                 assert (await rows.line()).endswith(b"C\xe2\x86\x92A initialize #1\n")
                 assert (await rows.line()).endswith(b"--- protocol version 2\n")
                 assert b"A\xe2\x86\x92C response #1 to initialize after " in await rows.line()
@@ -714,7 +714,7 @@ def test_writer_drops_and_counts_instead_of_blocking(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(recorder, "QUEUE_BYTES", 256 * 1024)
     read_end, write_end = os.pipe()
-    writer = recorder._Writer(write_end)
+    writer = recorder._Writer(write_end, "<pipe>")
     line = b'{"x":"' + b"y" * 1000 + b'"}\n'
     accepted = [writer.put(line, 1.0, 0.0) for _ in range(2000)]  # ~2 MB: pipe + queue overflow
     dropped = accepted.count(False)

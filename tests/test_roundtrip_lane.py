@@ -1,4 +1,4 @@
-"""The round trip's lane (issue 13): ``Connection.handle_line``'s tracked step
+"""The round trip's lane: ``Connection.handle_line``'s tracked step
 against the general per-line path (``Connection.handle``), frame for frame.
 
 The lane answers requests and responses that no middleware may act on in one step (parse, id,
@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from acp_proxy.config import Config
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
-from acp_proxy.shell.runtime import READ_SIZE, BufferBudget, PumpSession
+from acp_proxy.shell.budget import READ_SIZE, BufferBudget
+from acp_proxy.shell.session import PumpSession
 from acp_proxy.shell.transports import FdStream
 from acp_proxy.wire import rawjson
 from acp_proxy.wire.chain import Chain, Direction, Link
@@ -281,10 +282,12 @@ async def test_round_trips_over_pipes_take_the_lane_and_keep_the_budget_exact(
     async with anyio.create_task_group() as tg:
         tg.start_soon(session.run)
         # Both readers parked on their pipes first (a reader's very first read is its own).
-        await _until(lambda: None not in session._receiving.values())
+        await _until(
+            lambda: None not in (session.from_client.receiving, session.from_agent.receiving)
+        )
         for i in range(1, 301):
             if i == 150:  # another session holds all the budget's room for reads, and one byte
-                await _until(lambda: session._receiving[Direction.CLIENT_TO_AGENT] is not None)
+                await _until(lambda: session.from_client.receiving is not None)
                 waits = budget.waits
                 pressure = budget.limit - budget.reserve - budget.held + 1
                 budget.add(pressure)
@@ -315,7 +318,9 @@ async def test_the_lane_leaves_what_a_full_pipe_did_not_take_to_the_writer(
     sent = [_request(i, pad=60_000) + b"\n" for i in range(1, 41)]
     async with anyio.create_task_group() as tg:
         tg.start_soon(session.run)
-        await _until(lambda: None not in session._receiving.values())
+        await _until(
+            lambda: None not in (session.from_client.receiving, session.from_agent.receiving)
+        )
         await p.send(p.c2p_w, sent[0])  # the agent's pipe takes it whole: 4 KB room left
         await _until(lambda: session.connection.stats.client_to_agent_out == 1)
         await p.send(p.c2p_w, sent[1])  # one read, one line: the lane, which writes 4 KB of it
@@ -329,7 +334,7 @@ async def test_the_lane_leaves_what_a_full_pipe_did_not_take_to_the_writer(
         for frame in sent[2:]:
             await p.send(p.c2p_w, frame)
         await _until(lambda: len(session.to_agent.queue) > 0)
-        partial = session._splitters[Direction.CLIENT_TO_AGENT].buffered  # a line half read
+        partial = session.from_client.splitter.buffered  # a line half read
         assert budget.held == 2 * READ_SIZE + session.to_agent.held() + partial
         await p.expect(p.p2a_r, b"".join(sent))
         p.close_test_ends()

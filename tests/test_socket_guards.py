@@ -1,4 +1,4 @@
-"""Issue 10 items 6 and 7: what may happen on a ``--listen`` socket before a session starts.
+"""What may happen on a ``--listen`` socket before a session starts.
 
 Cross-protocol requests (an HTTP request, which any web page can make a browser send to a
 loopback port) are refused with a 403 before any agent exists; a client that sends no first line
@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 from proxy_harness import FAKE_AGENT, Lines, init_response, request, run, write_config
 from test_sockets import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 
-from acp_proxy.shell.sockets import OPENING_HOLD_BYTES, Opening, OpeningReader, http_forbidden
+from acp_proxy.shell.sockets.opening import (
+    OPENING_HOLD_BYTES,
+    Opening,
+    OpeningReader,
+    http_forbidden,
+)
 
 INIT = request(1, "initialize", {"protocolVersion": 2})
 FORBIDDEN = (
@@ -204,7 +209,7 @@ async def ask_over_http(proxy: Proxy, data: bytes) -> bytes:
 
 @pytest.mark.anyio
 async def test_http_requests_never_reach_an_agent(tmp_path: Path) -> None:
-    """Issue 10 item 6: on main the agent answered initialize and session/new sent as the body
+    """Before the guard, the agent answered initialize and session/new sent as the body
     of a browser's POST. Now every HTTP opening gets the 403 and no agent is even started."""
     record = tmp_path / "agent-input.log"
     agent = [sys.executable, str(FAKE_AGENT), "--record", str(record)]
@@ -283,7 +288,7 @@ async def test_first_line_without_newline_then_eof_is_still_served() -> None:
 
 @pytest.mark.anyio
 async def test_silent_client_is_closed_after_the_handshake_timeout_and_frees_its_slot() -> None:
-    """Issue 10 item 7: on main a client that never sent anything held a slot (and an agent)
+    """Before the handshake timeout, a client that never sent anything held a slot (and an agent)
     forever. With one slot: the silent client holds it (a second client is refused) until the
     handshake timeout closes it with an error line; then the slot serves a new client."""
     with anyio.fail_after(TIMEOUT):
@@ -369,11 +374,11 @@ async def test_shutdown_ends_a_connection_still_waiting_for_its_first_line() -> 
 
 @pytest.mark.anyio
 async def test_every_refused_client_reads_the_refusal_line() -> None:
-    """Issue 10 item 7: on main, 200 concurrent clients against --max-connections 64 left 104 (120
-    when re-measured) with a bare reset instead of the refusal line. Same ratio, smaller: 50
-    clients, 16 slots. Every client keeps its connection open until all have their first
-    answer, so the refusals overlap as in a burst; each refused client must then read exactly
-    the refusal line and EOF (no reset, no silent close)."""
+    """Before the refusal drained its client, 200 concurrent clients against --max-connections
+    64 left 104 (120 when re-measured) with a bare reset instead of the refusal line. Same
+    ratio, smaller: 50 clients, 16 slots. Every client keeps its connection open until all have
+    their first answer, so the refusals overlap as in a burst; each refused client must then
+    read exactly the refusal line and EOF (no reset, no silent close)."""
     slots, clients = 16, 50
     first: dict[int, bytes] = {}
     rest: dict[int, bytes] = {}

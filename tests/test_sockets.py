@@ -1,4 +1,4 @@
-"""Socket transports (issue 5): real loopback TCP and real Unix sockets, the real CLI as a
+"""Socket transports: real loopback TCP and real Unix sockets, the real CLI as a
 subprocess, ``tests/tiny_agent.py`` as the (cheap) agent. Only 127.0.0.1 and Unix paths are ever
 connected to; 0.0.0.0 is only bound (never sent to)."""
 
@@ -23,6 +23,7 @@ from proxy_harness import (
     REPO,
     TESTS,
     Lines,
+    Ran,
     error_line,
     init_response,
     proxy_env,
@@ -31,7 +32,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.shell.sockets import Address, AddressError, is_loopback_ip, parse_address
+from acp_proxy.shell.sockets.address import Address, AddressError, is_loopback_ip, parse_address
 
 PROXY = [sys.executable, "-m", "acp_proxy", "--log-format", "json"]
 TINY = [sys.executable, "-S", str(TESTS / "tiny_agent.py")]
@@ -361,7 +362,9 @@ async def test_connect_agent_connection_lost_with_request_in_flight() -> None:
                 rc = await proxy.wait()
             tg.cancel_scope.cancel()
     assert seen == [request(1, "initialize", {}), request(2, "session/prompt", {"p": 1})]
-    assert rest == error_line(2, -32603, f"agent connection to {url} was lost")
+    assert rest == error_line(
+        2, -32603, f"agent connection to {url} was lost during session/prompt"
+    )
     assert rc == 1
     assert f"acp-proxy: the connection to the agent at {url} was lost\n".encode() in err
 
@@ -389,14 +392,41 @@ async def test_connect_over_unix_closes_cleanly(tmp_path: Path) -> None:
     assert ran.events("exit")[0]["status"] == "agent connection closed"
 
 
+def _said_once(ran: Ran, event: str) -> str:
+    """An error that ends the run, with --log-format json on stderr: the JSON log event, and
+    the same message once as a plain line for the person reading stderr."""
+    (said,) = [e["error"] for e in ran.events(event)]
+    assert ran.stderr.count(f"acp-proxy: {said}\n".encode()) == 1
+    return str(said)
+
+
+@pytest.mark.anyio
+async def test_port_in_use_is_said_once_on_a_console(tmp_path: Path) -> None:
+    """The default console log on stderr: the plain `acp-proxy: ...` line only, no log line
+    repeating it (both were printed before)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        cmd = [a for a in PROXY if a not in ("--log-format", "json")]
+        ran = await run([*cmd, "--listen", f"tcp://127.0.0.1:{port}", "--", *TINY])
+    assert ran.rc == 1
+    lines = ran.stderr.decode().splitlines()
+    said = [line for line in lines if "is already in use" in line]
+    assert said == [
+        f"acp-proxy: cannot listen on tcp://127.0.0.1:{port}: port {port} is already in use "
+        "(another process is listening on it)"
+    ]
+
+
 @pytest.mark.anyio
 async def test_connect_refused_is_a_clear_error(tmp_path: Path) -> None:
     url = f"unix://{tmp_path}/nobody.sock"
-    ran = await run([*PROXY, "--connect", url, "--connect-timeout", "2"], request(1, "x"))
+    ran = await run([*PROXY, "--connect", url, "--connect-timeout", "0.3"], request(1, "x"))
     assert (ran.rc, ran.stdout) == (1, b"")
-    assert (
-        f"acp-proxy: cannot connect to the agent at {url}: No such file or directory\n".encode()
-        in ran.stderr
+    assert _said_once(ran, "cannot connect to the agent") == (
+        f"cannot connect to the agent at {url}: No such file or directory "
+        "(tried for 0.3 s, --connect-timeout)"
     )
 
 
@@ -437,7 +467,7 @@ async def test_listen_and_connect_one_agent_connection_per_client(tmp_path: Path
                 )
                 await a.send(request(2, "drop", {}))
                 assert await a_lines.rest() == error_line(
-                    2, -32603, f"agent connection to {agent_url} was lost"
+                    2, -32603, f"agent connection to {agent_url} was lost during drop"
                 )
                 await a.aclose()
                 assert await exchange(b_lines, b, request(2, "x", {"c": "b"})) == echo(
@@ -463,7 +493,7 @@ async def test_agent_that_cannot_start_is_reported_to_its_client(tmp_path: Path)
     with anyio.fail_after(TIMEOUT):
         async with listening("--listen", "tcp://127.0.0.1:0", agent=[missing]) as proxy:
             stream = await proxy.connect()
-            # The agent is started at the client's first request (issue 10), not at connect.
+            # The agent is started at the client's first request, not at connect.
             await stream.send(request(1, "initialize", {}))
             assert await Lines(stream).rest() == (
                 b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"acp-proxy: '
@@ -486,10 +516,10 @@ async def test_port_in_use_is_a_clear_error() -> None:
         port = holder.getsockname()[1]
         ran = await run([*PROXY, "--listen", f"tcp://127.0.0.1:{port}", "--", *TINY])
     assert (ran.rc, ran.stdout) == (1, b"")
-    assert (
-        f"acp-proxy: cannot listen on tcp://127.0.0.1:{port}: port {port} is already in use "
-        "(another process is listening on it)\n"
-    ).encode() in ran.stderr
+    assert _said_once(ran, "cannot listen") == (
+        f"cannot listen on tcp://127.0.0.1:{port}: port {port} is already in use "
+        "(another process is listening on it)"
+    )
 
 
 @pytest.mark.anyio
@@ -498,7 +528,7 @@ async def test_non_loopback_refused_without_allow_remote() -> None:
     assert (ran.rc, ran.stdout) == (2, b"")
     assert (
         b"acp-proxy: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a loopback address "
-        b"(anyone who can reach it could drive the agent); pass --allow-remote "
+        b"(anyone who can reach it can drive the agent); pass --allow-remote "
         b"(allow_remote: true in the config) to accept remote clients\n"
     ) in ran.stderr
     assert ran.events("listening") == []
@@ -570,18 +600,18 @@ async def test_live_socket_and_other_files_are_refused(tmp_path: Path) -> None:
         holder.listen()
         ran = await run([*PROXY, "--listen", f"unix://{live}", "--", *TINY])
         assert (ran.rc, ran.stdout) == (1, b"")
-        assert (
-            f"acp-proxy: cannot listen on unix://{live}: another process is listening on {live}\n"
-        ).encode() in ran.stderr
+        assert _said_once(ran, "cannot listen") == (
+            f"cannot listen on unix://{live}: another process is listening on {live}"
+        )
         assert stat.S_ISSOCK(os.lstat(live).st_mode)  # left alone
     plain = tmp_path / "plain.sock"
     plain.write_text("keep me")
     ran = await run([*PROXY, "--listen", f"unix://{plain}", "--", *TINY])
     assert ran.rc == 1
-    assert (
-        f"acp-proxy: cannot listen on unix://{plain}: {plain} exists and is not a socket; "
-        "refusing to replace it\n"
-    ).encode() in ran.stderr
+    assert _said_once(ran, "cannot listen") == (
+        f"cannot listen on unix://{plain}: {plain} exists and is not a socket; "
+        "refusing to replace it"
+    )
     assert plain.read_text() == "keep me"
 
 
@@ -697,7 +727,7 @@ async def test_command_line_wins_over_the_config_file(tmp_path: Path) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("pattern", [False, True])
 async def test_listen_records_one_file_per_connection(tmp_path: Path, pattern: bool) -> None:
-    # Issue 11: with --listen, each connection gets its own record, never two interleaved.
+    # With --listen, each connection gets its own record, never two interleaved.
     target = str(tmp_path / "conn-{conn}.jsonl") if pattern else str(tmp_path)
     with anyio.fail_after(TIMEOUT):
         async with listening(

@@ -35,7 +35,10 @@ def explain_config(config: Config) -> str:
     """A human-readable summary of ``config`` for ``acp-proxy check-config`` (no final newline)."""
     lines = [f"config: {config.source or '(none: pure pass-through)'}"]
     if config.rules:
-        lines.append(f"rules ({len(config.rules)}, applied in this order; every match applies):")
+        lines.append(
+            f"rules ({len(config.rules)}, applied in this order"
+            + ("; every match applies):" if len(config.rules) > 1 else "):")
+        )
         for i, rule in enumerate(config.rules, 1):
             where = f" (line {rule.line})" if rule.line is not None else ""
             lines.append(f"  {i}. {rule.name}{where}")
@@ -57,7 +60,7 @@ def explain_config(config: Config) -> str:
         for i, spec in enumerate(config.middleware, 1):
             policy = "fail-closed" if spec.fail_closed else "fail-open"
             if spec.use == BUILTIN_RULES:
-                desc = f"rules (built-in, {len(config.rules)} rules)"
+                desc = f"rules (built-in, {_count(len(config.rules), 'rule')})"
             else:
                 desc = f"{spec.name} = {spec.use}"
                 if spec.options:
@@ -88,5 +91,65 @@ def explain_config(config: Config) -> str:
         f"  max_connections: {config.max_connections}, "
         f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
+        f"  metrics: {config.metrics or 'off'}",
+        "  tracing: "
+        + (
+            f"enabled (OTLP, configured by OTEL_* variables), inject traceparent: "
+            f"{'yes' if config.tracing.inject else 'no'}"
+            if config.tracing.enabled
+            else "off"
+        ),
+        "  record: " + _explain_record(config),
     ]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _explain_record(config: Config) -> str:
+    record = config.record
+    if record.path is None:
+        return "off (--record PATH turns it on)"
+    extra = ""
+    if record.redact or record.redact_patterns:
+        extra = (
+            f", redacting also {_count(len(record.redact), 'key name')} and "
+            f"{_count(len(record.redact_patterns), 'pattern')}"
+        )
+    return f"{record.path}, max_bytes {record.max_bytes} ({_size_text(record.max_bytes)}){extra}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def describe_rule(rule: Rule) -> str:
+    """One sentence on what ``rule`` does, for people who have not read the config format."""
+    if rule.has_update_filter:
+        kinds = list(rule.update_kinds or ())
+        if rule.update_upserts:
+            kinds.insert(0, "upsert")
+        what = f"each {_and(kinds)}"
+    elif rule.method is not None:
+        what = f"each {rule.method} message"
+    else:
+        what = "each message"
+    sender = {
+        "agent_to_client": "the agent sends",
+        "client_to_agent": "the client sends",
+    }.get(rule.direction.value, "either side sends")
+    does = []
+    if rule.set_meta:
+        does.append("sets " + _and(list(rule.set_meta)))
+    if rule.remove_meta:
+        does.append("removes " + _and(list(rule.remove_meta)))
+    action = ", and ".join(does) if does else "changes nothing"
+    if rule.target is RuleTarget.ENTITY:
+        where = (
+            "in the entity's _meta, as a metadata patch that leaves the agent's other keys alone"
+        )
+    else:
+        where = "in the message's params._meta"
+    return f"Rule {rule.name}: on {what} {sender}, it {action} {where}."

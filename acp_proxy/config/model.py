@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.meta.registry import V1Mode
 from acp_proxy.record.settings import RecordConfig
-from acp_proxy.values import value
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 if TYPE_CHECKING:
@@ -85,6 +85,19 @@ class TracingConfig:
 
 
 @value
+class UiConfig:
+    """The live view (``--ui``): where it is served and its bounds (docs/live-view.md)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    address: str | None = None  # tcp://HOST:PORT; None: off (the command line's --ui wins)
+    allow_remote: bool = False  # a non-loopback address (--ui-allow-remote)
+    history_bytes: int = 64 * 1024 * 1024  # events held for replay; the oldest go first
+    observer_bytes: int = 8 * 1024 * 1024  # one observer's queue; past it, cut off
+    max_observers: int = 64  # subscriptions at once
+
+
+@value
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -119,10 +132,12 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed (issue 10).
     handshake_timeout_s: float = 30.0
-    allow_remote: bool = False
+    allow_remote: bool = False  # listen on a non-loopback address
+    metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
+    ui: UiConfig = field(default_factory=UiConfig)  # the live view
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The line of each top-level key the file sets (for check-config's run checks).

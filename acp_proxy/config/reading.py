@@ -1,4 +1,4 @@
-"""Reading a config file safely (issue 10: "config files are data unless they say otherwise").
+"""Reading a config file safely: config files are data unless they say otherwise.
 
 Contract: the file must be a regular file of at most 1 MiB (checked before and after opening,
 without blocking on a FIFO or a device); YAML is loaded with a bounded loader (aliases counted and
@@ -17,7 +17,18 @@ import yaml
 from yaml.nodes import Node
 
 from acp_proxy.config.model import ConfigError, _quote, _size_text
-from acp_proxy.config.schema import _TAG
+
+# The YAML core schema's tags (JSON's types), and how an error names a value of each.
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_TIMESTAMP = _TAG + "timestamp"
+_TAG_NAMES: Final = {
+    _STR: "a string",
+    _INT: "an integer",
+    _FLOAT: "a number",
+    _BOOL: "a boolean",
+    _TIMESTAMP: "a date",
+}
 
 # --- reading the file safely ----------------------------------------------------------------------
 
@@ -28,6 +39,11 @@ MAX_CONFIG_BYTES: Final = 1024 * 1024
 MAX_ALIASES: Final = 1000  # alias uses (``*name``) in one file
 MAX_ALIAS_NODES: Final = 100_000  # values the aliases add once expanded
 MAX_DEPTH: Final = 100  # nesting of mappings and lists
+# The longest number (an unquoted int or float) accepted, in characters: no setting needs more
+# (a size in bytes fits in 20 digits), and longer ones end in Python's own errors (an int of
+# over 4,300 digits cannot be converted; one of over 308 is no float).
+MAX_NUMBER_CHARS: Final = 64
+_NUMBER_TAGS: Final = frozenset((_TAG + "int", _TAG + "float"))
 # Explicit tags allowed: the YAML core schema (JSON's types). Anything else (``!!python/...``,
 # ``!!binary``, ``!local``) is refused rather than ignored or constructed.
 _CORE_TAGS: Final = frozenset(
@@ -53,7 +69,14 @@ class _BoundedLoader(yaml.SafeLoader):
     """
 
     def __init__(self, stream: str) -> None:
-        super().__init__(stream)
+        # PyYAML's reader checks the whole text for characters YAML does not allow as it is
+        # constructed; its error (no line, a traceback to the caller) is kept for the first
+        # read instead, with its line.
+        self._unreadable: _Refused | None = None
+        try:
+            super().__init__(stream)
+        except yaml.reader.ReaderError as exc:
+            self._unreadable = _unreadable(stream, exc)
         self._aliases = 0
         self._values = 0  # values composed so far, counting each alias at its expanded size
         self._alias_values = 0  # the part the aliases added
@@ -61,8 +84,15 @@ class _BoundedLoader(yaml.SafeLoader):
         self._open: set[str] = set()  # anchors whose node is being composed
         self._depth = 0
 
+    def get_single_node(self) -> Node | None:
+        if self._unreadable is not None:
+            raise self._unreadable
+        return super().get_single_node()
+
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_NUMBER_CHARS:
+            self._check_number(event)
         if isinstance(event, yaml.AliasEvent):
             anchor = event.anchor
             if anchor in self._open:
@@ -116,6 +146,36 @@ class _BoundedLoader(yaml.SafeLoader):
         if anchor is not None:
             self._sizes[anchor] = self._values - start
         return node
+
+    def _check_number(self, event: yaml.ScalarEvent) -> None:
+        """Refuse a long unquoted number before PyYAML converts it (a ValueError or an
+        OverflowError later, far from its line)."""
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
+        if tag in _NUMBER_TAGS:
+            mark = event.start_mark
+            column = f" (column {mark.column + 1})" if mark is not None else ""
+            raise _Refused(
+                mark,
+                f"a number written with {len(event.value)} characters{column}: no setting "
+                f"takes a number longer than {MAX_NUMBER_CHARS} characters; quote it if it "
+                "is meant as text",
+            )
+
+
+def _unreadable(text: str, exc: yaml.reader.ReaderError) -> _Refused:
+    """PyYAML's refusal of a character, at its line and column."""
+    position = min(max(exc.position, 0), len(text))
+    line = text.count("\n", 0, position)
+    column = position - (text.rfind("\n", 0, position) + 1)
+    code = exc.character if isinstance(exc.character, int) else 0
+    what = "a control character" if code < 0x20 or 0x7F <= code <= 0x9F else "a character"
+    return _Refused(
+        yaml.Mark("<config>", position, line, column, "", 0),
+        f"{what} (U+{code:04X}) at column {column + 1}: YAML allows no control "
+        "characters but tab, line feed and carriage return; remove it",
+    )
 
 
 def _mark_char(mark: Any) -> str:

@@ -27,7 +27,9 @@ A line is one JSON object:
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field
@@ -35,9 +37,9 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.record import settings
-from acp_proxy.values import value
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = "acp-proxy-record"
@@ -305,6 +307,85 @@ def parse_header(line: bytes | str) -> JsonObject:
             f"record format version {obj[MAGIC]!r}; this acp-proxy reads version {FORMAT_VERSION}"
         )
     return obj
+
+
+def is_header(entry: Mapping[str, JsonValue]) -> bool:
+    """Whether a parsed line is a header (it starts a session of the file)."""
+    return MAGIC in entry
+
+
+def _b64_ok(text: JsonValue) -> bool:
+    if not isinstance(text, str):
+        return False
+    try:
+        base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
+def _number(value: JsonValue) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def entry_problem(entry: Mapping[str, JsonValue]) -> str | None:
+    """Why a parsed frame or event line cannot be used (``None``: it can).
+
+    A frame needs a finite number ``t``, a known ``dir``, exactly one of ``raw`` (a string) and
+    ``raw_b64`` (valid base64); ``sent``, when present, a list of strings and ``{"b64": ...}``;
+    ``changed_by`` a list of strings. An event needs ``t`` and a string ``event``.
+    """
+    if not _number(entry.get("t")):
+        return '"t" is not a number'
+    if "event" in entry:
+        return None if isinstance(entry["event"], str) else '"event" is not a string'
+    direction = entry.get("dir")
+    if direction not in (CLIENT_TO_AGENT, AGENT_TO_CLIENT):
+        return 'neither a frame (no known "dir") nor an event'
+    if "raw" in entry:
+        if not isinstance(entry["raw"], str):
+            return '"raw" is not a string'
+    elif "raw_b64" in entry:
+        if not _b64_ok(entry["raw_b64"]):
+            return '"raw_b64" is not valid base64'
+    else:
+        return 'a frame with neither "raw" nor "raw_b64"'
+    sent = entry.get("sent")
+    if sent is not None:
+        if not isinstance(sent, list):
+            return '"sent" is not a list'
+        for item in sent:
+            if not isinstance(item, str) and not (
+                isinstance(item, dict) and _b64_ok(item.get("b64"))
+            ):
+                return '"sent" holds an item that is neither a string nor valid {"b64": ...}'
+    changed_by = entry.get("changed_by")
+    if changed_by is not None and not (
+        isinstance(changed_by, list) and all(isinstance(c, str) for c in changed_by)
+    ):
+        return '"changed_by" is not a list of strings'
+    return None
+
+
+def read_line(line: bytes) -> JsonObject | str:
+    """A frame or event line's object, or why it cannot be used (not JSON, not an object, a
+    field of the wrong type: see ``entry_problem``). A header is returned as it is."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        if not line.strip():
+            return "an empty line"
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return "not UTF-8 text"
+        return f"not JSON ({exc.msg})"
+    if not isinstance(obj, dict):
+        return "not a JSON object"
+    if MAGIC in obj:
+        return obj
+    problem = entry_problem(obj)
+    return obj if problem is None else problem
 
 
 def parse_line(line: bytes | str) -> JsonObject | None:

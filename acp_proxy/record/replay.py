@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Generic, TypeVar, cast
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
 # JSON-RPC "Internal error": the request is well-formed, the replayed agent cannot answer it.
@@ -30,7 +29,7 @@ DIVERGED_CODE = -32603
 def _loads(raw: bytes) -> JsonValue | None:
     try:
         return json.loads(raw)  # type: ignore[no-any-return]
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
 
 
@@ -39,7 +38,10 @@ def _dumps(value: JsonValue) -> bytes:
 
 
 def _key(value: JsonValue) -> str:
-    return json.dumps(value, sort_keys=True)
+    try:
+        return json.dumps(value, sort_keys=True)
+    except RecursionError:
+        return repr(value)
 
 
 def _shape(message: Mapping[str, JsonValue]) -> str:
@@ -62,15 +64,114 @@ class AgentStep:
     value: JsonValue
     # Client messages that must have arrived before it is due (see ``from_record``).
     need: int
+    gate_t: float = 0.0  # the recorded time of client message ``need`` (0: none)
+
+
+# Requests of the recorded client still unanswered, remembered to gate the agent's answers:
+# past this, the oldest is forgotten (its answer then waits for every client message before).
+MAX_OPEN_REQUESTS = 100_000
+
+
+def _messages_of(value: JsonValue) -> list[JsonValue]:
+    return value if isinstance(value, list) else [value]
+
+
+def client_steps(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[ClientStep]:
+    """The recorded client's messages, in order, as it wrote them."""
+    for entry in entries:
+        if entry.get("dir") == CLIENT_TO_AGENT and not entry.get("generated"):
+            t = _t(entry)
+            for message in _messages_of(_loads(frame_bytes(entry))):
+                if isinstance(message, dict):
+                    yield ClientStep(t, message)
+
+
+def agent_steps(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[AgentStep]:
+    """The frames the recorded client received, in order, each with the client messages it
+    waits for (see ``Replayer.from_record``); only the open requests are kept, not the rest."""
+    open_requests: dict[str, tuple[int, float]] = {}  # recorded id -> (client count, its t)
+    count = 0
+    last_t = 0.0
+    need, need_t = 0, 0.0
+    for entry in entries:
+        direction = entry.get("dir")
+        t = _t(entry)
+        if direction == CLIENT_TO_AGENT and not entry.get("generated"):
+            for message in _messages_of(_loads(frame_bytes(entry))):
+                if isinstance(message, dict):
+                    count += 1
+                    last_t = t
+                    if isinstance(message.get("method"), str) and "id" in message:
+                        key = _key(message["id"])
+                        open_requests.pop(key, None)
+                        open_requests[key] = (count, t)
+                        if len(open_requests) > MAX_OPEN_REQUESTS:
+                            del open_requests[next(iter(open_requests))]
+        elif direction == AGENT_TO_CLIENT:
+            for frame in delivered(entry):
+                value = _loads(frame)
+                gate, gate_t = 0, 0.0
+                for m in _messages_of(value):
+                    if isinstance(m, dict) and "method" not in m and "id" in m:
+                        got = open_requests.pop(_key(m["id"]), (0, 0.0))
+                    elif open_requests:
+                        got = max(open_requests.values())
+                    else:
+                        got = (count, last_t)
+                    if got[0] > gate:
+                        gate, gate_t = got
+                if gate > need:
+                    need, need_t = gate, gate_t
+                yield AgentStep(t, frame, value, need, need_t)
+
+
+def _t(entry: Mapping[str, JsonValue]) -> float:
+    raw_t = entry.get("t")
+    return float(raw_t) if isinstance(raw_t, int | float) else 0.0
+
+
+T = TypeVar("T")
+
+
+class _Ahead(Generic[T]):
+    """An iterator with its next item looked at (one item held, never more)."""
+
+    __slots__ = ("_done", "_items", "_next")
+
+    def __init__(self, items: Iterator[T]) -> None:
+        self._items = items
+        self._next: T | None = None
+        self._done = False
+
+    def peek(self) -> T | None:
+        if self._next is None and not self._done:
+            self._next = next(self._items, None)
+            self._done = self._next is None
+        return self._next
+
+    def pop(self) -> T:
+        item = self.peek()
+        assert item is not None
+        self._next = None
+        return item
+
+    def rest(self) -> int:
+        """How many items are left (read through)."""
+        left = 1 if self.peek() is not None else 0
+        self._next = None
+        left += sum(1 for _ in self._items)
+        self._done = True
+        return left
 
 
 @dataclass(slots=True)
 class Replayer:
-    """The replay state machine (see the module docstring)."""
+    """The replay state machine (see the module docstring). It reads the record twice, once
+    for each side's messages, each as it needs the next one: memory holds the open requests
+    and two messages, never the record."""
 
-    client: deque[ClientStep]
-    agent: deque[AgentStep]
-    client_t: list[float]  # recorded time of each client message, in order
+    client: _Ahead[ClientStep]
+    agent: _Ahead[AgentStep]
     matched: int = 0  # client messages matched so far
     diverged: str | None = None
     problems: list[str] = field(default_factory=list)
@@ -78,7 +179,8 @@ class Replayer:
 
     @classmethod
     def from_record(cls, entries: Iterable[Mapping[str, JsonValue]]) -> Replayer:
-        """The script of a record's frame lines (header and events are skipped).
+        """The script of a record's frame lines (header and events are skipped); ``entries``
+        is iterated twice (a list, or an object that reads the file again on each ``iter``).
 
         When is an agent message due? In recorded order, and: a response once the request it
         answers has arrived; anything else once the client requests still unanswered at that
@@ -87,52 +189,30 @@ class Replayer:
         at once still replays to a client that waits for each response (no deadlock), and a
         record of an interactive client replays exactly in its order.
         """
-        client: deque[ClientStep] = deque()
-        agent: deque[AgentStep] = deque()
-        open_requests: dict[str, int] = {}  # recorded id -> client messages up to it
-        need = 0
-        for entry in entries:
-            direction = entry.get("dir")
-            raw_t = entry.get("t")
-            t = float(raw_t) if isinstance(raw_t, int | float) else 0.0
-            if direction == CLIENT_TO_AGENT and not entry.get("generated"):
-                value = _loads(frame_bytes(entry))
-                for message in value if isinstance(value, list) else [value]:
-                    if isinstance(message, dict):
-                        client.append(ClientStep(t, message))
-                        if isinstance(message.get("method"), str) and "id" in message:
-                            open_requests[_key(message["id"])] = len(client)
-            elif direction == AGENT_TO_CLIENT:
-                for frame in delivered(entry):
-                    value = _loads(frame)
-                    messages = value if isinstance(value, list) else [value]
-                    gate = 0
-                    for m in messages:
-                        if isinstance(m, dict) and "method" not in m and "id" in m:
-                            gate = max(gate, open_requests.pop(_key(m["id"]), 0))
-                        else:
-                            gate = max(gate, max(open_requests.values(), default=len(client)))
-                    need = max(need, gate)
-                    agent.append(AgentStep(t, frame, value, need))
-        return cls(client, agent, [s.t for s in client])
+        return cls(_Ahead(client_steps(entries)), _Ahead(agent_steps(entries)))
 
     @property
     def client_steps_left(self) -> int:
-        return len(self.client)
+        return self.client.rest()
 
-    def ready(self) -> list[tuple[AgentStep, bytes]]:
-        """The agent frames due now, in order, each with its step (for its timing)."""
+    def ready(self, limit: int = 256) -> list[tuple[AgentStep, bytes]]:
+        """The agent frames due now, in order, each with its step (for its timing): at most
+        ``limit`` of them (call again until it gives none)."""
         out: list[tuple[AgentStep, bytes]] = []
         if self.diverged is not None:
             return out
-        while self.agent and self.agent[0].need <= self.matched:
-            step = self.agent.popleft()
+        while (
+            len(out) < limit
+            and (step := self.agent.peek()) is not None
+            and step.need <= self.matched
+        ):
+            self.agent.pop()
             out.append((step, self._mapped(step)))
         return out
 
     def gate_t(self, step: AgentStep) -> float:
         """The recorded time of the client message ``step`` waited for (0: none)."""
-        return self.client_t[step.need - 1] if step.need else 0.0
+        return step.gate_t
 
     def _mapped(self, step: AgentStep) -> bytes:
         value = step.value
@@ -175,10 +255,10 @@ class Replayer:
 
     def _match(self, message: dict[str, JsonValue]) -> None:
         position = self.matched + 1
-        if not self.client:
+        step = self.client.peek()
+        if step is None:
             self._diverge(f"client message {position} ({_shape(message)}) is beyond the record")
             return
-        step = self.client[0]
         expected = step.message
         if "method" in expected:
             same = expected.get("method") == message.get("method") and (
@@ -192,7 +272,7 @@ class Replayer:
                 f"{_shape(expected)}, got {_shape(message)}"
             )
             return
-        self.client.popleft()
+        self.client.pop()
         self.matched += 1
         if "method" in expected and "id" in expected:
             self._ids[_key(expected["id"])] = message["id"]
@@ -235,6 +315,35 @@ class PlayStep:
     t: float
 
 
+def play_steps(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[PlayStep]:
+    """What the recorded agent received, in order, each due once the agent messages recorded
+    before it have arrived."""
+    agent_messages = 0
+    for entry in entries:
+        if entry.get("generated"):
+            continue  # the proxy's own frames: neither side wrote them
+        if entry.get("dir") == CLIENT_TO_AGENT:
+            # What the agent received: a regression run feeds the agent the same input.
+            t = _t(entry)
+            for frame in delivered(entry):
+                for message in _messages_of(_loads(frame)):
+                    if isinstance(message, dict):
+                        yield PlayStep(message, agent_messages, t)
+        elif entry.get("dir") == AGENT_TO_CLIENT:
+            agent_messages += sum(
+                1 for m in _messages_of(_loads(frame_bytes(entry))) if m is not None
+            )
+
+
+def agent_messages(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[JsonValue]:
+    """What the recorded agent wrote, message by message, in order."""
+    for entry in entries:
+        if entry.get("dir") == AGENT_TO_CLIENT and not entry.get("generated"):
+            for message in _messages_of(_loads(frame_bytes(entry))):
+                if message is not None:
+                    yield message
+
+
 @dataclass(slots=True)
 class ClientPlayer:
     """Plays a record's client side to a real agent and compares what the agent writes.
@@ -242,47 +351,40 @@ class ClientPlayer:
     A client message is due once the agent messages recorded before it have arrived. The
     agent's requests may carry other ids than recorded: the recorded client's response to a
     request goes back with the live id. Agent messages are compared in order, with the request
-    ids (of both sides) and timestamps normalised.
+    ids (of both sides) and timestamps normalised. Like ``Replayer``, it reads the record twice,
+    each side as it needs it.
     """
 
-    steps: deque[PlayStep]
-    expected: list[JsonValue]  # the agent's messages as recorded, in order
+    steps: _Ahead[PlayStep]
+    expected: _Ahead[JsonValue]  # the agent's messages as recorded, in order
     got: int = 0
     differences: list[str] = field(default_factory=list)
     _agent_ids: dict[str, JsonValue] = field(default_factory=dict)  # recorded id -> live id
 
     @classmethod
     def from_record(cls, entries: Iterable[Mapping[str, JsonValue]]) -> ClientPlayer:
-        steps: deque[PlayStep] = deque()
-        expected: list[JsonValue] = []
-        for entry in entries:
-            raw_t = entry.get("t")
-            t = float(raw_t) if isinstance(raw_t, int | float) else 0.0
-            if entry.get("generated"):
-                continue  # the proxy's own frames: neither side wrote them
-            if entry.get("dir") == CLIENT_TO_AGENT:
-                # What the agent received: a regression run feeds the agent the same input.
-                for frame in delivered(entry):
-                    value = _loads(frame)
-                    for message in value if isinstance(value, list) else [value]:
-                        if isinstance(message, dict):
-                            steps.append(PlayStep(message, len(expected), t))
-            elif entry.get("dir") == AGENT_TO_CLIENT:
-                value = _loads(frame_bytes(entry))  # what the agent wrote
-                for message in value if isinstance(value, list) else [value]:
-                    if message is not None:
-                        expected.append(message)
-        return cls(steps, expected)
+        """The player of a record's frame lines (``entries`` is iterated twice)."""
+        return cls(_Ahead(play_steps(entries)), _Ahead(agent_messages(entries)))
+
+    @property
+    def done(self) -> bool:
+        """Whether every client message was sent."""
+        return self.steps.peek() is None
 
     def due(self) -> list[bytes]:
         """The client frames to send now."""
-        out: list[bytes] = []
-        while self.steps and self.steps[0].need <= self.got:
-            message = self.steps.popleft().message
+        return [frame for _, frame in self.due_timed()]
+
+    def due_timed(self) -> list[tuple[float, bytes]]:
+        """The client frames to send now, each with its recorded time."""
+        out: list[tuple[float, bytes]] = []
+        while (step := self.steps.peek()) is not None and step.need <= self.got:
+            self.steps.pop()
+            message = step.message
             if "method" not in message and "id" in message:
-                live = self._agent_ids.get(_key(message["id"]), message["id"])
+                live = self._agent_ids.pop(_key(message["id"]), message["id"])
                 message = {**message, "id": live}
-            out.append(_dumps(message))
+            out.append((step.t, _dumps(message)))
         return out
 
     def agent_frame(self, raw: bytes) -> None:
@@ -291,18 +393,19 @@ class ClientPlayer:
         if value is None:
             self.differences.append(f"agent wrote a line that is not JSON: {raw[:200]!r}")
             return
-        for message in value if isinstance(value, list) else [value]:
+        for message in _messages_of(value):
             self._compare(message)
 
     def _compare(self, message: JsonValue) -> None:
         index = self.got
         self.got += 1
-        if index >= len(self.expected):
+        want = self.expected.peek()
+        if want is None:
             self.differences.append(
                 f"agent message {index + 1} is beyond the record: {_short(message)}"
             )
             return
-        want = self.expected[index]
+        self.expected.pop()
         if (
             isinstance(message, dict)
             and isinstance(want, dict)
@@ -312,6 +415,8 @@ class ClientPlayer:
         ):
             # An agent request: its id is the agent's to choose; remember it for the answer.
             self._agent_ids[_key(want["id"])] = message["id"]
+            if len(self._agent_ids) > MAX_OPEN_REQUESTS:
+                del self._agent_ids[next(iter(self._agent_ids))]
             message = {**message, "id": want["id"]}
         if normalise(message) != normalise(want):
             self.differences.append(
@@ -320,12 +425,14 @@ class ClientPlayer:
 
     def finish(self) -> list[str]:
         """Every difference (empty: the agent wrote what the record says)."""
-        if self.got < len(self.expected):
+        left = self.expected.rest()
+        if left:
             self.differences.append(
-                f"the agent wrote {self.got} messages; the record has {len(self.expected)}"
+                f"the agent wrote {self.got} messages; the record has {self.got + left}"
             )
-        if self.steps:
-            self.differences.append(f"{len(self.steps)} client messages were never due")
+        steps = self.steps.rest()
+        if steps:
+            self.differences.append(f"{steps} client messages were never due")
         return self.differences
 
 

@@ -4,8 +4,11 @@ Contract: pure. ``Transcript`` is fed a record's parsed lines one at a time (so 
 feed it as the file grows) and returns ``Row`` values: what each frame was (time, direction,
 method, id, update kind, entity), which request a response answers and after how long, what
 the proxy changed (the ``_meta`` diff of each changed frame, the frames it inserted, dropped or
-generated). ``render`` turns a row into text (colours only when asked). ``final_state`` is what
-a client stores from what it received (``ClientModel``). No I/O, no clock.
+generated). ``render`` turns a row into text (colours only when asked), every string taken
+from the record made visible (``escape.visible``: a control sequence in an agent's method name
+is printed, never executed). ``final_state`` is what a client stores from what it received
+(``ClientModel``, fed as the lines come: memory holds the state, not the record). A frame nested
+too deeply to read is summarised, never an error. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -18,12 +21,54 @@ from typing import Any
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel
+from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
 ARROWS = {CLIENT_TO_AGENT: "C→A", AGENT_TO_CLIENT: "A→C"}
+# Requests waiting for their response (to join it and give its latency): past this, the oldest
+# is forgotten (its response is then shown without a method).
+MAX_PENDING = 100_000
+# Messages the client received before the protocol version is known (the state model needs
+# it): past this, the model starts with version 2, the default.
+MAX_BEFORE_VERSION = 1_000
+DEEP = "a frame nested too deeply to describe"
+
+
+@dataclass(frozen=True, slots=True)
+class MetaChange:
+    """One ``_meta`` key changed by the proxy: ``+`` added, ``~`` changed, ``-`` removed."""
+
+    op: str
+    key: str
+    path: str = ""  # where the ``_meta`` object is, when not the message's own
+    old: JsonValue = None
+    new: JsonValue = None
+    inserted: bool = False  # in a frame the proxy inserted
+
+    def text(self) -> str:
+        where = f" ({self.path})" if self.path else ""
+        if self.op == "+":
+            body = f"+ {self.key}: {_short(self.new)}{where}"
+        elif self.op == "~":
+            body = f"~ {self.key}: {_short(self.old)} -> {_short(self.new)}{where}"
+        else:
+            body = f"- {self.key}{where}"
+        return body + (" (inserted)" if self.inserted else "")
+
+    def as_json(self) -> JsonObject:
+        out: dict[str, Any] = {"op": self.op, "key": self.key}
+        if self.path:
+            out["path"] = self.path
+        if self.op == "~":
+            out["old"] = self.old
+        if self.op != "-":
+            out["value"] = self.new
+        if self.inserted:
+            out["inserted"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +98,7 @@ class Row:
     redacted: bool = False
     changed_by: tuple[str, ...] = ()
     dropped: bool = False
-    meta_diff: tuple[str, ...] = ()  # "+ key: value", "~ key: old -> new", "- key"
+    meta_diff: tuple[MetaChange, ...] = ()
     inserted: tuple[Message, ...] = ()  # frames the proxy sent beyond the frame itself
 
     def as_json(self) -> JsonObject:
@@ -71,7 +116,7 @@ class Row:
         if self.changed_by:
             out["changed_by"] = list(self.changed_by)
         if self.meta_diff:
-            out["meta_diff"] = list(self.meta_diff)
+            out["meta_diff"] = [change.as_json() for change in self.meta_diff]
         if self.inserted:
             out["inserted"] = [_message_json(m) for m in self.inserted]
         if self.detail:
@@ -126,12 +171,17 @@ def _loads(raw: bytes) -> JsonValue | None:
     # The stdlib, not orjson: ids and values beyond 64 bits must read back exactly.
     try:
         return json.loads(raw)  # type: ignore[no-any-return]
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
 def _id_key(value: JsonValue) -> str:
-    return orjson.dumps(value).decode() if not isinstance(value, int) else str(value)
+    if isinstance(value, int):
+        return str(value)
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # nested deeper than orjson writes
+        return repr(value)
 
 
 def _session_of(message: JsonObject) -> str | None:
@@ -141,52 +191,58 @@ def _session_of(message: JsonObject) -> str | None:
     return None
 
 
-def _metas(value: JsonValue, path: str = "") -> dict[str, JsonObject]:
-    """Every ``_meta`` object of a message, by its JSON path."""
+def _metas(value: JsonValue) -> dict[str, JsonObject]:
+    """Every ``_meta`` object of a message, by its JSON path (walked without recursion)."""
     found: dict[str, JsonObject] = {}
-    if isinstance(value, dict):
-        for key, item in value.items():
-            sub = f"{path}.{key}" if path else key
-            if key == "_meta" and isinstance(item, dict):
-                found[sub] = item
-            else:
-                found.update(_metas(item, sub))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found.update(_metas(item, f"{path}[{i}]"))
+    stack: list[tuple[JsonValue, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, sub in reversed(item.items()):
+                where = f"{path}.{key}" if path else key
+                if key == "_meta" and isinstance(sub, dict):
+                    found[where] = sub
+                else:
+                    stack.append((sub, where))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}[{i}]") for i, sub in reversed(list(enumerate(item))))
     return found
 
 
 def _short(value: JsonValue, limit: int = 60) -> str:
     try:
         text = orjson.dumps(value).decode()
-    except TypeError:  # an integer beyond 64 bits
-        text = str(value)
+    except TypeError:  # an integer beyond 64 bits, a value nested beyond orjson's depth
+        text = str(value) if isinstance(value, int) else f"({type(value).__name__})"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def meta_diff(before: JsonValue, after: JsonValue) -> list[str]:
-    """The ``_meta`` changes between two versions of a message: ``+ k: v`` added, ``~ k: a ->
-    b`` changed, ``- k`` removed (absent, or ``null``: RFD Metadata Patches, a key set to null
-    holds no data)."""
+def meta_changes(
+    before: JsonValue, after: JsonValue, *, inserted: bool = False
+) -> list[MetaChange]:
+    """The ``_meta`` changes between two versions of a message: added, changed, removed
+    (absent, or ``null``: RFD Metadata Patches, a key set to null holds no data)."""
     old, new = _metas(before), _metas(after)
-    out: list[str] = []
+    out: list[MetaChange] = []
     for path in sorted(set(old) | set(new)):
         a, b = old.get(path, {}), new.get(path, {})
-        where = "" if path in ("_meta", "params._meta") else f" ({path})"
+        where = "" if path in ("_meta", "params._meta") else path
         for key in sorted(set(a) | set(b)):
             if key not in a:
-                out.append(
-                    f"- {key}{where}" if b[key] is None else f"+ {key}: {_short(b[key])}{where}"
-                )
-            elif key not in b:
-                out.append(f"- {key}{where}")
-            elif a[key] != b[key]:
                 if b[key] is None:
-                    out.append(f"- {key}{where}")
+                    out.append(MetaChange("-", key, where, inserted=inserted))
                 else:
-                    out.append(f"~ {key}: {_short(a[key])} -> {_short(b[key])}{where}")
+                    out.append(MetaChange("+", key, where, new=b[key], inserted=inserted))
+            elif key not in b or (a[key] != b[key] and b[key] is None):
+                out.append(MetaChange("-", key, where, old=a[key], inserted=inserted))
+            elif a[key] != b[key]:
+                out.append(MetaChange("~", key, where, a[key], b[key], inserted=inserted))
     return out
+
+
+def meta_diff(before: JsonValue, after: JsonValue) -> list[str]:
+    """``meta_changes`` as text: ``+ k: v`` added, ``~ k: a -> b`` changed, ``- k`` removed."""
+    return [change.text() for change in meta_changes(before, after)]
 
 
 @dataclass(slots=True)
@@ -195,21 +251,30 @@ class Transcript:
 
     version: int | None = None
     header: JsonObject | None = None
-    keep_state: bool = True  # keep what the client received, for ``final_state``
-    # (direction of the request, id) -> (method, t)
+    keep_state: bool = True  # keep what the client stores, for ``final_state``
+    # (direction of the request, id) -> (method, t); at most MAX_PENDING, oldest dropped
     _pending: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
-    _received: list[JsonObject] = field(default_factory=list)  # what the client received
+    _model: ClientModel | None = None  # the client's state, once the version is known
+    _early: list[JsonObject] = field(default_factory=list)  # received before the version
 
     def feed(self, entry: Mapping[str, JsonValue]) -> Row | None:
-        """The row for one record line (``None`` for the header)."""
+        """The row for one record line (``None`` for the header); the line was checked by
+        ``format.read_line``. A frame too deeply nested to walk gives a summary row."""
         if "acp-proxy-record" in entry:
             self.header = dict(entry)
             return None
-        t = float(entry.get("t") or 0.0)  # type: ignore[arg-type]
+        raw_t = entry.get("t")
+        t = float(raw_t) if isinstance(raw_t, int | float) else 0.0
         event = entry.get("event")
         if isinstance(event, str):
             return self._event(t, event, entry)
         direction = str(entry.get("dir"))
+        try:
+            return self._frame(t, direction, entry)
+        except RecursionError:
+            return Row(t, direction, detail=DEEP, generated=bool(entry.get("generated")))
+
+    def _frame(self, t: float, direction: str, entry: Mapping[str, JsonValue]) -> Row:
         raw = frame_bytes(entry)
         value = _loads(raw)
         kind = entry.get("kind")
@@ -218,25 +283,28 @@ class Transcript:
         messages = self._messages(direction, value, t)
         changed_by = tuple(str(c) for c in entry.get("changed_by") or ())  # type: ignore[union-attr]
         dropped = isinstance(sent, list) and not sent
-        diff: list[str] = []
+        diff: list[MetaChange] = []
         inserted: list[Message] = []
         if isinstance(sent, list) and sent:
             outs = [_loads(f) for f in delivered(entry)]
-            diff = meta_diff(value, outs[0])
+            diff = meta_changes(value, outs[0])
             for extra in outs[1:]:
                 inserted.extend(self._describe(extra))
-                diff.extend(f"{line} (inserted)" for line in meta_diff(None, extra))
+                diff.extend(meta_changes(None, extra, inserted=True))
         if direction == AGENT_TO_CLIENT and self.keep_state:
             for frame in delivered(entry):
                 got = _loads(frame)
                 for message in got if isinstance(got, list) else [got]:
                     if isinstance(message, dict):
-                        self._received.append(message)
+                        self._receive(message)
+        detail = str(kind) if isinstance(kind, str) else None
+        if value is None and raw.strip()[:1] in (b"{", b"[") and _too_deep(raw):
+            detail = DEEP
         return Row(
             t=t,
             dir=direction,
             messages=tuple(messages),
-            detail=str(kind) if isinstance(kind, str) else None,
+            detail=detail,
             generated=generated,
             redacted=bool(entry.get("redacted")),
             changed_by=changed_by,
@@ -245,10 +313,25 @@ class Transcript:
             inserted=tuple(inserted),
         )
 
+    def _receive(self, message: JsonObject) -> None:
+        if self._model is None:
+            if self.version is None and len(self._early) < MAX_BEFORE_VERSION:
+                self._early.append(message)
+                return
+            self._start_model()
+        assert self._model is not None
+        self._model.apply(message)
+
+    def _start_model(self) -> None:
+        self._model = ClientModel(self.version if self.version in (1, 2) else 2)
+        early, self._early = self._early, []
+        for message in early:
+            self._model.apply(message)
+
     def _event(self, t: float, event: str, entry: Mapping[str, JsonValue]) -> Row:
         if event == "version":
             v = entry.get("protocolVersion")
-            self.version = v if isinstance(v, int) else None
+            self.version = v if isinstance(v, int) and not isinstance(v, bool) else None
             return Row(t, None, event=event, detail=f"protocol version {v}")
         if event == "end":
             exit_ = entry.get("exit")
@@ -257,7 +340,12 @@ class Transcript:
         if event == "stopped":
             return Row(t, None, event=event, detail=f"recording stopped: {entry.get('reason')}")
         if event == "lost":
-            return Row(t, None, event=event, detail=f"{entry.get('frames')} lines lost (slow disk)")
+            return Row(
+                t,
+                None,
+                event=event,
+                detail=f"{entry.get('frames')} lines lost (the record file did not take them)",
+            )
         return Row(t, None, event=event)
 
     def _describe(self, value: JsonValue) -> list[Message]:
@@ -296,6 +384,8 @@ class Transcript:
             message = described
             if message.kind == "request" and message.method is not None:
                 self._pending[(direction, _id_key(message.id))] = (message.method, t)
+                if len(self._pending) > MAX_PENDING:
+                    del self._pending[next(iter(self._pending))]
             elif message.kind in ("response", "error"):
                 other = CLIENT_TO_AGENT if direction == AGENT_TO_CLIENT else AGENT_TO_CLIENT
                 asked = self._pending.pop((other, _id_key(message.id)), None)
@@ -313,10 +403,21 @@ class Transcript:
 
     def final_state(self) -> dict[str, Any]:
         """What a client stores from everything it received (``ClientModel.snapshot()``)."""
-        model = ClientModel(self.version if self.version in (1, 2) else 2)
-        for message in self._received:
-            model.apply(message)
-        return model.snapshot()
+        if self._model is None:
+            self._start_model()
+        assert self._model is not None
+        return self._model.snapshot()
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Whether ``raw`` is JSON the stdlib parser gives up on for its depth (not malformed)."""
+    try:
+        json.loads(raw)
+    except RecursionError:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 # --- text --------------------------------------------------------------------------------------
@@ -340,6 +441,10 @@ def _paint(text: str, what: str, colour: bool) -> str:
 
 
 def _describe_text(m: Message) -> str:
+    return visible(_describe_raw(m))
+
+
+def _describe_raw(m: Message) -> str:
     parts: list[str] = []
     if m.kind in ("response", "error"):
         parts.append(("error" if m.kind == "error" else "response") + f" #{_short(m.id)}")
@@ -365,10 +470,12 @@ def render(row: Row, *, colour: bool = False) -> list[str]:
     """The text lines of one row."""
     stamp = _paint(f"{row.t:10.3f}", "time", colour)
     if row.event is not None:
-        return [f"{stamp}  {_paint('---', 'event', colour)} {row.detail or row.event}"]
+        return [f"{stamp}  {_paint('---', 'event', colour)} {visible(row.detail or row.event)}"]
     assert row.dir is not None
-    arrow = _paint(ARROWS.get(row.dir, row.dir), row.dir, colour)
-    what = "; ".join(_describe_text(m) for m in row.messages) or f"({row.detail or 'frame'})"
+    arrow = _paint(ARROWS.get(row.dir, visible(row.dir)), row.dir, colour)
+    what = "; ".join(_describe_text(m) for m in row.messages) or visible(
+        f"({row.detail or 'frame'})"
+    )
     if len(row.messages) > 1:
         what = f"batch [{what}]"
     flags = []
@@ -377,14 +484,14 @@ def render(row: Row, *, colour: bool = False) -> list[str]:
     if row.redacted:
         flags.append("[redacted]")
     if row.dropped:
-        flags.append(f"[dropped by {', '.join(row.changed_by) or 'the proxy'}]")
+        flags.append(visible(f"[dropped by {', '.join(row.changed_by) or 'the proxy'}]"))
     elif row.changed_by:
-        flags.append(f"[changed by {', '.join(row.changed_by)}]")
+        flags.append(visible(f"[changed by {', '.join(row.changed_by)}]"))
     if row.detail and row.messages:
-        flags.append(f"[{row.detail}]")
+        flags.append(visible(f"[{row.detail}]"))
     lines = [f"{stamp}  {arrow} {what}" + (" " + " ".join(flags) if flags else "")]
     for change in row.meta_diff:
-        lines.append(" " * 18 + _paint(change, change[0], colour))
+        lines.append(" " * 18 + _paint(visible(change.text()), change.op, colour))
     for m in row.inserted:
         lines.append(" " * 18 + _paint("+ inserted: ", "+", colour) + _describe_text(m))
     return lines

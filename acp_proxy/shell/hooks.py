@@ -1,23 +1,55 @@
-"""Process-wide telemetry hooks (issue 12): who gets told about sessions, agent exits, listening.
+"""Who gets told about sessions: the observer interfaces and the process-wide observers.
 
-Contract: owns the list of installed ``ProcessObserver``s and the three calls the runtime and
-the listener make into it. With nothing installed (the default) each call is one check of an
-empty list: metrics and tracing cost nothing when off. Imports nothing heavy; the observers
-themselves (``acp_proxy.shell.telemetry``, ``acp_proxy.shell.tracing``) are imported only when
-enabled. All calls happen on the event loop's thread.
+Contract: owns the two observer interfaces (``SessionObserver``: what recording, metrics and
+tracing see of one session; ``ProcessObserver``: what telemetry sees of the process), the list of
+installed ``ProcessObserver``s, and the three calls the session, the agent session and the
+listener make into it. With nothing installed (the default) each call is one check of an empty
+list: metrics and tracing cost nothing when off. Imports nothing heavy and nothing else of the
+shell; the observers themselves (``acp_proxy.shell.telemetry``, ``acp_proxy.shell.tracing``) are
+imported only when enabled. All calls happen on the event loop's thread.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-if TYPE_CHECKING:
-    from acp_proxy.shell.runtime import SessionObserver
+if TYPE_CHECKING:  # types only: importing this module loads nothing of the core
+    from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.pipeline import Note
+
+
+class EndedSession(Protocol):
+    """What an observer may read of a session that ended (a ``session.PumpSession``)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for the exit summary line."""
+
+
+class SessionObserver(Protocol):
+    """What recording, metrics and tracing see of one session.
+
+    A ``PumpSession`` with observers runs its ``Connection`` in observe mode: every frame read
+    comes with an ``Observed`` note (the raw frame, what was sent instead, the replies, each
+    message's method / id / the method a response answers). Observers run on the session's task,
+    synchronously, so they must be quick and must never raise (a failing observer would stop the
+    session); heavy work (files, exporters) goes behind a bounded buffer of their own.
+    """
+
+    def on_notes(self, notes: tuple[Note, ...], now: float) -> None:
+        """The notes of one read (``Observed`` per frame, ``VersionNegotiated``, warnings...);
+        ``now`` is ``time.monotonic()``."""
+
+    def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
+        """Frames the proxy wrote on its own toward ``direction``'s receiver (the -32603 errors
+        owed when a peer is gone), without their newlines."""
+
+    def on_end(self, session: EndedSession, now: float) -> None:
+        """The session is over (``session.summary()`` has its counts)."""
 
 
 class ProcessObserver(Protocol):
     def session_observer(self, session: Any) -> SessionObserver | None:
-        """A session (a ``runtime.PumpSession``, about to run) starts: its observer, if any."""
+        """A session (a ``session.PumpSession``, about to run) starts: its observer, if any."""
 
     def agent_exited(self, returncode: int) -> None:
         """A spawned agent exited (``Popen`` return code: negative for a signal)."""

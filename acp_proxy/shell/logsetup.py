@@ -14,8 +14,13 @@ is byte for byte the same) when the first event at an enabled level is emitted.
 from __future__ import annotations
 
 import enum
+import functools
+import os
 import sys
+import time
 from typing import Any, BinaryIO, TextIO
+
+from acp_proxy.shell.logwriter import DROPPED_EVENT, LogWriter, needs_writer
 
 # The numeric levels of the ``logging`` module (and of structlog's filtering loggers).
 DEBUG, INFO, WARNING, ERROR, CRITICAL = 10, 20, 30, 40, 50
@@ -37,7 +42,13 @@ LEVELS: dict[str, int] = {
 # before structlog is involved (0 until configured: structlog's own defaults then decide);
 # setup: the structlog configuration still to apply, (format, stream, colors); file: the log
 # file we opened (closed when replaced).
-_state: dict[str, Any] = {"level": INFO, "threshold": 0, "setup": None, "file": None}
+_state: dict[str, Any] = {
+    "level": INFO,
+    "threshold": 0,
+    "setup": None,
+    "file": None,
+    "format": LogFormat.CONSOLE,
+}
 
 
 def configure_logging(
@@ -53,7 +64,7 @@ def configure_logging(
     numeric = LEVELS[level]
     fmt = LogFormat(fmt)
     old = _state["file"]
-    stream: BinaryIO | TextIO
+    stream: BinaryIO | TextIO | LogWriter
     if fmt is LogFormat.JSON:
         stream = open(log_file, "ab") if log_file else sys.stderr.buffer  # noqa: SIM115
         colors = False
@@ -64,8 +75,14 @@ def configure_logging(
             else sys.stderr
         )
         # Decided now, as structlog's configuration always was: the terminal, not a later one.
-        colors = not log_file and sys.stderr.isatty()
+        # NO_COLOR (https://no-color.org): present and not empty turns colours off.
+        colors = not log_file and sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     _state["file"] = stream if log_file else None
+    _state["format"] = fmt
+    fd = _fileno(stream)
+    if fd is not None and needs_writer(fd):
+        # A pipe, a terminal or a FIFO can stop draining: the session must not wait for it.
+        stream = LogWriter(fd, functools.partial(_dropped_line, fmt))
     _state["setup"] = (fmt, stream, colors)
     _state["level"] = numeric
     _state["threshold"] = numeric
@@ -75,6 +92,25 @@ def configure_logging(
         _structlog()
     if old is not None:
         old.close()
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last
+        return None
+
+
+def _dropped_line(fmt: LogFormat, count: int) -> bytes:
+    """The line that reports ``count`` dropped log lines, in the log's format (written by the
+    writer's thread, so rendered here without structlog)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    if fmt is LogFormat.JSON:
+        import orjson
+
+        event = {"count": count, "event": DROPPED_EVENT, "level": "warning", "timestamp": stamp}
+        return orjson.dumps(event) + b"\n"
+    return f"{stamp} [warning  ] {DROPPED_EVENT} count={count}\n".encode()
 
 
 def _structlog() -> Any:
@@ -194,3 +230,15 @@ def get_logger(**initial: Any) -> Any:
     """A structlog bound logger (``Any``: structlog's filtering loggers are generated classes),
     imported and configured on its first event at an enabled level."""
     return _Logger(dict(initial))
+
+
+def say_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
+    """Say an error that ends the run where the user reads it, once per reader.
+
+    Always on stderr as ``acp-proxy: MESSAGE`` (what an editor shows). Also as a log event when
+    the log is for a machine or somewhere else (``--log-format json``, ``--log-file``); not when
+    the log is the console on stderr, where the event would print the message a second time.
+    """
+    if _state["file"] is not None or _state["format"] is LogFormat.JSON:
+        log.error(event, error=message, **fields)
+    print(f"acp-proxy: {message}", file=sys.stderr)

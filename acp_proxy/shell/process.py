@@ -27,12 +27,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
+import orjson
 
+from acp_proxy.base.values import value
 from acp_proxy.config import AgentConfig
 from acp_proxy.shell.spawn import (
     SESSION_ENV,
@@ -42,11 +46,14 @@ from acp_proxy.shell.spawn import (
     take_early,
 )
 from acp_proxy.shell.transports import FdStream
-from acp_proxy.values import value
 
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
 # counted) so a binary blob on stderr cannot grow memory.
 MAX_STDERR_LINE = 64 * 1024
+# The tail of the agent's stderr kept for the errors that answer its requests when it dies
+# (``error.data.stderr``): the last lines, at most this many bytes and lines.
+MAX_STDERR_TAIL_BYTES = 2048
+MAX_STDERR_TAIL_LINES = 20
 # After the agent itself exited, how long its stdout may stay open (held by a process that left
 # the group) before the proxy stops waiting for it.
 STDOUT_LINGER_S = 2.0
@@ -54,6 +61,8 @@ STDOUT_LINGER_S = 2.0
 POLL_S = 0.05
 # The reaper's safety net: it runs on every SIGCHLD, and at least this often.
 REAP_INTERVAL_S = 5.0
+# The longest the exit sweep keeps looking for new descendants before it kills what it stopped.
+SWEEP_S = 2.0
 
 
 def exit_code_of(returncode: int) -> int:
@@ -129,6 +138,15 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _halted(pid: int) -> bool:
+    """Whether ``pid`` is stopped, a zombie or gone (it can fork no more)."""
+    try:
+        stat = _read(f"/proc/{pid}/stat")
+    except OSError:
+        return True
+    return stat.rsplit(b")", 1)[1].split()[0] in (b"T", b"t", b"Z", b"X")
+
+
 def _has_cookie(pid: int, cookie: bytes) -> bool:
     try:
         environ = _read(f"/proc/{pid}/environ")
@@ -142,18 +160,68 @@ def kill_leftovers(session: str | None) -> int:
     environment), or all of them when ``session`` is None (the proxy is exiting). Live agents
     are spared: each is stopped by its own ladder. Returns how many were signalled.
 
+    Freeze, then kill. A one-pass "list, then SIGKILL each" loses a process that forks between
+    the listing and the kill (a fork-and-exit chain changes pid every fork; the new child is
+    adopted by the proxy and nobody looks again). So each descendant found is first SIGSTOPped,
+    together with its whole process group when it left the proxy's session (``setsid``; a
+    signal to a group restarts a fork under way, so no child escapes it), and the listing is
+    repeated, once each has stopped, until a pass finds nothing new (at most ``SWEEP_S``); then
+    every stopped group and process is SIGKILLed.
+
     Leftovers run after their agent is gone, so they get no grace period: the agent had its
     ladder. The killed ones that the proxy adopted are reaped by ``reap_adopted``.
     """
     cookie = None if session is None else f"{SESSION_ENV}={session}".encode()
+    own_session = os.getsid(0)
+    groups: list[int] = []
+    stopped: list[int] = []
+    seen: set[int] = set()
+    deadline = time.monotonic() + SWEEP_S
+    while True:
+        found = len(stopped)
+        for pid in _descendants(os.getpid()):
+            if pid in seen or pid in SUPERVISION.owned:
+                continue
+            seen.add(pid)
+            if cookie is not None and not _has_cookie(pid, cookie):
+                continue
+            group = _own_group(pid, own_session)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if group is not None and group not in groups:
+                    os.killpg(group, signal.SIGSTOP)
+                    groups.append(group)
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        if len(stopped) == found or time.monotonic() > deadline:
+            break
+        # A signal sent to one process is queued, not yet taken: one in the middle of fork()
+        # finishes it (the child is not stopped) and only then stops. List again once each
+        # has stopped, so that the listing holds every child they made.
+        for pid in stopped[found:]:
+            while not _halted(pid) and time.monotonic() < deadline:
+                time.sleep(0.0005)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
     killed = 0
-    for pid in _descendants(os.getpid()):
-        if pid in SUPERVISION.owned or (cookie is not None and not _has_cookie(pid, cookie)):
-            continue
+    for pid in stopped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             killed += 1
     return killed
+
+
+def _own_group(pid: int, own_session: int) -> int | None:
+    """The process group of ``pid`` when it may be signalled whole: outside the proxy's own
+    session (whose groups can hold processes that are not the proxy's descendants: its own
+    parent's), and not a live agent's group (each agent is stopped by its own ladder)."""
+    try:
+        if os.getsid(pid) == own_session:
+            return None
+        group = os.getpgid(pid)
+    except OSError:
+        return None
+    return None if group in SUPERVISION.owned else group
 
 
 def reap_adopted() -> int:
@@ -343,7 +411,40 @@ async def spawn_agent(
     )
 
 
-async def drain_stderr(fd: int, log: Any) -> None:
+class StderrTail:
+    """The last lines of the agent's stderr: at most ``MAX_STDERR_TAIL_LINES`` lines and
+    ``MAX_STDERR_TAIL_BYTES`` bytes, oldest dropped first."""
+
+    __slots__ = ("_lines", "_size")
+
+    def __init__(self) -> None:
+        self._lines: deque[bytes] = deque()
+        self._size = 0
+
+    def add(self, line: bytes) -> None:
+        line = line.rstrip(b"\r")[-MAX_STDERR_TAIL_BYTES:]
+        self._lines.append(line)
+        self._size += len(line) + 1
+        while self._lines and (
+            self._size - 1 > MAX_STDERR_TAIL_BYTES or len(self._lines) > MAX_STDERR_TAIL_LINES
+        ):
+            self._size -= len(self._lines.popleft()) + 1
+
+    def data(self, redact: Callable[[bytes], str]) -> bytes | None:
+        """``{"stderr": TEXT}`` as JSON (the lines redacted by ``redact``, still within the
+        bound), or None when the agent wrote nothing."""
+        if not self._lines:
+            return None
+        text = redact(b"\n".join(self._lines))
+        raw = text.encode("utf-8", "replace")
+        if len(raw) > MAX_STDERR_TAIL_BYTES:
+            raw = raw[-MAX_STDERR_TAIL_BYTES:]
+            raw = raw[raw.find(b"\n") + 1 :] if b"\n" in raw else raw
+            text = raw.decode("utf-8", "ignore")
+        return b'{"stderr":' + orjson.dumps(text) + b"}"
+
+
+async def drain_stderr(fd: int, log: Any, tail: StderrTail | None = None) -> None:
     """Read the agent's stderr until EOF, one log event per line (StderrMode.LOG).
 
     Reads large chunks and never blocks on anything but the pipe, so a chatty agent cannot
@@ -371,11 +472,15 @@ async def drain_stderr(fd: int, log: Any) -> None:
                 if not dropping:
                     pending += chunk[start : min(nl, start + MAX_STDERR_LINE - len(pending))]
                 _log_stderr_line(log, bytes(pending), truncated=dropping)
+                if tail is not None:
+                    tail.add(bytes(pending))
                 pending.clear()
                 dropping = False
                 start = nl + 1
         if pending:
             _log_stderr_line(log, bytes(pending), truncated=dropping)
+            if tail is not None:
+                tail.add(bytes(pending))
     finally:
         await stream.aclose()
 

@@ -1,4 +1,4 @@
-"""``--record``: one session's frames appended to a JSON Lines file while they pass (issue 11).
+"""``--record``: one session's frames appended to a JSON Lines file while they pass.
 
 Contract: owns the record file of one session. A ``Recorder`` is a ``SessionObserver``: it turns
 each observation into record lines (``acp_proxy.record.format``, which also redacts) on the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import select
 import threading
 import time
 from collections import deque
@@ -30,18 +31,25 @@ from acp_proxy.record.format import (
     frame_line,
     header,
 )
-from acp_proxy.record.settings import RECORD_FILE_MODE, RECORD_OPEN_FLAGS
+from acp_proxy.shell.recordfile import open_fifo, open_record_file
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import Observed, VersionNegotiated
 
 if TYPE_CHECKING:
     from acp_proxy.config import Config
-    from acp_proxy.shell.runtime import PumpSession
+    from acp_proxy.shell.hooks import EndedSession
     from acp_proxy.wire.pipeline import Note
 
 # Lines waiting for the writer thread, in bytes: past this the session drops lines rather than
 # wait for a slow disk (a frame may be up to max_frame_bytes, so a single line may exceed it).
 QUEUE_BYTES = 16 * 1024 * 1024
+# One write: lines are joined up to this (one line alone may be longer).
+BATCH_BYTES = 1024 * 1024
+# How long the end of a session waits for the record's last lines to be written; then what is
+# left is counted lost (logged), and the process goes on to exit.
+EXIT_WAIT_S = 2.0
+# How often a writer waiting on a FIFO (no reader, or a full pipe) looks again.
+POLL_S = 0.05
 
 _DIR = {Direction.CLIENT_TO_AGENT: CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT: AGENT_TO_CLIENT}
 _OTHER = {Direction.CLIENT_TO_AGENT: AGENT_TO_CLIENT, Direction.AGENT_TO_CLIENT: CLIENT_TO_AGENT}
@@ -65,63 +73,176 @@ def record_path(path: str, conn: int | None) -> str:
 
 
 class _Writer:
-    """A thread that appends queued lines to a descriptor; bounded queue, never blocks callers."""
+    """A thread that appends queued lines to the record; bounded queue, never blocks callers.
 
-    def __init__(self, fd: int) -> None:
+    The session's side (``put``) only queues: past ``QUEUE_BYTES`` a line is dropped and
+    counted. The thread writes batches of at most ``BATCH_BYTES``; a descriptor that does not
+    take them (a FIFO whose reader pauses: non-blocking, polled) holds the batch while the queue
+    fills; a write that fails (a full disk, ``ulimit -f``) drops that batch, counted, and the
+    next batch is tried (a line cut short by the failure is ended first, so a reader sees one
+    unusable line, never two lines glued together). Every dropped line is reported in the file
+    by a ``lost`` line put before the next line queued (a dropped ``lost`` line carries its
+    count on). A FIFO with no reader yet is opened once one comes.
+    """
+
+    def __init__(self, fd: int | None, path: str) -> None:
         self._fd = fd
-        self._queue: deque[bytes] = deque()
+        self._path = path
+        self._queue: deque[tuple[bytes, int]] = deque()  # (line, lines it stands for)
         self._queued = 0
-        self._lost = 0
+        self._lost = 0  # dropped, not yet reported by a queued "lost" line
+        self.lost_total = 0  # every line dropped (a "lost" line itself not counted)
         self._closed = False
+        self._abandoned = False
+        self._torn = False  # the last write stopped inside a line
+        self._inflight: list[tuple[bytes, int]] | None = None  # the batch being written
         self._cond = threading.Condition()
-        self.error: OSError | None = None
+        self.error: OSError | None = None  # the last write's error; None once one succeeds
+        self.errors = 0  # write failures so far
         self._thread = threading.Thread(target=self._run, name="acp-proxy-recorder", daemon=True)
         self._thread.start()
 
     def put(self, line: bytes, now: float, start: float) -> bool:
-        """Queue ``line``; False (and counted) when the queue is full or the file failed."""
+        """Queue ``line``; False (and counted) when the queue is full or the writer closed."""
         with self._cond:
-            if self.error is not None or self._closed:
+            if self._closed:
                 return False
             if self._queued + len(line) > QUEUE_BYTES and self._queue:
                 self._lost += 1
+                self.lost_total += 1
                 return False
             if self._lost:
                 lost = event_line(now - start, "lost", frames=self._lost)
-                self._queue.append(lost)
+                self._queue.append((lost, self._lost))
                 self._queued += len(lost)
                 self._lost = 0
-            self._queue.append(line)
+            self._queue.append((line, 0))
             self._queued += len(line)
             self._cond.notify()
         return True
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue and self._closed:
-                    return
-                batch = b"".join(self._queue)
-                self._queue.clear()
-                self._queued = 0
-            try:
-                view = memoryview(batch)
-                while view:
-                    view = view[os.write(self._fd, view) :]
-            except OSError as exc:
-                with self._cond:
-                    self.error = exc
-                    self._queue.clear()
-                return
+    def _drop(self, lines: Sequence[tuple[bytes, int]]) -> None:
+        """Count ``lines`` as lost (the lock held)."""
+        for _line, carried in lines:
+            if carried:
+                self._lost += carried  # a "lost" line: its count goes on
+            else:
+                self._lost += 1
+                self.lost_total += 1
 
-    def close(self, timeout: float) -> None:
+    def _take(self) -> list[tuple[bytes, int]] | None:
+        """The next batch (``None``: closed and drained, or abandoned)."""
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._abandoned or not self._queue:
+                return None
+            batch: list[tuple[bytes, int]] = []
+            size = 0
+            while self._queue and (not batch or size + len(self._queue[0][0]) <= BATCH_BYTES):
+                item = self._queue.popleft()
+                batch.append(item)
+                size += len(item[0])
+            self._queued -= size
+            self._inflight = batch
+            return batch
+
+    def _run(self) -> None:
+        try:
+            while (batch := self._take()) is not None:
+                self._write(batch)
+        finally:
+            with self._cond:
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+                self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        """Whether there is a descriptor to write to (a FIFO's reader may come later)."""
+        while self._fd is None:
+            try:
+                self._fd = open_fifo(self._path)
+            except OSError as exc:
+                self._failed(exc)
+                return False
+            if self._fd is None:
+                with self._cond:
+                    if self._abandoned:
+                        return False
+                    self._cond.wait(POLL_S)
+        return True
+
+    def _failed(self, exc: OSError) -> None:
+        with self._cond:
+            self.error = exc
+            self.errors += 1
+
+    def _write(self, batch: list[tuple[bytes, int]]) -> None:
+        if not self._ready():
+            with self._cond:
+                if self._inflight is batch:
+                    self._drop(batch)
+                self._inflight = None
+            return
+        assert self._fd is not None
+        data = (b"\n" if self._torn else b"") + b"".join(line for line, _ in batch)
+        skip = 1 if self._torn else 0  # the newline that ends a torn line is no line of its own
+        view = memoryview(data)
+        done = 0
+        while done < len(data):
+            with self._cond:
+                abandoned = self._abandoned
+            if abandoned:
+                break
+            try:
+                done += os.write(self._fd, view[done:])
+            except BlockingIOError:
+                select.select([], [self._fd], [], POLL_S)
+            except OSError as exc:
+                self._failed(exc)
+                break
+        if done == len(data):
+            self._torn = False
+            with self._cond:
+                self.error = None
+                self._inflight = None
+            return
+        if done:
+            self._torn = data[done - 1 : done] != b"\n"
+        # What was not written whole is lost.
+        ends = []
+        offset = skip
+        for line, _ in batch:
+            offset += len(line)
+            ends.append(offset)
+        with self._cond:
+            if self._inflight is batch:
+                self._drop([item for item, end in zip(batch, ends, strict=True) if end > done])
+            self._inflight = None
+
+    def close(self, timeout: float) -> int:
+        """Stop taking lines; wait up to ``timeout`` seconds for the queue to be written, then
+        give up on what is left. Returns how many lines the file did not get in all."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()
         self._thread.join(timeout)
-        os.close(self._fd)
+        if not self._thread.is_alive():
+            return self.lost_total
+        with self._cond:
+            self._abandoned = True
+            self._drop(list(self._queue))
+            self._queue.clear()
+            self._cond.notify_all()
+        # A writer waiting on a FIFO sees that at once and counts what it holds; one inside a
+        # write to a slow disk cannot: what it holds is counted here.
+        self._thread.join(4 * POLL_S)
+        with self._cond:
+            if self._inflight is not None:
+                self._drop(self._inflight)
+                self._inflight = None
+            return self.lost_total
 
 
 class Recorder:
@@ -151,8 +272,9 @@ class Recorder:
         self._summary: dict[str, Any] | None = None
         self._ended: float | None = None
         self._finished = False
-        fd = os.open(path, RECORD_OPEN_FLAGS, RECORD_FILE_MODE)
-        self._writer = _Writer(fd)
+        fd, _fifo = open_record_file(path)
+        self._writer = _Writer(fd, path)
+        self._failing = False  # a write error was logged; the file has not taken lines since
         started = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
         self._put(
             header(
@@ -189,12 +311,18 @@ class Recorder:
             return
         if self._writer.put(line, now, self.start):
             self.written += len(line)
-        elif self._writer.error is not None and not self.stopped:
-            self.stopped = True
+        error = self._writer.error
+        if error is not None and not self._failing:
+            self._failing = True
             self.log.error(
-                "cannot write the record; recording stopped",
+                "cannot write the record; lines are dropped and counted until it takes them again",
                 record=self.path,
-                error=self._writer.error.strerror or str(self._writer.error),
+                error=error.strerror or str(error),
+            )
+        elif error is None and self._failing:
+            self._failing = False
+            self.log.warning(
+                "the record file takes lines again", record=self.path, lost=self._writer.lost_total
             )
 
     # -- SessionObserver --------------------------------------------------------------------
@@ -233,12 +361,19 @@ class Recorder:
         for frame in frames:
             self._put(frame_line(t, _DIR[direction], frame, self.redactor, generated=True), now)
 
-    def on_end(self, session: PumpSession, now: float) -> None:
+    def event(self, name: str, now: float, **fields: object) -> None:
+        """An event line the session's transport adds (a proxy component records its
+        conductor's dialect and each envelope's hop metadata: ``shell.component``)."""
+        self._put(event_line(now - self.start, name, **fields), now)
+
+    def on_end(self, session: EndedSession, now: float) -> None:
         self._summary = session.summary()
         self._ended = now
 
-    def finish(self, exit_info: dict[str, Any] | None = None) -> None:
-        """Write the trailer (``exit_info``: the agent's exit, when known) and close the file."""
+    def finish(self, exit_info: dict[str, Any] | None = None, wait: float = EXIT_WAIT_S) -> None:
+        """Write the trailer (``exit_info``: the agent's exit, when known) and close the file,
+        waiting at most ``wait`` seconds for the lines still queued (then they are lost, and
+        the log says how many lines the record misses in all)."""
         if self._finished:
             return
         self._finished = True
@@ -255,7 +390,15 @@ class Recorder:
             ),
             now,
         )
-        self._writer.close(timeout=10.0)
+        lost = self._writer.close(timeout=wait)
+        if lost:
+            self.log.warning(
+                "the record is missing lines the file did not take",
+                record=self.path,
+                lost=lost,
+                reported_in_file="by its lost lines, except those of the last "
+                f"{wait:g} s when the file took nothing more",
+            )
 
 
 def open_recorder(

@@ -3,7 +3,9 @@
 Contract: owns the replay's I/O: reads the client's lines on stdin, writes the recorded agent's
 frames on stdout (timed by ``--speed``), reports divergence on stderr and in the exit status
 (0: the client did what the record says; 1: it diverged or stopped early; 2: usage). What to
-write is ``acp_proxy.record.replay``'s job.
+write is ``acp_proxy.record.replay``'s job; the record is read as it is needed (twice: once per
+side, ``acp_proxy.shell.recordread``), one session of the file (``--session N``), unusable lines
+reported once and skipped. Everything it prints from the record is made visible.
 """
 
 from __future__ import annotations
@@ -12,10 +14,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from acp_proxy.record.format import RecordError, parse_header, parse_line
-from acp_proxy.record.replay import ClientPlayer, Replayer
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.record.escape import visible
+from acp_proxy.record.format import is_header
+from acp_proxy.record.replay import AgentStep, ClientPlayer, Replayer
+from acp_proxy.shell.recordread import Problems, open_record, read_record
+
+PROG = "acp-proxy replay"
 
 EXIT_MATCHED = 0
 EXIT_DIVERGED = 1
@@ -32,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         "status: 0 matched, 1 diverged or stopped early, 2 usage.",
     )
     parser.add_argument("file", metavar="FILE")
+    parser.add_argument(
+        "--session",
+        metavar="N",
+        type=int,
+        help="the Nth session of the file (from 1; `acp-proxy show --list FILE` lists them); "
+        "needed when the file holds more than one",
+    )
     parser.add_argument(
         "--as-client",
         action="store_true",
@@ -57,6 +71,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _count_sessions(path: str) -> int | str:
+    """How many sessions the record holds (every unusable line reported here, once), or why
+    it is not a record."""
+    stream = open_record(path, follow=False, prog=PROG)
+    if isinstance(stream, str):
+        return stream
+    problems = Problems(path, PROG)
+    with stream:
+        record = read_record(stream, follow=False, problems=problems)
+        if isinstance(record, str):
+            return record
+        count = 0
+        for info, _entry in record:
+            count = info.number
+    problems.close()
+    return count
+
+
+class _Session:
+    """The lines of one session of a record file, read from the file again on each ``iter``
+    (the replay reads each side as it needs it); the problems were reported by
+    ``_count_sessions``."""
+
+    def __init__(self, path: str, number: int) -> None:
+        self.path = path
+        self.number = number
+
+    def __iter__(self) -> Iterator[JsonObject]:
+        stream = open_record(self.path, follow=False, prog=PROG)
+        if isinstance(stream, str):
+            print(f"{PROG}: {visible(self.path)}: {stream}", file=sys.stderr)
+            return
+        with stream:
+            record = read_record(
+                stream, follow=False, problems=Problems(self.path, PROG, quiet=True)
+            )
+            if isinstance(record, str):
+                return
+            for info, entry in record:
+                if info.number > self.number:
+                    return
+                if info.number == self.number and not is_header(entry):
+                    yield entry
+
+
 def _write(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -78,18 +137,24 @@ def main(argv: Sequence[str]) -> int:
     if args.speed < 0:
         print("acp-proxy replay: --speed must be >= 0", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        with open(args.file, "rb") as f:
-            lines = f.read().splitlines()
-    except OSError as exc:
-        print(f"acp-proxy replay: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+    sessions = _count_sessions(args.file)
+    if isinstance(sessions, str):
+        print(f"{PROG}: {visible(args.file)}: {sessions}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        parse_header(lines[0] if lines else b"")
-    except RecordError as exc:
-        print(f"acp-proxy replay: {args.file}: {exc}", file=sys.stderr)
+    if args.session is None and sessions > 1:
+        print(
+            f"{PROG}: {visible(args.file)} holds {sessions} sessions (a record file written "
+            "again): choose one with --session N (`acp-proxy show --list FILE` lists them)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
-    entries = [e for e in (parse_line(line) for line in lines[1:]) if e is not None]
+    if args.session is not None and not 1 <= args.session <= sessions:
+        print(
+            f"{PROG}: {visible(args.file)} holds {sessions} session(s); no session {args.session}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    entries = _Session(args.file, args.session or 1)
     if args.as_client:
         import anyio
 
@@ -97,13 +162,21 @@ def main(argv: Sequence[str]) -> int:
     replayer = Replayer.from_record(entries)
     out, inp = sys.stdout.fileno(), sys.stdin.fileno()
     started = time.monotonic()
-    arrived: list[float] = []  # when each matched client message arrived
+    # When each matched client message arrived (by its number), kept from the first one a
+    # step still to come may wait for (the steps' ``need`` never decreases).
+    arrived: dict[int, float] = {}
     reported = 0
 
     def emit() -> None:
-        for step, frame in replayer.ready():
+        while due := replayer.ready():
+            play(due)
+
+    def play(due: list[tuple[AgentStep, bytes]]) -> None:
+        for step, frame in due:
             if args.speed > 0:
-                since = arrived[step.need - 1] if step.need else started
+                since = arrived.get(step.need, started) if step.need else started
+                while arrived and next(iter(arrived)) < step.need:
+                    del arrived[next(iter(arrived))]
                 delay = (step.t - replayer.gate_t(step)) / args.speed
                 wait = since + delay - time.monotonic()
                 if wait > 0:
@@ -113,11 +186,11 @@ def main(argv: Sequence[str]) -> int:
     def report() -> None:
         nonlocal reported
         for problem in replayer.problems[reported:]:
-            print(f"acp-proxy replay: {problem}", file=sys.stderr, flush=True)
+            print(f"{PROG}: {visible(problem)}", file=sys.stderr, flush=True)
         reported = len(replayer.problems)
 
     emit()
-    buffer = b""
+    buffer = bytearray()
     while True:
         try:
             chunk = os.read(inp, 65536)
@@ -131,14 +204,16 @@ def main(argv: Sequence[str]) -> int:
             if not line.strip():
                 continue
             before = replayer.matched
-            replies = replayer.receive(line)
-            arrived.extend([time.monotonic()] * (replayer.matched - before))
+            replies = replayer.receive(bytes(line))
+            now = time.monotonic()
+            for number in range(before + 1, replayer.matched + 1):
+                arrived[number] = now
             for reply in replies:
                 _write(out, reply + b"\n")
             report()
             emit()
     if buffer.strip():
-        for reply in replayer.receive(buffer):
+        for reply in replayer.receive(bytes(buffer)):
             _write(out, reply + b"\n")
         emit()
     problems = replayer.finish()
@@ -188,12 +263,12 @@ async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse
         tg.start_soon(read)
         last_t = 0.0
         while True:
-            for step_t, frame in _timed(player):
+            for step_t, frame in player.due_timed():
                 if args.speed > 0 and step_t > last_t:
                     await anyio.sleep((step_t - last_t) / args.speed)
                 last_t = max(last_t, step_t)
                 await proc.stdin.send(frame + b"\n")
-            if not player.steps or ended.is_set():
+            if player.done or ended.is_set():
                 break
             waiting = progress
             with anyio.move_on_after(args.timeout):
@@ -216,17 +291,10 @@ async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse
         tg.cancel_scope.cancel()
     differences = player.finish()
     for difference in differences:
-        print(f"acp-proxy replay: {difference}", file=sys.stderr)
+        print(f"{PROG}: {visible(difference)}", file=sys.stderr)
     if not differences:
         print(
             f"acp-proxy replay: the agent wrote the {player.got} messages of the record",
             file=sys.stderr,
         )
     return EXIT_DIVERGED if differences else EXIT_MATCHED
-
-
-def _timed(player: ClientPlayer) -> list[tuple[float, bytes]]:
-    """The frames due now, each with the recorded time of its step."""
-    times = [step.t for step in player.steps]
-    frames = player.due()
-    return list(zip(times[: len(frames)], frames, strict=True))

@@ -1,52 +1,66 @@
-"""``acp-proxy show FILE``: print a session record as a transcript (issue 11).
+"""``acp-proxy show FILE``: print a session record as a transcript.
 
-Contract: owns reading a record file (and, with ``--follow``, waiting for it to grow) and writing
-the transcript to stdout; what each line says is ``acp_proxy.record.transcript``'s job. A torn
-last line (a record of a killed proxy) is skipped, or waited for with ``--follow``.
+Contract: owns the ``show`` command line and writing the transcript to stdout; reading the file
+(sessions, unusable lines reported and skipped, ``--follow``) is ``acp_proxy.shell.recordread``'s
+job, what each line says ``acp_proxy.record.transcript``'s. Every string taken from the record
+is printed visible (control characters escaped), in every output mode. Memory holds one line and
+the state being built, never the record.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import fnmatch
 import os
 import sys
-import time
-from collections.abc import Iterator, Sequence
-from typing import IO
+from collections.abc import Sequence
+from typing import IO, Any
 
-from acp_proxy.record.format import (
-    AGENT_TO_CLIENT,
-    CLIENT_TO_AGENT,
-    RecordError,
-    parse_header,
-    parse_line,
-)
-from acp_proxy.record.transcript import Filters, Transcript, render
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.record.escape import safe_json, visible
+from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
+from acp_proxy.record.transcript import Filters, Row, Transcript, render
+from acp_proxy.shell.recordread import Problems, SessionInfo, open_record, read_record
 
-FOLLOW_POLL_S = 0.2
+PROG = "acp-proxy show"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="acp-proxy show",
+        prog=PROG,
         description="Print a session record (--record) as a transcript: time, direction, "
         "method, id, update kind and entity; responses with their request's method and "
         "latency; what the proxy changed (_meta diff: + added, ~ changed, - removed), "
-        "inserted, dropped or generated.",
+        "inserted, dropped or generated. A file written by several sessions (--record to "
+        "the same file again) holds one session per header: all are shown, each introduced "
+        "by its number; --session N shows one. Lines that cannot be read are reported on "
+        "stderr (FILE:LINE: why) and skipped.",
     )
     parser.add_argument("file", metavar="FILE", help="a record written by --record")
     parser.add_argument(
-        "-f", "--follow", action="store_true", help="keep reading as the record grows"
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep reading as the record grows (waits for the file to exist)",
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="list the sessions of the file, one per line"
+    )
+    parser.add_argument(
+        "--session",
+        metavar="N",
+        type=int,
+        help="only the Nth session of the file (from 1; see --list)",
     )
     parser.add_argument("--method", metavar="GLOB", help="only these methods (session/*)")
-    parser.add_argument("--session", metavar="ID", help="only this sessionId")
+    parser.add_argument("--session-id", metavar="ID", help="only this ACP sessionId")
     parser.add_argument("--dir", choices=(CLIENT_TO_AGENT, AGENT_TO_CLIENT), help="one direction")
     parser.add_argument("--entity", metavar="GLOB", help="only this entity (tool_call:t1, plan:*)")
     parser.add_argument(
         "--state",
         action="store_true",
-        help="print what a client stores at the end (per entity), as JSON, instead",
+        help="print what a client stores at the end (per entity, --entity applies), as JSON, "
+        "instead; a file of several sessions needs --session",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument(
@@ -58,20 +72,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lines(stream: IO[bytes], follow: bool) -> Iterator[bytes]:
-    pending = b""
-    while True:
-        chunk = stream.readline()
-        if chunk.endswith(b"\n"):
-            yield pending + chunk[:-1]
-            pending = b""
-            continue
-        pending += chunk
-        if not follow:
-            if pending.strip():
-                yield pending  # a torn last line: parse_line decides
-            return
-        time.sleep(FOLLOW_POLL_S)
+def _describe(header: JsonObject) -> str:
+    agent = header.get("agent") or header.get("connect")
+    return visible(
+        f"record of {header.get('started')} by acp-proxy {header.get('version')}: "
+        f"agent {agent}, config {header.get('config')}, rules {header.get('rules')}"
+    )
+
+
+def _state(transcript: Transcript, entity: str | None) -> dict[str, Any]:
+    state = transcript.final_state()
+
+    def wanted(key: tuple[Any, ...]) -> bool:
+        return entity is None or fnmatch.fnmatchcase(f"{key[0]}:{key[-1]}", entity)
+
+    return {
+        "protocolVersion": transcript.version,
+        "entities": [
+            {"entity": list(key), **value}
+            for key, value in state["entities"].items()
+            if wanted(key)
+        ],
+        "snapshots": [
+            {"entity": list(key), "value": value}
+            for key, value in state["snapshots"].items()
+            if wanted(key)
+        ],
+        "events": state["events"] if entity is None else [],
+    }
+
+
+def _list(sessions: list[tuple[SessionInfo, int, str]], out: IO[str]) -> None:
+    for info, frames, end in sessions:
+        out.write(
+            f"session {info.number} (line {info.line}): {_describe(info.header)}; "
+            f"{frames} frames; {visible(end)}\n"
+        )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -80,63 +116,86 @@ def main(argv: Sequence[str]) -> int:
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
     )
-    filters = Filters(args.method, args.session, args.dir, args.entity)
-    try:
-        stream = open(args.file, "rb")  # noqa: SIM115 (closed below; read lazily)
-    except OSError as exc:
-        print(f"acp-proxy show: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+    if args.session is not None and args.session < 1:
+        print(f"{PROG}: --session counts from 1", file=sys.stderr)
         return 2
+    filters = Filters(args.method, args.session_id, args.dir, args.entity)
+    stream = open_record(args.file, follow=args.follow, prog=PROG)
+    if isinstance(stream, str):
+        print(f"{PROG}: {visible(args.file)}: {stream}", file=sys.stderr)
+        return 2
+    problems = Problems(args.file, PROG)
     with stream:
-        lines = _lines(stream, args.follow)
-        first = next(lines, None)
-        if first is None:
-            print(f"acp-proxy show: {args.file}: empty file", file=sys.stderr)
+        record = read_record(stream, follow=args.follow and not args.list, problems=problems)
+        if isinstance(record, str):
+            print(f"{PROG}: {visible(args.file)}: {record}", file=sys.stderr)
             return 2
-        try:
-            header = parse_header(first)
-        except RecordError as exc:
-            print(f"acp-proxy show: {args.file}: {exc}", file=sys.stderr)
-            return 2
-        transcript = Transcript(keep_state=args.state)
-        transcript.feed(header)
-        if not args.state and not args.json:
-            agent = header.get("agent") or header.get("connect")
-            out.write(
-                f"record of {header.get('started')} by acp-proxy {header.get('version')}: "
-                f"agent {agent}, config {header.get('config')}, "
-                f"rules {header.get('rules')}\n"
-            )
-        torn = 0
-        for line in lines:
-            entry = parse_line(line)
-            if entry is None:
-                torn += 1
+        listed: list[tuple[SessionInfo, int, str]] = []
+        transcript = Transcript(keep_state=False)
+        current: SessionInfo | None = None
+        selected = False
+        sessions = 0
+        for info, entry in record:
+            if current is None or info.number != current.number:
+                current = info
+                sessions = info.number
+                if args.list:
+                    listed.append((info, 0, "no end line"))
+                    continue
+                if args.state and args.session is None and info.number > 1:
+                    print(
+                        f"{PROG}: {visible(args.file)} holds more than one session (a record "
+                        "file written again): choose one with --session N (--list lists them)",
+                        file=sys.stderr,
+                    )
+                    return 2
+                if selected and args.follow:
+                    break  # the followed session ended without a trailer
+                selected = args.session is None or info.number == args.session
+                if not selected:
+                    continue
+                transcript = Transcript(keep_state=args.state)
+                transcript.feed(info.header)
+                if args.json and not args.state:
+                    head = Row(0.0, None, event="session", detail=_describe(info.header))
+                    if filters.passes(head):
+                        out.write(safe_json({"session": info.number, **head.as_json()}) + "\n")
+                elif not args.state:
+                    out.write(f"session {info.number}: {_describe(info.header)}\n")
+                continue
+            if args.list:
+                seen, frames, end = listed[-1]
+                if "dir" in entry:
+                    frames += 1
+                elif entry.get("event") == "end":
+                    row = Transcript(keep_state=False).feed(entry)
+                    end = (row.detail or "ended") if row is not None else end
+                listed[-1] = (seen, frames, end)
+                continue
+            if not selected:
                 continue
             row = transcript.feed(entry)
             if row is None or args.state or not filters.passes(row):
                 continue
             if args.json:
-                out.write(json.dumps(row.as_json(), ensure_ascii=False) + "\n")
+                out.write(safe_json({"session": info.number, **row.as_json()}) + "\n")
             else:
                 out.write("\n".join(render(row, colour=colour)) + "\n")
             if args.follow:
                 out.flush()
-            if args.follow and row.event == "end":
-                break
+                if row.event == "end" and (args.session is None or args.session == info.number):
+                    break
+        problems.close()
+        if args.list:
+            _list(listed, out)
+            return 0
+        if args.session is not None and args.session > sessions:
+            print(
+                f"{PROG}: {visible(args.file)} holds {sessions} session(s); no session "
+                f"{args.session}",
+                file=sys.stderr,
+            )
+            return 2
         if args.state:
-            state = transcript.final_state()
-            printable = {
-                "protocolVersion": transcript.version,
-                "entities": [
-                    {"entity": list(key), **value} for key, value in state["entities"].items()
-                ],
-                "snapshots": [
-                    {"entity": list(key), "value": value}
-                    for key, value in state["snapshots"].items()
-                ],
-                "events": state["events"],
-            }
-            out.write(json.dumps(printable, indent=2, ensure_ascii=False) + "\n")
-        if torn:
-            print(f"acp-proxy show: {torn} incomplete line(s) skipped", file=sys.stderr)
+            out.write(safe_json(_state(transcript, args.entity), indent=2) + "\n")
     return 0

@@ -1,4 +1,4 @@
-"""The metrics and health endpoints (issue 12.1): a tiny HTTP/1.1 responder on the proxy's loop.
+"""The metrics and health endpoints: a tiny HTTP/1.1 responder on the proxy's loop.
 
 Contract: owns the ``--metrics`` listener and what it answers: ``GET /metrics`` (the Prometheus
 text format, rendered by ``prometheus_client`` from ``telemetry.metrics.Metrics``), ``/healthz``
@@ -10,9 +10,11 @@ Why a responder of our own on the event loop rather than ``prometheus_client``'s
 ``start_http_server``: that server is a thread per scrape that reads the counters while the loop
 writes them (our counters are lock-free dicts, safe only on the loop's thread); it binds any
 address it is given (our loopback rule would have to be checked beside it), and it starts a
-thread at start-up. Three GET paths need 100 lines: bind through ``sockets.open_listener`` (same
-URL syntax, loopback rule and Unix socket handling as ``--listen``), read one request head
-(bounded: 8 KiB, 10 s), answer, close. A slow scraper holds one task, never a session.
+thread at start-up. Three GET paths need 100 lines: bind through ``open_listener`` (same URL
+syntax, loopback rule and Unix socket handling as ``--listen``), read the request line
+(bounded: 8 KiB, ``HEAD_TIMEOUT_S``), answer, close. A slow scraper holds one task, never a
+session, and never a probe's turn: accepting never waits, and beyond ``MAX_CONNECTIONS`` the
+oldest connection is closed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import errno
 import socket
 import sys
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,21 +30,25 @@ import anyio
 
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger
-from acp_proxy.shell.sockets import (
-    AddressError,
-    ListenError,
-    SocketStream,
-    close_with,
-    open_listener,
-    parse_address,
-)
+from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.telemetry.endpoint import metrics_url
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
-HEAD_TIMEOUT_S = 10.0
+HEAD_TIMEOUT_S = 5.0  # a connection's whole request head must arrive within this
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
-MAX_CLIENTS = 16  # scrapes and probes at once; more wait in the listen backlog
+# What a non-loopback metrics port exposes, and its own consent (not --allow-remote's).
+METRICS_EXPOSURE = (
+    "anyone who can reach it can read the metrics and the health of the proxy",
+    "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
+)
+# Connections open at once (each holds at most MAX_HEAD bytes); beyond it, the oldest one is
+# closed to make room: a probe or a scrape is answered as soon as its request line is in, so
+# the oldest is one that is slow to send its request or to read its answer.
+MAX_CONNECTIONS = 256
 
 
 class Telemetry:
@@ -52,6 +59,9 @@ class Telemetry:
         from prometheus_client.core import GaugeMetricFamily
 
         self.metrics = metrics
+        self._open = 0  # connections accepted and not closed yet
+        # Open connections, oldest first (the first to drop at the cap).
+        self._conns: OrderedDict[int, anyio.CancelScope] = OrderedDict()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(metrics)
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds...: what
@@ -105,51 +115,71 @@ class Telemetry:
             return "503 Service Unavailable", "text/plain; charset=utf-8", why
         return "404 Not Found", "text/plain; charset=utf-8", b"/metrics, /healthz, /readyz\n"
 
-    async def _client(self, client: socket.socket, slots: anyio.Semaphore) -> None:
+    async def _client(self, client: socket.socket, scope: anyio.CancelScope) -> None:
         stream = SocketStream(client)
         try:
-            head = b""
-            with anyio.move_on_after(HEAD_TIMEOUT_S):
-                while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
-                    try:
-                        head += await stream.receive(MAX_HEAD)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
-                        break
-            parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
-            if len(parts) == 3 and parts[2].startswith(b"HTTP/"):
-                method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
-                status, ctype, body = self.respond(method, path)
-            else:
-                method = "GET"
-                status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
-            response = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-            ).encode("latin-1")
-            await close_with(stream, response if method == "HEAD" else response + body)
+            with scope:
+                head = b""
+                with anyio.move_on_after(HEAD_TIMEOUT_S):
+                    # Answered as soon as the request line is in (a probe never waits for the
+                    # rest of a slow head); the rest is not needed for three GET paths.
+                    while b"\n" not in head and len(head) < MAX_HEAD:
+                        try:
+                            head += await stream.receive(MAX_HEAD - len(head))
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break
+                parts = head.split(b"\n", 1)[0].rstrip(b"\r").split()
+                if len(parts) == 3 and parts[2].startswith(b"HTTP/"):
+                    method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+                    status, ctype, body = self.respond(method, path)
+                else:
+                    method = "GET"
+                    status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
+                response = (
+                    f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                ).encode("latin-1")
+                with anyio.move_on_after(HEAD_TIMEOUT_S):
+                    await close_with(stream, response if method == "HEAD" else response + body)
         finally:
-            slots.release()
+            self._conns.pop(id(scope), None)
+            self._open -= 1
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
+    def _make_room(self) -> bool:
+        """At the cap: close the oldest open connection (one that is slow to send its head or
+        to take its answer: an answer is written at once). False if there is none."""
+        if self._open < MAX_CONNECTIONS:
+            return True
+        if not self._conns:
+            return False
+        _, oldest = self._conns.popitem(last=False)
+        oldest.cancel()
+        return True
+
     async def serve(self, sock: socket.socket) -> None:
-        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled."""
-        slots = anyio.Semaphore(MAX_CLIENTS)
+        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled. Never
+        waits for a slot: a new connection (a probe) always gets in (see ``MAX_CONNECTIONS``)."""
         async with anyio.create_task_group() as tg:
             while True:
-                await slots.acquire()
-                while True:
-                    try:
-                        client, _ = sock.accept()
-                        break
-                    except BlockingIOError:
-                        await anyio.wait_readable(sock)
-                    except OSError as exc:
-                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
-                            continue
+                try:
+                    client, _ = sock.accept()
+                except BlockingIOError:
+                    await anyio.wait_readable(sock)
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ECONNABORTED, errno.EINTR):
                         # Out of descriptors or similar: back off, the sessions come first.
                         await anyio.sleep(0.1)
-                tg.start_soon(self._client, client, slots)
+                    continue
+                if not self._make_room():
+                    client.close()  # every open connection is being answered: try again
+                    continue
+                scope = anyio.CancelScope()
+                self._conns[id(scope)] = scope
+                self._open += 1
+                tg.start_soon(self._client, client, scope)
 
 
 async def run_with_metrics(
@@ -168,14 +198,15 @@ async def run_with_metrics(
     """
     log = get_logger()
     try:
-        address = parse_address(url, listen=True)
-        listener = await open_listener(address, allow_remote=allow_remote, log=log)
+        address = parse_address(metrics_url(url), listen=True)
+        listener = await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=METRICS_EXPOSURE
+        )
     except AddressError as exc:
         print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        log.error("cannot serve metrics", error=str(exc))
-        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
+        say_fatal(log, "cannot serve metrics", f"--metrics: {exc}")
         return exc.exit_code
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
     log.info(

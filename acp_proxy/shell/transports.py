@@ -1,10 +1,11 @@
 """Byte-stream transports for the shell: raw file descriptors (stdio, pipes) as anyio streams.
 
 Contract: owns turning OS handles into anyio ``ByteReceiveStream`` / ``ByteSendStream`` objects
-for ``runtime.pump_session``. Only moves bytes; knows nothing about framing or JSON-RPC.
+for a session (``session.PumpSession``). Only moves bytes; knows nothing about framing or
+JSON-RPC.
 
 Why not anyio's file streams: ``anyio.wrap_file`` / ``FileReadStream`` hop to a worker thread per
-read (issue 6: a thread hop per message is ~50x slower than chunked reads), and asyncio's pipe
+read (a thread hop per message is ~50x slower than chunked reads), and asyncio's pipe
 transports refuse a regular file or ``/dev/null`` as stdout. ``FdStream`` reads and writes the
 fd directly in non-blocking mode and only parks on the event loop's selector (``wait_readable``
 / ``wait_writable``) when the kernel says ``EAGAIN``. A regular file or ``/dev/null`` never says
@@ -33,6 +34,10 @@ _READS_PER_YIELD = 4
 NOT_HANDLED = 0  # nothing: the parked receive gets them, as without a consumer
 HANDLED = 1  # handled, and the next read may follow: the receive stays parked
 HANDLED_WAKE = 2  # handled, but the reader must run before the next read: the receive returns None
+
+# What an anyio stream raises when its peer is gone (closed, reset, at EOF): the session treats
+# each as the end of that direction, never as a crash.
+STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class FdStream(anyio.abc.ByteStream):
@@ -90,7 +95,7 @@ class FdStream(anyio.abc.ByteStream):
 
     def set_consumer(self, consumer: Callable[[bytes], int] | None) -> None:
         """Let ``consumer`` handle what the readiness callback reads while a
-        ``receive_or_handled`` is parked (issue 13: the round trip without a task switch).
+        ``receive_or_handled`` is parked (the round trip without a task switch).
 
         The consumer gets each chunk right where it was read, on the event loop's callback, and
         answers ``NOT_HANDLED`` (the receive returns the chunk), ``HANDLED`` (the receive stays
@@ -158,7 +163,7 @@ class FdStream(anyio.abc.ByteStream):
 
         ``anyio.wait_readable`` registers the fd with epoll and unregisters it on every call:
         two ``epoll_ctl`` calls and a few objects per message, about a third of the proxy's CPU
-        per round trip on interactive traffic (issue 6, measured: a minimal anyio relay costs
+        per round trip on interactive traffic (measured: a minimal anyio relay costs
         ~100 us CPU per request/response, a persistent reader ~60 us). Here the fd stays
         registered while the reader keeps coming back to wait; the callback drops the
         registration when it fires with nobody waiting (the reader is busy or held by
@@ -166,7 +171,7 @@ class FdStream(anyio.abc.ByteStream):
         one asked for. asyncio backend only, which is the backend the proxy runs on
         (``anyio.run`` default).
 
-        Issue 13: the callback reads. Waking the reader only to read costs a loop iteration, and
+        The callback reads: waking the reader only to read costs a loop iteration, and
         it left the fd readable during the next poll, whose stale event then woke the reader
         again for a read that found nothing (strace: one EAGAIN read and one extra
         ``epoll_wait`` per message). Bytes the callback read for a receive that is then
@@ -231,8 +236,8 @@ class FdStream(anyio.abc.ByteStream):
     def try_send(self, data: bytes | memoryview) -> int:
         """Write what the kernel accepts right now, without waiting; the number of bytes written.
 
-        Lets the runtime write a batch straight from the reader task when the writer is idle (one
-        scheduling hop less per message, issue 6). Raises ``anyio.BrokenResourceError`` (EPIPE)
+        Lets the outbox write a batch straight from the reader task when the writer is idle (one
+        scheduling hop less per message). Raises ``anyio.BrokenResourceError`` (EPIPE)
         and ``anyio.ClosedResourceError``.
         """
         fd = self._write_fd

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the proxy (issue 12.1), from the pipeline's ``Observed`` notes.
+"""Prometheus metrics of the proxy, from the pipeline's ``Observed`` notes.
 
 Contract: owns the metric names, their labels and the bounds on label values, and the accounting
 behind them: ``Metrics`` (process-wide counters and the live sessions) and ``SessionMetrics`` (a
@@ -20,15 +20,29 @@ agent exit statuses are an exit code (0-255) or a signal name.
 
 from __future__ import annotations
 
-import signal
-from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.telemetry import turns
+from acp_proxy.telemetry.families import (
+    Histogram,
+    bump,
+    counter_family,
+    gauge_family,
+    histogram_family,
+)
+from acp_proxy.telemetry.labels import (
+    code_label,
+    exit_status_label,
+    method_label,
+    not_parsed_label,
+    version_label,
+)
+from acp_proxy.telemetry.turn_metrics import TurnStats
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import (
     Dropped,
@@ -42,87 +56,6 @@ from acp_proxy.wire.pipeline import (
     VersionNegotiated,
 )
 
-PREFIX: Final = "acp_proxy"
-
-# Every method the ACP schemas name (v1 and v2, stable and unstable: the ``x-method`` values of
-# tests/schemas; a test keeps this list equal to them). Anything else is counted as ``other``.
-ACP_METHODS: Final = frozenset(
-    {
-        "$/cancel_request",
-        "auth/login",
-        "auth/logout",
-        "auth/status",
-        "auth/status_update",
-        "authenticate",
-        "elicitation/complete",
-        "elicitation/create",
-        "fs/read_text_file",
-        "fs/write_text_file",
-        "initialize",
-        "logout",
-        "mcp/message",
-        "providers/disable",
-        "providers/list",
-        "providers/set",
-        "proxy/initialize",
-        "proxy/successor",
-        "session/archive",
-        "session/cancel",
-        "session/close",
-        "session/delete",
-        "session/fork",
-        "session/list",
-        "session/load",
-        "session/new",
-        "session/prompt",
-        "session/request_permission",
-        "session/resume",
-        "session/set_config_option",
-        "session/set_mode",
-        "session/set_title",
-        "session/status",
-        "session/unarchive",
-        "session/update",
-        "terminal/cancel",
-        "terminal/create",
-        "terminal/kill",
-        "terminal/output",
-        "terminal/release",
-        "terminal/wait_for_exit",
-        "tool_call/cancel",
-    }
-)
-OTHER: Final = "other"
-
-# JSON-RPC 2.0's codes (-32700, -32600..-32603), its implementation-defined server range
-# (-32000..-32099, where ACP puts auth_required -32000 and resource_not_found -32002) and ACP's
-# request_cancelled (-32800). Any other code is ``other``.
-_KNOWN_CODES: Final = frozenset(
-    {-32700, -32600, -32601, -32602, -32603, -32800, *range(-32099, -31999)}
-)
-
-# Request durations: ACP requests go from milliseconds (initialize, fs/read_text_file) to many
-# minutes (a session/prompt turn, a permission request waiting for a human).
-DURATION_BUCKETS: Final = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-    1800.0,
-)
-
 RESULT: Final = "result"
 ERROR: Final = "error"
 NO_ANSWER: Final = "no_answer"
@@ -130,41 +63,12 @@ NO_ANSWER: Final = "no_answer"
 _C2A = Direction.CLIENT_TO_AGENT
 _A2C = Direction.AGENT_TO_CLIENT
 _DIRECTIONS: Final = (_C2A, _A2C)
-
-
-def method_label(method: str | None) -> str:
-    """The bounded label value of a method: itself when ACP defines it, else ``other``."""
-    return method if method in ACP_METHODS else OTHER
-
-
-def code_label(code: object) -> str:
-    """The bounded label value of a JSON-RPC error code."""
-    if type(code) is int and code in _KNOWN_CODES:
-        return str(code)
-    return OTHER
-
-
-def exit_status_label(returncode: int) -> str:
-    """``exit_N`` for an exit code, ``signal_NAME`` for a signal (``Popen.returncode`` -N)."""
-    if returncode >= 0:
-        return f"exit_{min(returncode, 255)}"
-    try:
-        return f"signal_{signal.Signals(-returncode).name}"
-    except ValueError:
-        return "signal_other"
-
-
-def not_parsed_label(reason: str) -> str:
-    """``NotParsed.reason`` is free text (it quotes the parser); its bounded kind."""
-    if "parse budget" in reason:
-        return "parse_budget"
-    if "batch" in reason:
-        return "batch"
-    return "invalid_json"
+# A frame whose messages name one of these is decoded for the turn tracker.
+_TURN_METHODS: Final = frozenset({*turns.METHODS})
 
 
 class SessionView(Protocol):
-    """What the metrics read of a live session at scrape time (``runtime.PumpSession``)."""
+    """What the metrics read of a live session at scrape time (``shell.session.PumpSession``)."""
 
     @property
     def connection(self) -> Any: ...  # .pending_client_requests / .pending_agent_requests
@@ -177,18 +81,6 @@ class SessionView(Protocol):
 
     @property
     def stats(self) -> Any: ...  # .to_client / .to_agent: SideStats (bytes, discarded)
-
-
-@dataclass(slots=True)
-class _Histogram:
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
-    total: float = 0.0
-    count: int = 0
-
-    def observe(self, value: float) -> None:
-        self.buckets[bisect_left(DURATION_BUCKETS, value)] += 1
-        self.total += value
-        self.count += 1
 
 
 def _counter() -> dict[tuple[str, ...], int]:
@@ -232,7 +124,9 @@ class Metrics:
         self.observer_errors = 0  # bugs of ours, caught (see SessionMetrics.on_notes)
         self.agent_exits = _counter()  # (status,)
         self.versions = _counter()  # (version,): negotiated protocol versions
-        self.durations: dict[tuple[str, str, str, str], _Histogram] = {}
+        self.durations: dict[tuple[str, ...], Histogram] = {}  # (direction, method, outcome)
+        self.errors = _counter()  # (direction, method, error_code)
+        self.turns = TurnStats()
         self.totals = _Totals()
 
     # -- fed by the observers and the shell -----------------------------------------------------
@@ -250,11 +144,13 @@ class Metrics:
     def observe_duration(
         self, direction: Direction, method: str, outcome: str, code: str, seconds: float
     ) -> None:
-        key = (str(direction), method, outcome, code)
+        key = (str(direction), method, outcome)
         hist = self.durations.get(key)
         if hist is None:
-            hist = self.durations[key] = _Histogram()
-        hist.observe(max(seconds, 0.0))
+            hist = self.durations[key] = Histogram()
+        hist.observe(seconds)
+        if outcome == ERROR:
+            bump(self.errors, (str(direction), method, code))
 
     def ended(self, session: SessionView) -> None:
         """Fold a finished session's stats into the totals and forget it."""
@@ -272,19 +168,7 @@ class Metrics:
 
     def collect(self) -> Iterator[Any]:
         """The metric families (``prometheus_client`` collector protocol)."""
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        def counter(
-            name: str, doc: str, labels: Sequence[str], values: dict[tuple[str, ...], int]
-        ) -> Any:
-            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
-            for key, value in sorted(values.items()):
-                family.add_metric(list(key), value)
-            return family
+        counter, gauge = counter_family, gauge_family
 
         def per_direction(values: dict[Direction, int]) -> dict[tuple[str, ...], int]:
             return {(str(d),): v for d, v in values.items()}
@@ -394,34 +278,28 @@ class Metrics:
         )
         yield counter(
             "protocol_versions_total",
-            "Sessions by negotiated ACP protocol version.",
+            "Sessions by negotiated ACP protocol version (1, 2; other: any other value).",
             ["version"],
             self.versions,
         )
-
-        hist = HistogramMetricFamily(
-            f"{PREFIX}_request_duration_seconds",
-            "Time from a request crossing the proxy to its response crossing back, by the "
-            "request's direction, method and outcome (result, error with error_code, "
-            "no_answer: the peer went away or the session ended first).",
-            labels=["direction", "method", "outcome", "error_code"],
+        yield counter(
+            "request_errors_total",
+            "Requests answered with a JSON-RPC error, by the request's direction, method and "
+            "error code (other: a code outside JSON-RPC's and ACP's).",
+            ["direction", "method", "error_code"],
+            self.errors,
         )
-        for key, h in sorted(self.durations.items()):
-            cumulative = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, n in zip((*DURATION_BUCKETS, float("inf")), h.buckets, strict=True):
-                cumulative += n
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-            hist.add_metric(list(key), buckets, h.total)
-        yield hist
+        yield histogram_family(
+            "request_duration_seconds",
+            "Time from a request crossing the proxy to its response crossing back, by the "
+            "request's direction, method and outcome (result, error, no_answer: the peer went "
+            "away or the session ended first).",
+            ["direction", "method", "outcome"],
+            self.durations,
+        )
+        yield from self.turns.collect()
 
-        def gauge(name: str, doc: str, labels: Sequence[str], values: dict[Any, float]) -> Any:
-            family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
-            for key, value in values.items():
-                family.add_metric(list(key), value)
-            return family
-
-        yield gauge("sessions", "Sessions (connections) open now.", [], {(): len(live)})
+        yield gauge("open_sessions", "Sessions (connections) open now.", [], {(): len(live)})
         yield gauge(
             "pending_requests",
             "Requests forwarded and not answered yet, by the request's direction.",
@@ -449,10 +327,6 @@ class Metrics:
         out: dict[tuple[str, ...], int] = {(str(d),): 0 for d in _DIRECTIONS}
         out.update(values)
         return out
-
-
-def _bump(counter: dict[tuple[str, ...], int], key: tuple[str, ...], n: int = 1) -> None:
-    counter[key] = counter.get(key, 0) + n
 
 
 def _hashable_id(value: JsonValue) -> bool:
@@ -484,11 +358,12 @@ class SessionMetrics:
     pipeline's pending table (``max_pending_requests`` per direction).
     """
 
-    __slots__ = ("_metrics", "_oversize_size", "_session", "_starts")
+    __slots__ = ("_metrics", "_oversize_size", "_session", "_starts", "_turns")
 
     def __init__(self, metrics: Metrics, session: SessionView) -> None:
         self._metrics = metrics
         self._session = session
+        self._turns = turns.TurnTracker()
         self._starts: dict[Direction, dict[Any, tuple[float, str]]] = {_C2A: {}, _A2C: {}}
         self._oversize_size = 0
 
@@ -509,41 +384,49 @@ class SessionMetrics:
                 self._observed(note, now)
             elif kind is Dropped:
                 assert isinstance(note, Dropped)
-                _bump(m.dropped, ("rule", note.dropped_by))
+                bump(m.dropped, ("rule", note.dropped_by))
             elif kind is NonJson:
                 assert isinstance(note, NonJson)
                 if not note.forwarded:
-                    _bump(m.diverted, (note.kind,))
+                    bump(m.diverted, (note.kind,))
             elif kind is OversizeFrame:
                 assert isinstance(note, OversizeFrame)
                 self._oversize_size = note.size
             elif kind is NotParsed:
                 assert isinstance(note, NotParsed)
-                _bump(m.not_parsed, (str(note.direction), not_parsed_label(note.reason)))
+                bump(m.not_parsed, (str(note.direction), not_parsed_label(note.reason)))
             elif kind is PendingFull:
-                _bump(m.dropped, ("pending_full", ""))
+                bump(m.dropped, ("pending_full", ""))
             elif kind is MiddlewareFailed:
                 assert isinstance(note, MiddlewareFailed)
-                _bump(m.middleware_failures, (note.failure.middleware,))
+                bump(m.middleware_failures, (note.failure.middleware,))
                 if note.failure.fail_closed:
-                    _bump(m.dropped, ("fail_closed", note.failure.middleware))
+                    bump(m.dropped, ("fail_closed", note.failure.middleware))
             elif kind is VersionNegotiated:
                 assert isinstance(note, VersionNegotiated)
-                _bump(m.versions, (str(note.version),))
+                bump(m.versions, (version_label(note.version),))
+                self._turns.version = note.version
 
     def _observed(self, note: Observed, now: float) -> None:
         m = self._metrics
         direction = note.direction
         dkey = (str(direction),)
-        _bump(m.frames, dkey)
+        bump(m.frames, dkey)
         if note.kind == "oversize":
-            _bump(m.frame_bytes, dkey, self._oversize_size)
-            _bump(m.oversize, dkey)
-            _bump(m.dropped, ("oversize", ""))
+            bump(m.frame_bytes, dkey, self._oversize_size)
+            bump(m.oversize, dkey)
+            bump(m.dropped, ("oversize", ""))
             return
-        _bump(m.frame_bytes, dkey, len(note.raw))
+        bump(m.frame_bytes, dkey, len(note.raw))
         if not note.messages:
             return
+        if (note.sent is None or note.sent) and any(
+            info.update_kind in turns.UPDATE_KINDS
+            or info.method in _TURN_METHODS
+            or info.answers in _TURN_METHODS
+            for info in note.messages
+        ):
+            self._feed_turns(direction, note.raw, now)
         # A request dropped or answered by the proxy never reached the peer: not timed.
         forwarded = note.sent is None or bool(note.sent)
         codes: dict[Any, object] | None = None
@@ -551,21 +434,21 @@ class SessionMetrics:
         for info in note.messages:
             if info.changed_by:
                 for rule in info.changed_by:
-                    _bump(m.rewritten, (rule,))
+                    bump(m.rewritten, (rule,))
             if info.method is not None:
                 label = method_label(info.method)
                 if _hashable_id(info.id):
-                    _bump(m.messages, (dkey[0], "request", label))
+                    bump(m.messages, (dkey[0], "request", label))
                     if forwarded:
                         if len(starts) < m.max_pending:
                             starts[info.id] = (now, label)
                         else:
-                            _bump(m.untracked, dkey)
+                            bump(m.untracked, dkey)
                 else:
-                    _bump(m.messages, (dkey[0], "notification", label))
+                    bump(m.messages, (dkey[0], "notification", label))
                 continue
             # A response: it answers a request that went the other way.
-            _bump(m.messages, (dkey[0], "response", method_label(info.answers)))
+            bump(m.messages, (dkey[0], "response", method_label(info.answers)))
             if not _hashable_id(info.id):
                 continue
             other = direction.reverse
@@ -582,6 +465,16 @@ class SessionMetrics:
             if info.answers == "initialize" and other is _C2A and m.ready_on_initialize:
                 m.ready = True
 
+    def _feed_turns(self, direction: Direction, raw: bytes, now: float) -> None:
+        """Decode a frame that matters to the turns (few do) and record what it ends."""
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        for message in value if isinstance(value, list) else [value]:
+            if isinstance(message, dict):
+                self._metrics.turns.record(self._turns.feed(direction, message, now))
+
     def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         """Errors the proxy wrote for requests left in flight: those requests got no answer."""
         try:
@@ -591,7 +484,7 @@ class SessionMetrics:
 
     def _generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         m = self._metrics
-        _bump(m.generated, (str(direction),), len(frames))
+        bump(m.generated, (str(direction),), len(frames))
         starts = self._starts[direction.reverse]
         for frame in frames:
             try:
@@ -601,6 +494,7 @@ class SessionMetrics:
             started = starts.pop(ident, None) if _hashable_id(ident) else None
             if started is not None:
                 m.observe_duration(direction.reverse, started[1], NO_ANSWER, "", now - started[0])
+                m.turns.record(self._turns.answered_by_proxy(direction.reverse, ident, now))
 
     def on_end(self, session: Any, now: float) -> None:
         try:
@@ -614,6 +508,7 @@ class SessionMetrics:
             for started, label in starts.values():
                 m.observe_duration(direction, label, NO_ANSWER, "", now - started)
             starts.clear()
+        m.turns.record(self._turns.end(now))
         m.ended(self._session)
         if m.ready_on_initialize:
             m.ready = False  # the agent is gone (stdio, --connect: the process ends next)

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
@@ -87,7 +87,8 @@ class TraceContext(BaseMiddleware):
     A request without a valid ``traceparent`` is left alone unless ``inject`` is set; then it
     gets one that starts a new (sampled) trace. Requests whose ``params`` is not an object (or
     absent, without ``inject``) are left alone: adding ``params`` to a request that has none
-    changes what the receiver validates.
+    changes what the receiver validates. So is a request whose ``_meta`` is present but not an
+    object (``null`` included): only the ``traceparent`` member of an object is ever changed.
     """
 
     needles = (b'"method"',)
@@ -110,8 +111,12 @@ class TraceContext(BaseMiddleware):
             params = {}
         if not isinstance(params, dict):
             return FORWARD
-        meta = params.get("_meta")
-        meta = meta if isinstance(meta, dict) else None
+        raw_meta = params.get("_meta")
+        if "_meta" in params and not isinstance(raw_meta, dict):
+            # Not an object (null, a string, a list...): replacing it would change more than
+            # the traceparent member; the request is forwarded as it came.
+            return FORWARD
+        meta = raw_meta if isinstance(raw_meta, dict) else None
         parent = parse_traceparent(meta.get("traceparent")) if meta is not None else None
         if parent is None and not self.inject:
             return FORWARD

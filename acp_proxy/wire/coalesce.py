@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import orjson
 
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.values import value
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify, table_of
 from acp_proxy.wire.coalesce_merge import Group
 

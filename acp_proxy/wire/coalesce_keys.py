@@ -21,7 +21,8 @@ import enum
 from collections.abc import Callable
 from typing import Final
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     SESSION_UPDATE,
@@ -31,7 +32,6 @@ from acp_proxy.meta.registry import (
     ChunkKind,
     MetaRule,
 )
-from acp_proxy.values import value
 
 # The index key of an entity: (entity type, sessionId, id...). The version is not in it: the
 # queue starts a new index whenever the version changes.

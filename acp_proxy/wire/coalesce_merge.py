@@ -7,7 +7,7 @@ of an upsert, the texts or bytes of a chunk stream), and says what it holds in m
 (``charge``) so the queue's byte bound counts it. Merging looks only at the members of the two
 updates (``updates.merge_updates``), never at the rest of the queue, and never re-encodes a
 member it did not change: the written frame is the last line's bytes with only the merged
-members replaced (``rawjson.splice``). Pure: no I/O; never mutates a parsed message it was given.
+members replaced (``rawsplice.splice``). Pure: no I/O; never mutates a parsed message it was given.
 
 Rules (only when the two notifications are equal apart from ``params.update``: same
 ``sessionId``, same or absent ``params._meta``, which is notification data, not a patch; RFD
@@ -22,7 +22,7 @@ Rules (only when the two notifications are equal apart from ``params.update``: s
 * whole snapshots: the later replaces the earlier and keeps its exact bytes (``usage_update``
   keeps an omitted ``cost``: ``merge_updates`` decides);
 * a line whose numbers orjson would respell, or that holds a surrogate escape
-  (``rawjson.reencodes_exactly``), never merges: it is written as it came.
+  (``rawscan.reencodes_exactly``), never merges: it is written as it came.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import sys
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.meta.updates import merge_updates
-from acp_proxy.wire import rawjson
+from acp_proxy.wire import rawjson, rawscan, rawsplice
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, plain_envelope
 
 # What a group holds beyond its bytes, per parsed update kept: Python objects take several times
@@ -162,7 +162,7 @@ class Group:
         the two must stay apart (the caller queues ``raw`` behind this group)."""
         if self.state is None:
             self.state = self._open()
-        if not self.state or not rawjson.reencodes_exactly(raw):
+        if not self.state or not rawscan.reencodes_exactly(raw):
             return None
         if not (self.plain and plain_envelope(message)):
             written = self.last if self.last is not None else self.first
@@ -195,7 +195,7 @@ class Group:
 
     def _open(self) -> bool:
         """Parse the first line before the first merge: False when it never merges."""
-        if self.spec.cls is Class.OPAQUE or not rawjson.reencodes_exactly(self.first):
+        if self.spec.cls is Class.OPAQUE or not rawscan.reencodes_exactly(self.first):
             return False
         message = orjson.loads(self.first)
         self.plain = plain_envelope(message)
@@ -309,11 +309,11 @@ def _parsed_charge(sizes: dict[str, int]) -> int:
 def _splice(raw: bytes, base: JsonObject, update: JsonObject) -> bytes:
     """``base`` (the parse of ``raw``) with ``update`` as its ``params.update``, as ``raw``'s bytes
     with only the members that differ encoded. Every merged line passed
-    ``rawjson.reencodes_exactly``, so members encoded from earlier lines keep their values too."""
+    ``rawscan.reencodes_exactly``, so members encoded from earlier lines keep their values too."""
     params = base["params"]
     assert isinstance(params, dict)
     message = {**base, "params": {**params, "update": update}}
     try:
-        return rawjson.splice(raw, base, message)
+        return rawsplice.splice(raw, base, message)
     except (rawjson.Unencodable, rawjson.Unparseable):  # pragma: no cover - defensive
         return orjson.dumps(message)

@@ -13,7 +13,8 @@ lists, in order, ``(index, start, stop)`` of each line ``raw[start:stop]`` (the 
 does not start with ``{"`` (a batch, a blank or whitespace line, non-JSON output, a frame with
 something before its opener) or that contains one of ``needles`` (an empty needle occurs in every
 line; a needle holding ``\\n`` in none). Every other line starts like a JSON object and holds no
-needle: ``Connection._block`` forwards runs of them whole (issue 13, pass-through speed).
+needle: the block path (``acp_proxy.wire.blocks``) forwards runs of them whole (pass-through
+speed).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _choose() -> tuple[Any, str]:
     return _scan, "C"
 
 
-# ``ACCELERATOR``: the C module, also used by ``rawjson.splice_member`` (``member_span``).
+# ``ACCELERATOR``: the C module, also used by ``rawsplice.splice_member`` (``member_span``).
 ACCELERATOR, SCANNER = _choose()
 scan: Callable[[bytes, tuple[bytes, ...]], ScanResult] = (
     scan_py if ACCELERATOR is None else ACCELERATOR.scan

@@ -1,0 +1,116 @@
+"""Launching the proxy from the command line: what runs before and around its event loop.
+
+Contract: owns the decisions the command line takes just before the proxy runs: whether the
+agent starts before the event loop (``starts_early``, ``UNCONFIGURED_AGENT``), the garbage
+collector's pause over start-up (``collecting``), and wrapping the chosen entry point in the
+metrics endpoints and tracing when they are enabled (``with_telemetry``). It never parses an
+option and never reads a config file; optional layers are imported only when enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import stat
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from acp_proxy.config import Config
+
+# Start-up time: what the proxy allocates before its event loop runs (modules, classes,
+# the config, the loop itself) lives as long as the process, so the cyclic garbage collector's
+# passes over it (a few dozen, a tenth of the start-up's CPU) find nothing to free. It is off
+# from the command line's parsing until the proxy's first coroutine runs; then those objects
+# are frozen (gc.freeze: no later collection walks them again) and collection resumes.
+COLLECT = {"after_start": False}
+
+
+async def collecting(main: Callable[..., Awaitable[int]], *args: Any) -> int:
+    if COLLECT["after_start"]:
+        gc.freeze()
+        gc.enable()
+    return await main(*args)
+
+
+# ``Config().agent`` as far as starting the agent reads it: no environment overrides, stderr
+# passed through (``spawn.AgentSettings``). The runtime takes the agent started with it only if
+# its config's agent section says the same (``spawn.take_early``; a test holds them equal).
+class UnconfiguredAgent:
+    __slots__ = ()
+    env: Mapping[str, str] = MappingProxyType({})
+    stderr = "passthrough"
+
+
+UNCONFIGURED_AGENT = UnconfiguredAgent()
+
+
+def starts_early(config: Config) -> bool:
+    """Whether the agent is started before the event loop: a stdio session whose start nothing
+    else can still refuse. With ``--record``, only when the record file can be opened now (one
+    that cannot refuses the session before the agent runs; the runtime opens it again, and
+    should that fail after all, the agent it never took is killed with the proxy's other
+    leftovers). Not with ``--metrics`` or ``--ui`` (their address is bound first) or tracing
+    (its exporter is set up first), nor on sockets (``--listen`` starts an agent per client,
+    ``--connect`` none)."""
+    return (
+        config.listen is None
+        and config.connect is None
+        and (config.record.path is None or can_record(config.record.path))
+        and config.metrics is None
+        and config.ui.address is None
+        and not config.tracing.enabled
+    )
+
+
+def can_record(path: str) -> bool:
+    """Whether the recorder could open ``path`` now: a directory it may create a file in, or a
+    regular file it may append to (created as the recorder creates it: ``0600``). Anything
+    else is left to the recorder alone: a FIFO opened and closed here would give its reader
+    EOF before the record, and a device may act on an open."""
+    if os.path.isdir(path) or path.endswith(os.sep):
+        return os.access(path, os.W_OK | os.X_OK)
+    with contextlib.suppress(OSError):  # not there yet (created below), or not reachable
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+    from acp_proxy.record.settings import RECORD_FILE_MODE, RECORD_OPEN_FLAGS
+
+    try:
+        os.close(os.open(path, RECORD_OPEN_FLAGS, RECORD_FILE_MODE))
+    except OSError:
+        return False
+    return True
+
+
+def with_telemetry(
+    config: Config, main: Callable[..., Awaitable[int]], *rest: Any
+) -> tuple[Any, ...]:
+    """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
+    enabled; unchanged, nothing imported, when not."""
+    run: tuple[Any, ...] = (main, config, *rest)
+    if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
+        from acp_proxy.shell.tracing import run_with_tracing, with_trace_context
+
+        # The trace-context middleware goes last in the chain, so it sees what every other
+        # middleware sent.
+        config = with_trace_context(config)
+        run = (run_with_tracing, config.tracing, main, config, *rest)
+    if config.ui.address is not None:
+        # The live view (imported only when on): its tap joins the metrics' and tracing's.
+        from acp_proxy.shell.ui_server import run_with_ui
+
+        run = (run_with_ui, config.ui, config.record, *run)
+    if config.metrics is not None:
+        from acp_proxy.shell.telemetry import run_with_metrics
+
+        run = (
+            run_with_metrics,
+            config.metrics,
+            config.metrics_allow_remote,
+            config.listen is None,  # stdio, --connect: ready once the agent answered initialize
+            config.max_pending_requests,
+            *run,
+        )
+    return run

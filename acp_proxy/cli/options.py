@@ -1,0 +1,397 @@
+"""The command line's options: the argparse parser, the fast path that reads common options
+without it, and applying the socket options to the config.
+
+Contract: owns the spelling of every option of the main command (``build_parser``), what each
+means for the config (``socket_options``), the usage errors (exit 2), and the fast path
+(``fast_options``) that gives exactly what the parser would for the options an editor's command
+line usually holds. It never loads a config file and never starts anything; argparse is
+imported only when the fast path declines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, NoReturn
+
+from acp_proxy import __version__
+
+if TYPE_CHECKING:
+    import argparse
+
+    from acp_proxy.config import Config
+
+EXIT_USAGE = 2  # argparse's own code for usage errors; also used for config errors
+CONFIG_ENV = "ACP_PROXY_CONFIG"
+
+_EPILOG = f"""\
+commands:
+  acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]   run AGENT_CMD behind the proxy (stdio)
+  acp-proxy check-config FILE                 validate FILE and explain what it does
+  acp-proxy schema                            print the JSON schema of the config file
+  acp-proxy demo                              bundled rules between a scripted client and agent
+  acp-proxy show FILE                         a record (--record PATH) as a transcript
+  acp-proxy replay FILE                       act as the agent of a record, on stdio
+  acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
+  acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
+  acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
+
+examples:
+  acp-proxy -- my-agent --acp
+  acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
+  {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
+  acp-proxy check-config rules.yaml
+  acp-proxy --record session.jsonl -- my-agent --acp && acp-proxy show session.jsonl
+  acp-proxy --listen tcp://127.0.0.1:7777 -- my-agent --acp
+  acp-proxy --listen unix:///run/acp/acp.sock --max-connections 8 -- my-agent
+  acp-proxy --connect tcp://127.0.0.1:7777 --connect-timeout 5
+  acp-proxy --metrics tcp://127.0.0.1:9464 -- my-agent --acp
+
+Without a config (no --config, no ${CONFIG_ENV}) the proxy is a pure pass-through.
+stdout carries the protocol; logs go to stderr or --log-file.
+exit codes: the agent's exit code (128+N if signal N ended it); 126 agent not executable;
+127 agent not found; 2 usage or configuration error. --listen exits 0 after SIGINT/SIGTERM
+and 1 when it cannot listen; --connect exits 1 when the agent's address cannot be reached or
+the connection is lost (requests in flight get -32603 errors first).
+"""
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the main command (options before ``--``)."""
+    import argparse
+
+    from acp_proxy.wire.scan import SCANNER
+
+    parser = argparse.ArgumentParser(
+        prog="acp-proxy",
+        usage="acp-proxy [OPTIONS] -- AGENT_CMD [ARG...]\n"
+        "       acp-proxy [OPTIONS] --connect URL\n"
+        "       acp-proxy check-config FILE\n"
+        "       acp-proxy schema\n"
+        "       acp-proxy demo\n"
+        "       acp-proxy show FILE\n"
+        "       acp-proxy replay FILE",
+        description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
+        "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
+        "middleware chain.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # Which block scanner is active (the optional C accelerator, or why not).
+    parser.add_argument(
+        "-V", "--version", action="version", version=f"acp-proxy {__version__}\nscanner: {SCANNER}"
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,  # DEBUG, Debug and debug alike
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="debug logs one line per frame (default: info)",
+    )
+    parser.add_argument(
+        "--log-format", choices=("json", "console"), default="console", help="(default: console)"
+    )
+    parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
+    parser.add_argument(
+        "--log-frames",
+        action="store_true",
+        help="debug lines carry each frame's contents, redacted like a record and cut at "
+        "2000 characters (implies --log-level debug)",
+    )
+    parser.add_argument(
+        "--agent-stderr",
+        choices=("log", "passthrough"),
+        help="the agent's stderr: into the structured log, or to the proxy's stderr as it "
+        "is; overrides agent.stderr",
+    )
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=_size,
+        metavar="SIZE",
+        help="longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides "
+        "the config (default 64MiB)",
+    )
+    # Recording.
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        help="append every frame of the session, both directions, to PATH (JSON Lines, "
+        "secrets redacted); with --listen a directory or a name with {conn}; overrides "
+        "record.path",
+    )
+    # Socket transports; each overrides the config file's key of the same name.
+    sockets = parser.add_argument_group(
+        "sockets",
+        "NDJSON over TCP or Unix sockets (ACP itself defines only stdio). URL: "
+        "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH",
+    )
+    sockets.add_argument(
+        "--listen",
+        metavar="URL",
+        help="accept clients on URL instead of stdin/stdout; one agent per connection "
+        "(loopback only unless --allow-remote)",
+    )
+    sockets.add_argument(
+        "--connect",
+        metavar="URL",
+        help="reach the agent at URL instead of spawning AGENT_CMD (then no AGENT_CMD)",
+    )
+    sockets.add_argument(
+        "--allow-remote",
+        action="store_true",
+        default=None,
+        help="let --listen bind a non-loopback address (traffic is unauthenticated and "
+        "unencrypted)",
+    )
+    sockets.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        metavar="N",
+        help="with --listen: sessions at once; more are refused (default 64)",
+    )
+    sockets.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="with --connect: how long to wait for the agent's address (default 10)",
+    )
+    sockets.add_argument(
+        "--handshake-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="with --listen: close a connection whose first request has not arrived by then "
+        "(default 30)",
+    )
+    telemetry = parser.add_argument_group("telemetry")
+    telemetry.add_argument(
+        "--metrics",
+        metavar="URL",
+        help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
+        "127.0.0.1:9464, http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
+        "--metrics-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--metrics-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
+        "metrics; --allow-remote does not cover it)",
+    )
+    telemetry.add_argument(
+        "--ui",
+        metavar="URL",
+        help="serve the live view (a web page of the session's frames and entities, and its "
+        "event stream) at URL, e.g. tcp://127.0.0.1:0; prints its address with an access "
+        "token to stderr (loopback only unless --ui-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--ui-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --ui bind a non-loopback address (its token still guards every request; "
+        "--allow-remote does not cover it)",
+    )
+    return parser
+
+
+def _size(text: str) -> int:
+    import argparse
+
+    from acp_proxy.config import parse_size
+
+    value = parse_size(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (a byte count, or a size such as 64MiB, 64mb, 64 MB, 64k)"
+        )
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def socket_options(
+    parser: argparse.ArgumentParser | None,
+    args: argparse.Namespace | SimpleNamespace,
+    config: Config,
+) -> Config:
+    """The config with the socket flags applied (the command line wins over the file), the
+    addresses checked (usage error, exit 2, before anything is spawned or bound)."""
+    changes: dict[str, object] = {}
+    for flag, key in (
+        ("listen", "listen"),
+        ("connect", "connect"),
+        ("allow_remote", "allow_remote"),
+        ("max_connections", "max_connections"),
+        ("connect_timeout", "connect_timeout_s"),
+        ("handshake_timeout", "handshake_timeout_s"),
+        ("metrics", "metrics"),
+        ("metrics_allow_remote", "metrics_allow_remote"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            changes[key] = value
+    if changes.get("metrics") is not None:
+        from acp_proxy.telemetry.endpoint import metrics_url
+
+        changes["metrics"] = metrics_url(str(changes["metrics"]))
+    if changes:
+        import dataclasses
+
+        config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
+        url = getattr(config, key)
+        if url is not None:
+            # Imported only here: stdio mode never loads the socket layer (start-up time).
+            from acp_proxy.shell.sockets.address import AddressError, parse_address
+
+            try:
+                parse_address(url, listen=listen)
+            except AddressError as exc:
+                usage_error(parser, f"--{key}: {exc}")
+    return config
+
+
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
+
+
+def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
+    """``acp-proxy check-conifg x.yaml`` is a typo, not an agent to run: refuse it (exit 2)
+    when the word is close to a subcommand. ``--`` before it says it is the agent's command."""
+    if word in SUBCOMMANDS:
+        parser.error(
+            f'"{word}" must come first (acp-proxy {word} ...); to run an agent named {word}, '
+            "put -- before it"
+        )
+    import difflib  # only for a word that is not an option (start-up time)
+
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.8)
+    if close:
+        parser.error(
+            f'unknown command "{word}"; did you mean {close[0]}? (to run an agent named '
+            f"{word}, put -- before it)"
+        )
+
+
+# Start-up time: the options an editor's command line usually holds are read without
+# argparse (importing it and building the parser cost more than everything else the command line
+# does). Only exact spellings are taken here; anything else (an abbreviation, a value starting
+# with "-", -h, -V, the numeric options, a bare AGENT_CMD without --, a value outside the
+# choices) goes to argparse, which reports every error. tests/test_cli.py checks that both
+# give the same values.
+_FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "--config": ("config", None),
+    "--log-level": ("log_level", ("debug", "info", "warning", "error")),
+    "--log-format": ("log_format", ("json", "console")),
+    "--log-file": ("log_file", None),
+    "--agent-stderr": ("agent_stderr", ("log", "passthrough")),
+    "--record": ("record", None),
+    "--listen": ("listen", None),
+    "--connect": ("connect", None),
+    "--metrics": ("metrics", None),
+    "--ui": ("ui", None),
+}
+_FAST_FLAGS = {
+    "--log-frames": "log_frames",
+    "--allow-remote": "allow_remote",
+    "--metrics-allow-remote": "metrics_allow_remote",
+    "--ui-allow-remote": "ui_allow_remote",
+}
+# build_parser's defaults, one per destination.
+DEFAULTS: dict[str, object] = {
+    "config": None,
+    "log_level": "info",
+    "log_format": "console",
+    "log_file": None,
+    "log_frames": False,
+    "agent_stderr": None,
+    "max_frame_bytes": None,
+    "record": None,
+    "listen": None,
+    "connect": None,
+    "allow_remote": None,
+    "max_connections": None,
+    "connect_timeout": None,
+    "handshake_timeout": None,
+    "metrics": None,
+    "metrics_allow_remote": None,
+    "ui": None,
+    "ui_allow_remote": None,
+}
+
+
+def fast_options(options: Sequence[str]) -> SimpleNamespace | None:
+    """What ``build_parser().parse_known_args(options)`` returns (with no extra arguments), or
+    ``None`` when ``options`` need argparse itself."""
+    values = dict(DEFAULTS)
+    i = 0
+    while i < len(options):
+        name, eq, inline = options[i].partition("=")
+        if name in _FAST_FLAGS and not eq:
+            values[_FAST_FLAGS[name]] = True
+            i += 1
+            continue
+        if name not in _FAST_VALUES:
+            return None
+        if eq:
+            value, i = inline, i + 1
+        elif i + 1 < len(options):
+            value, i = options[i + 1], i + 2
+        else:
+            return None
+        if value.startswith("-"):
+            return None
+        dest, choices = _FAST_VALUES[name]
+        if dest == "log_level":
+            value = value.lower()  # the option's type=str.lower
+        if choices is not None and value not in choices:
+            return None
+        values[dest] = value
+    return SimpleNamespace(**values)
+
+
+def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:
+    """argparse's usage error (exit 2), building the parser if the fast path skipped it."""
+    (parser or build_parser()).error(message)
+
+
+# The options that leave a stdio session nothing to refuse after the agent started: every
+# other option keeps its default.
+_PLAIN_OPTIONS = frozenset(("log_level", "log_format", "log_frames"))
+
+
+def plain_stdio(args: argparse.Namespace | SimpleNamespace) -> bool:
+    """No option but ``--log-level``, ``--log-format`` and ``--log-frames`` was given."""
+    return all(
+        getattr(args, dest) == default
+        for dest, default in DEFAULTS.items()
+        if dest not in _PLAIN_OPTIONS
+    )

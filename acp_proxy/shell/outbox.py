@@ -1,0 +1,328 @@
+"""The outbox toward one side of a session: its bounded queues, its writes, its writer task.
+
+Contract: owns what waits to be written toward one peer (frames forwarded from the other side in
+a ``coalesce.OutboundQueue``, replies the proxy owes this side, the unwritten tail of a write),
+writing it (``write_all``, the writer task, and the reader's direct writes when the writer is
+idle), and the wake-ups between the reader that fills it and the writer that empties it. It never
+decides what a frame becomes, never reads, and never closes its stream (the session does).
+
+Every frame ready at once is written in ONE ``send``: no task, thread hop or write per message.
+What the kernel did not take (``tail``) is written first, so no frame is split or reordered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+
+from acp_proxy.base.values import value
+from acp_proxy.shell.transports import STREAM_ERRORS
+from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
+
+# A frame at least this big is written with writev (frame, newline) rather than copied.
+_BIG_FRAME = 64 * 1024
+
+
+@value(frozen=False)
+class SideStats:
+    """What one writer did (toward the client or toward the agent)."""
+
+    writes: int = 0  # send() calls
+    bytes: int = 0  # bytes handed to send()
+    discarded: int = 0  # frames dropped because the peer was gone
+
+
+# Replies the proxy itself owes a sender (error responses, middleware replies) wait in a small
+# queue of their own per outbox, written ahead of forwarded frames: they never wait behind, nor
+# make a reader wait for, the other direction's traffic (backpressure one way never blocks the
+# other). Only when replies one sender provoked pile up unread beyond these bounds does the
+# proxy stop reading that sender.
+REPLY_QUEUE_FRAMES = 1024
+REPLY_QUEUE_BYTES = 1024 * 1024
+
+
+class Outbox:
+    """The bounded queue toward one side, its writer's state, and the wake-ups between them.
+
+    Two queues: ``queue`` for frames forwarded from the other side (coalescing, bounded by the
+    config) and ``replies`` for frames the proxy answers this side with (bounded by the
+    ``REPLY_QUEUE_*`` constants), which the writer serves first. Writes happen in two places,
+    never at the same time: the writer task, and (the fast path) the reader task right after it
+    queued frames, when the writer is idle and the stream can write without waiting
+    (``try_send``). Either way everything ready is written in ONE call, and whatever the kernel
+    did not take (``tail``) is written first by the writer task, so no frame is split.
+    """
+
+    __slots__ = (
+        "_ready",
+        "_space",
+        "broken",
+        "busy",
+        "closed",
+        "finished",
+        "inflight",
+        "queue",
+        "replies",
+        "reply_bytes",
+        "stats",
+        "tail",
+        "try_send",
+        "try_sendv",
+        "tx",
+    )
+
+    def __init__(
+        self, queue: OutboundQueue, tx: anyio.abc.ByteSendStream, stats: SideStats
+    ) -> None:
+        self.queue = queue
+        self.tx = tx
+        self.stats = stats
+        # Streams over raw fds (FdStream) offer a non-blocking write; others use send() only.
+        try_send = getattr(tx, "try_send", None)
+        self.try_send: Callable[[bytes], int] | None = try_send if callable(try_send) else None
+        try_sendv = getattr(tx, "try_sendv", None)
+        self.try_sendv: Callable[[list[bytes]], int] | None = (
+            try_sendv if callable(try_sendv) else None
+        )
+        # What the kernel did not take yet of a direct write, in order (views, not copies: a
+        # 10 MB frame is not duplicated when the pipe takes only part of it).
+        self.tail: list[bytes | memoryview] = []
+        self.replies: deque[bytes] = deque()  # frames (without newline) owed to this side
+        self.reply_bytes = 0
+        self.inflight = 0  # bytes inside the writer's current send()
+        self.busy = False  # the writer task is inside tx.send()
+        self.broken = False  # the peer stopped reading: frames are discarded
+        self.closed = False
+        self.finished = anyio.Event()  # the writer task ended
+        self._ready = anyio.Event()
+        self._space = anyio.Event()
+
+    def held(self) -> int:
+        """Bytes this outbox keeps in memory (for the buffer budget)."""
+        tail = 0
+        for part in self.tail:
+            tail += len(part)
+        return self.queue.pending_bytes + self.reply_bytes + self.inflight + tail
+
+    def has_reply_room(self) -> bool:
+        return len(self.replies) < REPLY_QUEUE_FRAMES and self.reply_bytes < REPLY_QUEUE_BYTES
+
+    def wake_writer(self) -> None:
+        self._ready.set()
+
+    def wake_reader(self) -> None:
+        self._space.set()
+
+    def push(self, frames: tuple[OutFrame, ...], now: float) -> bool:
+        """Queue ``frames`` in order (the reader waited for room before reading them).
+
+        False when the frames need no flush: written at once, or dropped because the outbox is
+        already closed (its writer is gone).
+        """
+        if self.closed:
+            return False
+        if self._writes_now():
+            # No backlog: the peer keeps up, so write at once and never merge (coalescing
+            # rule: while the consumer keeps up, every message is written as it comes). What
+            # the kernel does not take becomes the tail, and the next frames queue behind it.
+            self._write_direct(frames)
+            return False
+        push = self.queue.push
+        for frame in frames:
+            push(frame, now)
+        return True
+
+    def push_reply(self, frames: tuple[OutFrame, ...]) -> None:
+        """Queue replies owed to this side, ahead of forwarded frames (never merged)."""
+        if self.closed:
+            return
+        if (
+            self.try_send is not None
+            and not self.busy
+            and not self.tail
+            and not self.broken
+            and not self.replies
+        ):
+            self._write_direct(frames)
+            return
+        for frame in frames:
+            self.replies.append(frame.raw)
+            self.reply_bytes += len(frame.raw) + 1
+        self._ready.set()
+
+    def write_line(self, raw: bytes) -> bool:
+        """The round trip's write: ``push`` of one frame ``raw`` that is written at once, without
+        building the frame tuple: True when written (the kernel's whole take, or its rest left
+        as the ``tail`` for the writer), False when nothing was done and ``push`` must queue
+        it (something waits before it, the queue is rate limited, or the frame is big)."""
+        if self.closed or len(raw) >= _BIG_FRAME or not self._writes_now():
+            return False
+        self._send_now(raw + b"\n")
+        return True
+
+    def _writes_now(self) -> bool:
+        """A forwarded frame may be written at once: the stream can write without waiting and
+        nothing waits before the frame (no write in flight, no tail, no replies, an empty queue
+        without a rate limit), and the peer still reads."""
+        return (
+            self.try_send is not None
+            and not self.busy
+            and not self.tail
+            and not self.broken
+            and not self.replies
+            and len(self.queue) == 0
+            and not self.queue.rate_limited
+        )
+
+    def _send_now(self, data: bytes) -> None:
+        """One non-blocking write of ``data``; what the kernel did not take becomes the tail,
+        for the writer task."""
+        assert self.try_send is not None
+        try:
+            written = self.try_send(data)
+        except STREAM_ERRORS:
+            written = 0  # the writer task hits the same error and handles it
+        self.stats.writes += 1
+        self.stats.bytes += written
+        if written < len(data):
+            self.tail = [memoryview(data)[written:]]
+            self._ready.set()
+
+    def _write_direct(self, frames: tuple[OutFrame, ...]) -> None:
+        assert self.try_send is not None
+        if len(frames) == 1 and len(frames[0].raw) >= _BIG_FRAME and self.try_sendv is not None:
+            # One big frame: writev the frame and its newline, no concatenated copy (a 10 MB
+            # line is not held twice in memory).
+            raw = frames[0].raw
+            try:
+                written = self.try_sendv([raw, b"\n"])
+            except STREAM_ERRORS:
+                written = 0
+            self.stats.writes += 1
+            self.stats.bytes += written
+            if written < len(raw):
+                self.tail = [memoryview(raw)[written:], b"\n"]
+                self._ready.set()
+            elif written == len(raw):
+                self.tail = [b"\n"]
+                self._ready.set()
+            return
+        self._send_now(
+            frames[0].raw + b"\n"
+            if len(frames) == 1
+            else b"\n".join([f.raw for f in frames]) + b"\n"
+        )
+
+    def flush_now(self, now: float) -> None:
+        """After a push: write what is ready right here if the writer is idle, else wake it."""
+        if self.try_send is None or self.busy or self.tail or self.broken or self.replies:
+            self._ready.set()
+            return
+        frames, deadline = self.queue.take(now)
+        if frames:
+            self._space.set()
+            self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
+        if deadline is not None:
+            self._ready.set()  # the writer sleeps until the queue's deadline
+
+    async def _wait_space(self) -> None:
+        # Both readers may wait on one outbox (one for queue room, the other for reply room):
+        # they share the event, which is only replaced once it fired.
+        if self._space.is_set():
+            self._space = anyio.Event()
+        space = self._space
+        self._ready.set()
+        await space.wait()
+
+    async def wait_room(self) -> None:
+        """Backpressure: wait until the writer made room (the queue is below its bounds)."""
+        while not self.closed and not self.queue.has_room():
+            await self._wait_space()
+
+    async def wait_reply_room(self) -> None:
+        """Wait until the replies owed to this side are below their bounds."""
+        while not self.closed and not self.has_reply_room():
+            await self._wait_space()
+
+    async def wait_ready(self, deadline: float | None) -> None:
+        """Park the writer until something is pushed, the outbox closes, or ``deadline``."""
+        self._ready = anyio.Event()
+        if deadline is None:
+            await self._ready.wait()
+            return
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            await self._ready.wait()
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+
+async def write_all(
+    outbox: Outbox, account: Callable[[], None], peer_gone: Callable[[], None]
+) -> None:
+    """The writer task of ``outbox``: write what it holds until it is closed and empty.
+
+    ``account`` is called whenever the bytes the outbox holds changed (the session reports them
+    to the buffer budget); ``peer_gone`` once, when a write fails because the peer stopped
+    reading (from then on frames are counted as discarded, not written). Never closes the stream.
+    """
+    queue = outbox.queue
+    stats = outbox.stats
+    tx = outbox.tx
+    while True:
+        if outbox.tail:
+            data: bytes | memoryview = outbox.tail.pop(0)
+            count = 0
+        elif outbox.replies:
+            # Replies first: they answer this side's own messages and must not wait behind
+            # (or for) the other side's traffic.
+            replies = list(outbox.replies)
+            outbox.replies.clear()
+            outbox.reply_bytes = 0
+            outbox.wake_reader()
+            count = len(replies)
+            if outbox.broken:
+                stats.discarded += count
+                account()
+                continue
+            data = b"\n".join(replies) + b"\n"
+            stats.writes += 1
+        else:
+            written = queue.stats.written
+            frames, deadline = queue.take(time.monotonic())
+            if not frames:
+                if outbox.closed and deadline is None:
+                    break
+                await outbox.wait_ready(deadline)
+                continue
+            outbox.wake_reader()
+            count = queue.stats.written - written  # messages (a run of lines holds several)
+            if outbox.broken:
+                stats.discarded += count
+                account()
+                continue
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            stats.writes += 1
+        if outbox.broken:
+            continue
+        outbox.busy = True
+        outbox.inflight = len(data)
+        try:
+            # A memoryview only comes from a tail, and tails only from try_send streams
+            # (FdStream), whose send() takes any buffer.
+            await tx.send(data)  # type: ignore[arg-type]
+        except STREAM_ERRORS:
+            outbox.broken = True
+            stats.discarded += count
+            peer_gone()
+            continue
+        finally:
+            outbox.busy = False
+            outbox.inflight = 0
+            account()
+        stats.bytes += len(data)

@@ -1,0 +1,195 @@
+"""Reading a record file back: its sessions, line by line, in bounded memory.
+
+Contract: owns reading a record file for ``show`` and ``replay``: one line at a time (at most
+``MAX_LINE_BYTES`` held; a longer line is skipped as it is read), each header starting a
+session (a file written by ``--record`` twice holds two), each line that cannot be used
+reported once as ``FILE:LINE: why`` on stderr (the first ``MAX_REPORTED``, then a count) and
+skipped, never an exception. With ``follow``, it waits for the file to exist and to grow. What a
+line means is ``acp_proxy.record.format``'s job.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.record.escape import visible
+from acp_proxy.record.format import RecordError, is_header, parse_header, read_line
+
+# A header is small (a command line, a few names): a first line longer than this is not one
+# (``/dev/zero`` is refused after reading 1 MiB, not read until memory runs out).
+MAX_HEADER_BYTES = 1024 * 1024
+# One frame line: a frame of up to ``max_frame_bytes`` (64 MiB by default) and the copy the
+# proxy sent instead, JSON-escaped. A longer line is read through and skipped.
+MAX_LINE_BYTES = 160 * 1024 * 1024
+MAX_REPORTED = 20  # unusable lines reported one by one; the rest are counted
+FOLLOW_POLL_S = 0.2
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A session of a record file: its number (from 1), header and where it starts."""
+
+    number: int
+    line: int
+    header: JsonObject
+
+
+@dataclass(slots=True)
+class Problems:
+    """Unusable lines: reported to ``out`` as they come (the first ``MAX_REPORTED``)."""
+
+    name: str
+    prog: str
+    out: IO[str] | None = None  # None: stderr; ``quiet``: nowhere
+    quiet: bool = False
+    count: int = 0
+
+    def report(self, line: int, why: str) -> None:
+        self.count += 1
+        if self.count <= MAX_REPORTED and not self.quiet:
+            where = f"{visible(self.name)}:{line}"
+            print(f"{self.prog}: {where}: {visible(why)}; skipped", file=self.out or sys.stderr)
+
+    def close(self) -> None:
+        if self.count > MAX_REPORTED and not self.quiet:
+            print(
+                f"{self.prog}: {visible(self.name)}: {self.count - MAX_REPORTED} more unusable "
+                "lines skipped",
+                file=self.out or sys.stderr,
+            )
+
+
+def open_record(path: str, *, follow: bool, prog: str) -> IO[bytes] | str:
+    """The record file opened for reading, or why it cannot be (with ``follow``, a file that
+    does not exist yet is waited for: a live view starts before the session does)."""
+    told = False
+    while True:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError as exc:
+            if not follow:
+                return exc.strerror or str(exc)
+            if not told:
+                print(f"{prog}: waiting for {visible(path)} to exist", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(FOLLOW_POLL_S)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+
+
+class EndOfFile:
+    """What ``RecordLines.read`` gives at the end of the file."""
+
+
+EOF = EndOfFile()
+
+
+class RecordLines:
+    """The lines of a record stream, numbered from 1, each without its newline; ``None`` for a
+    line longer than its limit (read through, not kept); ``EOF`` at the end (with ``follow``,
+    never: it waits for more)."""
+
+    def __init__(self, stream: IO[bytes], *, follow: bool = False) -> None:
+        self._stream = stream
+        self._follow = follow
+        self.number = 0  # of the line last returned
+
+    def read(self, limit: int = MAX_LINE_BYTES, *, skip: bool = True) -> bytes | EndOfFile | None:
+        """The next line; ``None`` when it is longer than ``limit`` (read through to its end
+        with ``skip``, else left where it stands)."""
+        pending = b""
+        while True:
+            chunk = self._stream.readline(limit + 1 - len(pending))
+            pending += chunk
+            if pending.endswith(b"\n"):
+                self.number += 1
+                return pending[:-1]
+            if len(pending) > limit:
+                if skip:
+                    self._skip_rest()
+                self.number += 1
+                return None
+            if not chunk:
+                if not self._follow:
+                    if not pending:
+                        return EOF
+                    self.number += 1
+                    return pending  # a torn last line: the format decides
+                time.sleep(FOLLOW_POLL_S)
+
+    def _skip_rest(self) -> None:
+        while True:
+            chunk = self._stream.readline(_CHUNK)
+            if chunk.endswith(b"\n"):
+                return
+            if not chunk:
+                if not self._follow:
+                    return
+                time.sleep(FOLLOW_POLL_S)
+
+
+def first_header(lines: RecordLines) -> JsonObject | str:
+    """The first line as a header, or why the file is not a record."""
+    line = lines.read(MAX_HEADER_BYTES, skip=False)
+    if line is None:
+        return "not a record: the first line is longer than a header can be"
+    if isinstance(line, EndOfFile) or not line.strip():
+        return "empty file"
+    try:
+        return parse_header(line)
+    except RecordError as exc:
+        return str(exc)
+
+
+def entries(
+    lines: RecordLines, header: JsonObject, problems: Problems
+) -> Iterator[tuple[SessionInfo, JsonObject]]:
+    """Every usable line from the first header on, with the session it belongs to (headers
+    included: each starts a session). A header of an unreadable version makes its session's
+    lines skipped (reported once)."""
+    session = SessionInfo(1, 1, header)
+    readable = True
+    yield session, header
+    while True:
+        raw = lines.read()
+        if isinstance(raw, EndOfFile):
+            return
+        if raw is None:
+            if readable:
+                problems.report(lines.number, f"longer than {MAX_LINE_BYTES} bytes")
+            continue
+        entry = read_line(raw)
+        if isinstance(entry, str):
+            if readable:
+                problems.report(lines.number, entry)
+            continue
+        if is_header(entry):
+            session = SessionInfo(session.number + 1, lines.number, entry)
+            try:
+                parse_header(raw)
+            except RecordError as exc:
+                problems.report(lines.number, f"session {session.number}: {exc}")
+                readable = False
+                continue
+            readable = True
+        elif not readable:
+            continue
+        yield session, entry
+
+
+def read_record(
+    stream: IO[bytes], *, follow: bool, problems: Problems
+) -> Iterator[tuple[SessionInfo, JsonObject]] | str:
+    """An iterator over the record's usable lines (see ``entries``), or why the file is not a
+    record (its first line is not a header)."""
+    lines = RecordLines(stream, follow=follow)
+    header = first_header(lines)
+    if isinstance(header, str):
+        return header
+    return entries(lines, header, problems)

@@ -1,0 +1,88 @@
+"""Socket addresses: ``tcp://HOST:PORT``, ``tcp://[IPV6]:PORT``, ``unix:///ABSOLUTE/PATH``.
+
+Contract: owns parsing the socket URLs of ``--listen``, ``--connect`` and ``--metrics`` into an
+``Address`` (with an error that says what would be valid), the loopback rule's test of an IP,
+and the exit codes of the socket modes. Pure: it never opens a socket or resolves a name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal
+
+EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
+EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
+_HELP = "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH"
+
+
+class AddressError(ValueError):
+    """A ``--listen`` / ``--connect`` URL that is not valid; the message says what would be."""
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A parsed socket URL: ``tcp`` with ``host``/``port``, or ``unix`` with ``path``."""
+
+    scheme: Literal["tcp", "unix"]
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+
+def parse_address(url: str, *, listen: bool) -> Address:
+    """Parse ``tcp://host:port``, ``tcp://[v6]:port`` or ``unix:///abs/path``.
+
+    Port 0 (an ephemeral port, logged once bound) is allowed only for ``listen``.
+    Raises ``AddressError``.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("tcp", "unix"):
+        raise AddressError(f"{url!r}: expected {_HELP}")
+    if scheme == "unix":
+        if not rest.startswith("/"):
+            raise AddressError(
+                f"{url!r}: a Unix socket path must be absolute (three slashes: "
+                f"unix:///run/acp.sock)"
+            )
+        if "\0" in rest:
+            raise AddressError(f"{url!r}: a Unix socket path cannot contain NUL")
+        return Address("unix", path=rest)
+    if "/" in rest or "?" in rest or "#" in rest:
+        raise AddressError(f"{url!r}: a tcp address has no path: expected tcp://HOST:PORT")
+    host, colon, port_text = rest.rpartition(":")
+    if host.startswith("["):
+        if not host.endswith("]") or len(host) < 3:
+            raise AddressError(f"{url!r}: expected tcp://[IPV6]:PORT")
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise AddressError(f"{url!r}: {host!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise AddressError(f"{url!r}: put an IPv6 address in brackets: tcp://[{host}]:PORT")
+    if not colon:
+        raise AddressError(f"{url!r}: missing :PORT (expected tcp://HOST:PORT)")
+    if not host:
+        raise AddressError(f"{url!r}: missing HOST (expected tcp://HOST:PORT)")
+    if not port_text.isdigit() or not (0 if listen else 1) <= int(port_text) <= 65535:
+        low = 0 if listen else 1
+        raise AddressError(f"{url!r}: the port must be a number from {low} to 65535")
+    return Address("tcp", host=host, port=int(port_text))
+
+
+def is_loopback_ip(text: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and their IPv4-mapped forms; False for anything else."""
+    try:
+        ip = ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback

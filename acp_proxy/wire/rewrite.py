@@ -1,0 +1,341 @@
+"""The rewrite engine: one parsed message through the middleware chain, and the bytes it leaves as.
+
+Contract: owns what happens to a message some middleware may act on: running the chain, the
+fused v2 annotation path (one fusable middleware answers a v2 update without building a
+message), and encoding the outcome losslessly (only the members that changed are encoded; the
+rest keeps the frame's bytes, ``rawsplice.splice``). Never re-encodes bytes nothing changed, never
+does I/O; request tracking and counters of frames in and out stay with the connection that
+calls it (``acp_proxy.wire.host.Host``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.wire import rawjson, rawsplice
+from acp_proxy.wire import scan as block_scan
+from acp_proxy.wire.chain import (
+    INTERNAL_ERROR,
+    Direction,
+    MiddlewareFailure,
+    Outcome,
+    error_response,
+)
+from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.host import Acc, Host
+from acp_proxy.wire.notes import (
+    Dropped,
+    MiddlewareFailed,
+    Note,
+    Result,
+    Rewritten,
+    SkippedV1,
+)
+from acp_proxy.wire.observe import frame_info, method_of, update_kind
+
+_UPDATE_PATH = ("params", "update")
+_PARAMS_PATH = ("params",)
+# With the C accelerator the fused path splices (``rawsplice.splice_member`` locates the member
+# in C); without it, it encodes canonical frames whole (see ``Rewriter.fused_bytes``).
+SPLICE_IN_C = getattr(block_scan.ACCELERATOR, "member_span", None)
+# Frames up to this size that are already exactly what orjson writes are re-encoded whole (one
+# C call); bigger ones are spliced, which costs about the same and skips the canonical check.
+_CANONICAL_CHECK_MAX = 64 * 1024
+_A2C = Direction.AGENT_TO_CLIENT
+
+
+def encode(value: JsonValue) -> bytes | None:
+    """Encode a value the proxy built; ``None`` when it is not JSON-serializable."""
+    try:
+        return rawjson.encode_value(value)
+    except rawjson.Unencodable:
+        return None
+
+
+class Rewriter:
+    """The chain and the fused path of one connection (``host``), applied to parsed messages."""
+
+    __slots__ = ("_fused", "_host", "chain", "stats")
+
+    def __init__(self, host: Host, fused: Any) -> None:
+        self._host = host
+        self.chain = host.chain
+        self.stats = host.stats
+        # One middleware that can answer v2 upserts without building a message (the rules
+        # middleware's ``fused_v2``, when its rules allow it): the annotation hot path. Whether
+        # to take it is the host's decision (``host._fused is not None``).
+        self._fused = fused
+
+    def single(
+        self,
+        direction: Direction,
+        raw: bytes,
+        message: JsonObject,
+        interested: tuple[bool, ...],
+        notes: tuple[Note, ...],
+    ) -> Result:
+        """A message on its own (not in a batch) that some link may act on; its request, if it
+        is one, has room in its table (the host checked)."""
+        host = self._host
+        version = host.version
+        inspect_all = host._inspect_all
+        if host._fused is not None and version == 2 and "id" not in message and not inspect_all:
+            fused = self.fused_frame(direction, raw, message, notes)
+            if fused is not None:
+                return fused
+        ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
+        outcome = self.chain.run(message, ctx, interested)
+        if (
+            outcome.changed
+            and len(outcome.messages) == 1
+            and not outcome.failures
+            and not outcome.replies
+            and not inspect_all
+        ):
+            # The annotation hot path: one message in, one changed message out.
+            out = outcome.messages[0]
+            try:
+                data = rewrite_bytes(raw, message, out)
+            except (rawjson.Unencodable, rawjson.Unparseable):
+                data = None
+            if data is not None:
+                self.stats.rewritten += 1
+                host._count_out(direction, 1)
+                if "id" in out:
+                    acc_notes = list(notes)
+                    host._track(direction, out, acc_notes, raw if out is message else None)
+                    notes = tuple(acc_notes)
+                # (No ``Rewritten`` note: only debug logging shows it, and debug means
+                # ``inspect_all``, which takes the general path below.)
+                return Result((OutFrame(data, out, version),), (), notes)
+        acc = Acc()
+        acc.notes.extend(notes)
+        self.report(message, outcome, acc.notes, inspect_all)
+        encoded = self.encode_outcome(raw, message, outcome, acc.notes) if outcome.changed else None
+        if encoded is None:  # unchanged (or unencodable: fail open)
+            acc.forward.append(OutFrame(raw, message, version))
+            host._track(direction, message, acc.notes, raw)
+        else:
+            for out, data in zip(outcome.messages, encoded, strict=True):
+                acc.forward.append(OutFrame(data, out, version))
+                host._track(direction, out, acc.notes, None)
+        if inspect_all:
+            acc.notes.append(
+                frame_info(direction, message, len(raw), outcome.changed_by, host._answers)
+            )
+        for reply in outcome.replies:
+            acc.reply.append(self.reply_frame(reply, raw, message))
+        host._count_out(direction, len(acc.forward))
+        return acc.result()
+
+    # --- the fused v2 path --------------------------------------------------------------------
+
+    def lane(self, direction: Direction, raw: bytes, max_parse: int) -> OutFrame | None:
+        """The fused lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
+        that starts with ``{"`` and holds no ``"id"``, on a v2 connection whose chain is one
+        fusable middleware, handled as the per-line path would (``Connection._single``,
+        ``single``, ``fused_frame``) with its steps that cannot change the outcome here left
+        out: the prefilter (without a needle of its rules, ``fused_v2`` leaves a message as it
+        is, which is what the per-line path does without parsing it), the parse budget check
+        (the frame is far below it), the tracker and the request bound (a notification).
+        ``None``: not such a frame after all (not parseable by orjson, not an object, an ``id``
+        behind an escape, or a case ``fused_v2`` leaves to the general path): the caller takes
+        the per-line path, which parses it again."""
+        if len(raw) * 33 > max_parse:
+            return None
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if type(message) is not dict or "id" in message:
+            return None
+        data = self.fused_bytes(direction, raw, message)
+        if data is None:
+            return None
+        stats = self.stats  # ``_count_passed(direction, 1)``, inline: once per annotated frame
+        if direction is _A2C:
+            stats.agent_to_client_in += 1
+            stats.agent_to_client_out += 1
+        else:
+            stats.client_to_agent_in += 1
+            stats.client_to_agent_out += 1
+        return OutFrame(data, message, self._host.version)
+
+    def fused_frame(
+        self, direction: Direction, raw: bytes, message: JsonObject, notes: tuple[Note, ...]
+    ) -> Result | None:
+        """``fused_bytes`` as the per-line path's ``Result``; ``None``: take the general path
+        (the message is as it was)."""
+        data = self.fused_bytes(direction, raw, message)
+        if data is None:
+            return None
+        host = self._host
+        host._count_out(direction, 1)
+        return Result((OutFrame(data, message, host.version),), (), notes)
+
+    def fused_bytes(self, direction: Direction, raw: bytes, message: JsonObject) -> bytes | None:
+        """The annotation hot path: a v2 `session/update` notification and a middleware with
+        ``fused_v2``. Only the new `_meta` members are built (the update's, for entity rules;
+        ``params._meta``, for message-target rules); they are set on the parsed message (which
+        no one else holds) and only their bytes are encoded into the frame: the whole message
+        when the frame is exactly what orjson writes (one C call), else spliced into ``raw``
+        (``rawsplice.splice_member``, one member after the other), the same bytes
+        ``rewrite_bytes`` gives. Returns the frame to forward (``raw`` itself when the rules
+        leave the message as it is); ``None``: take the general path (the message is as it
+        was)."""
+        try:
+            got = self._fused(message, direction)
+        except Exception:  # the general path runs the middleware and reports the failure
+            return None
+        if got is None:
+            return None
+        if got is OMITTED:
+            return raw
+        # (path to the object, the object, the new value of its ``_meta``)
+        edits: list[tuple[tuple[str, ...], JsonObject, JsonValue]] = []
+        if got.update_meta is not OMITTED:
+            edits.append((_UPDATE_PATH, got.update, got.update_meta))
+        if got.params_meta is not OMITTED:
+            edits.append((_PARAMS_PATH, got.params, got.params_meta))
+        if SPLICE_IN_C is None and canonical(raw, message):
+            # Without the C accelerator, encoding a canonical frame whole (one C call) beats the
+            # splice's Python scan; with it, the splice (one C call per member) is cheaper still:
+            # it encodes only the new members and compares nothing.
+            for _, holder, new in edits:
+                holder["_meta"] = new
+            # ``orjson.dumps`` directly, not ``rawjson.encode_value`` (which walks the whole
+            # message for NaN whenever the output holds a ``null``), and it cannot fail: orjson
+            # just wrote the message as ``raw`` (``canonical``), so it holds nothing orjson
+            # refuses and no NaN, and the fused table only takes rule values that orjson writes
+            # back exactly (``rules._writes_back``).
+            data = orjson.dumps(message)
+        else:
+            data = raw
+            try:
+                for path, holder, new in edits:
+                    present = "_meta" in holder
+                    old_value = holder.get("_meta")
+                    data = rawsplice.splice_member(
+                        data, path, "_meta", old_value, new, present=present
+                    )
+            except (rawjson.Unparseable, rawjson.Unencodable):
+                return None
+            for _, holder, new in edits:
+                holder["_meta"] = new
+        self.stats.rewritten += 1
+        return data
+
+    # --- outcomes -----------------------------------------------------------------------------
+
+    def encode_outcome(
+        self, raw: bytes, message: JsonObject, outcome: Outcome, notes: list[Note]
+    ) -> list[bytes] | None:
+        """The bytes of each message of a changed outcome, each spliced into the original's bytes
+        (only what changed is encoded); ``None`` (and a failure note) when one is not JSON, in
+        which case the original goes on (fail-open)."""
+        encoded = []
+        for out in outcome.messages:
+            try:
+                encoded.append(rewrite_bytes(raw, message, out))
+            except (rawjson.Unencodable, rawjson.Unparseable):
+                culprit = outcome.changed_by[-1] if outcome.changed_by else "middleware"
+                notes.append(MiddlewareFailed(_unencodable(culprit)))
+                self.stats.middleware_failures += 1
+                return None
+        return encoded
+
+    def report(
+        self, message: JsonObject, outcome: Outcome, notes: list[Note], inspect_all: bool
+    ) -> None:
+        """The notes and counters of an outcome: failures, a drop, a rewrite; with
+        ``inspect_all``, the debug notes (``Rewritten``, ``SkippedV1``)."""
+        stats = self.stats
+        for failure in outcome.failures:
+            notes.append(MiddlewareFailed(failure))
+        stats.middleware_failures += len(outcome.failures)
+        if outcome.dropped_by is not None:
+            notes.append(Dropped(method_of(message), outcome.dropped_by))
+            stats.dropped += 1
+        if outcome.changed and outcome.changed_by and outcome.messages:
+            if inspect_all:  # a debug-log note: built only when debug logging is on
+                notes.append(
+                    Rewritten(method_of(message), outcome.changed_by, len(outcome.messages))
+                )
+            stats.rewritten += 1
+        if outcome.skipped and inspect_all:
+            notes.append(SkippedV1(method_of(message), update_kind(message), outcome.skipped))
+
+    def reply_frame(
+        self, message: JsonObject, raw: bytes | None = None, request: JsonObject | None = None
+    ) -> OutFrame:
+        """A frame back to the sender of ``request`` (whose bytes are ``raw``): what it shares
+        with the request (its id) keeps the request's bytes."""
+        encoded = reply_bytes(message, raw, request)
+        self.stats.replies += 1
+        if "error" in message:
+            self.stats.errors_replied += 1
+        return OutFrame(encoded, message, self._host.version)
+
+
+def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | None) -> bytes:
+    """The bytes of a middleware's reply to ``request`` (whose bytes are ``raw``); a -32603
+    error for the request when the reply is not JSON."""
+    encoded: bytes | None
+    try:
+        if raw is not None and request is not None:
+            encoded = rawsplice.splice(raw, request, message)
+        else:
+            encoded = rawjson.encode_value(message)
+    except (rawjson.Unencodable, rawjson.Unparseable):
+        encoded = None
+    if encoded is None:  # a middleware's reply that is not JSON: an error for the request
+        rid = request.get("id") if request is not None else None
+        error = error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
+        try:  # the id keeps the request's bytes, as every reply's does
+            if raw is not None and request is not None:
+                return rawsplice.splice(raw, request, error)
+            return rawjson.encode_value(error)
+        except (rawjson.Unencodable, rawjson.Unparseable):
+            encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
+    return encoded
+
+
+def rewrite_bytes(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
+    """The bytes of ``out``, a middleware's version of ``original`` (the parse of ``raw``).
+
+    Lossless rewriting: only the members that changed are encoded; everything else keeps
+    ``raw``'s bytes (``rawsplice.splice``). Fast path: a frame that is already exactly what orjson
+    writes for its value (compact, no escapes, every number in orjson's own spelling) gives the
+    same bytes as the splice when ``out`` is encoded whole, at a fraction of the cost.
+    Raises ``rawjson.Unencodable`` for a changed value that is not JSON.
+    """
+    if out is original:
+        # The middleware changed the message in place (the interface forbids it) and returned
+        # it: compare against a fresh parse, so the change is not mistaken for "unchanged".
+        fresh = rawjson.loads(raw)
+        assert isinstance(fresh, dict)
+        original = fresh
+    if canonical(raw, original):
+        return rawjson.encode_value(out)
+    return rawsplice.splice(raw, original, out)
+
+
+def canonical(raw: bytes, value: JsonObject) -> bool:
+    """``raw`` is exactly what orjson writes for ``value`` (compact, no escapes, every number in
+    orjson's spelling), so encoding a changed ``value`` whole gives the splice's bytes. Checked
+    only up to ``_CANONICAL_CHECK_MAX``: bigger frames are spliced, which costs about the same."""
+    if len(raw) > _CANONICAL_CHECK_MAX:
+        return False
+    try:
+        return orjson.dumps(value) == raw
+    except TypeError:  # an integer beyond 64 bits or a lone surrogate: not canonical
+        return False
+
+
+def _unencodable(name: str) -> MiddlewareFailure:
+    return MiddlewareFailure(
+        name, "TypeError: the middleware's message is not JSON-serializable", False
+    )
