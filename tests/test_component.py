@@ -487,3 +487,28 @@ async def test_a_conductor_that_reads_slowly_gets_every_line_whole() -> None:
             )
     rc, _ = await comp.close()
     assert rc == 0
+
+
+async def test_metrics_count_the_inner_messages() -> None:
+    """--metrics in a component: the frames, rewrites and negotiated version of the inner
+    messages, in each direction as standalone."""
+    from telemetry_harness import LogReader, scrape, value
+
+    args = ["--log-format", "json", "--config", str(ANNOTATE), "--metrics", "tcp://127.0.0.1:0"]
+    process = await anyio.open_process([*COMPONENT, *args], env=proxy_env(), cwd=str(REPO))
+    comp = Component(process)
+    assert process.stderr is not None
+    log = LogReader(process.stderr)
+    address = (await log.event("serving metrics"))["address"]
+    await handshake(comp, "official")
+    update = b'{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c"}}'
+    await comp.send(wrapped("official", None, b"session/update", update))
+    await comp.line()
+    samples = await scrape(address)
+    assert value(samples, "acp_proxy_frames_total", direction="client_to_agent") == 1
+    assert value(samples, "acp_proxy_frames_total", direction="agent_to_client") == 2
+    assert value(samples, "acp_proxy_rewritten_total", rule="rules:edge-route") == 1
+    assert process.stdin is not None
+    await process.stdin.aclose()
+    with anyio.fail_after(TIMEOUT):
+        assert await process.wait() == 0
