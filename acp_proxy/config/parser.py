@@ -68,6 +68,7 @@ from acp_proxy.config.schema import (
     Setting,
 )
 from acp_proxy.jsontypes import JsonValue
+from acp_proxy.record.patterns import backtracking_risk
 from acp_proxy.wire.chain import BaseMiddleware, Middleware
 
 
@@ -266,6 +267,17 @@ class _Parser:
                     raise self.error(
                         item, f"{path}[{i}]", f"not a regular expression: {exc}"
                     ) from None
+                risk = backtracking_risk(value)
+                if risk is not None:
+                    # It would run on every string of every frame: refused now, not found
+                    # when one frame stalls the session.
+                    raise self.error(
+                        item,
+                        f"{path}[{i}]",
+                        f"a pattern whose matching time can explode on some text: {risk}; "
+                        "rewrite it (a literal prefix, then one character class, as the "
+                        "defaults do)",
+                    )
             out.append(value)
         return tuple(out)
 
