@@ -1,4 +1,4 @@
-"""Issue 14, config and CLI quality: every error at once, YAML errors in plain words,
+"""Config and CLI quality: every error at once, YAML errors in plain words,
 check-config refuses what the run refuses, CLI niceties, and the JSON schema / README table
 generated from the one declarative description of the settings (``config.SETTINGS``)."""
 
@@ -27,6 +27,8 @@ from acp_proxy.config import (
     ConfigError,
     Kind,
     TracingConfig,
+    UiConfig,
+    checks_text,
     json_schema,
     parse_config,
     settings_table,
@@ -385,6 +387,15 @@ BAD = [
     ("zero-timeout", "connect_timeout: 0\n"),
     ("bad-address", "listen: localhost:7777\n"),
     ("string-bool", "allow_remote: yes please\n"),
+    # Checks across keys that the JSON Schema says too (from config.checks):
+    (
+        "update-with-a-method-that-carries-none",
+        "rules:\n  - match: {method: fs/read_text_file, update: upserts}\n    set_meta: {a/b: 1}\n",
+    ),
+    (
+        "builtin-rules-with-options",
+        "rules:\n  - set_meta: {a/b: 1}\nmiddleware:\n  - use: rules\n    with: {x: 1}\n",
+    ),
 ]
 
 
@@ -406,6 +417,13 @@ def test_docs_settings_table_is_generated() -> None:
     start = readme.index("## Settings\n\n") + len("## Settings\n\n")
     end = readme.index("\n\n", start)
     assert readme[start:end] == settings_table()
+
+
+def test_docs_list_the_checks_across_keys() -> None:
+    """The checks across keys are declared once (config.checks): the docs' list is theirs."""
+    doc = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    start = doc.index("\n\n", doc.index("**Checked across keys**")) + 2
+    assert doc[start : doc.index("\n\n", start)] == checks_text()
 
 
 def test_docs_rules_table_lists_the_rule_keys() -> None:
@@ -434,7 +452,7 @@ def test_every_config_field_is_declared() -> None:
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
     internal = {
         *("source", "middleware", "rule_names", "rules", "lines"),
-        *("agent", "coalesce", "tracing", "record"),
+        *("agent", "coalesce", "tracing", "record", "ui"),
     }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
     for section, cls in (
@@ -442,6 +460,7 @@ def test_every_config_field_is_declared() -> None:
         ("coalesce", CoalesceConfig),
         ("record", RecordConfig),
         ("tracing", TracingConfig),
+        ("ui", UiConfig),
     ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}

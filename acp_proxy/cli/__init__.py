@@ -83,6 +83,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.cli.commands import schema
 
         return schema(args_in[1:])
+    if args_in[:1] == ["ui"] or (args_in[:1] == ["show"] and "--web" in args_in):
+        from acp_proxy.shell import ui_command  # the live view: imported only when asked for
+
+        return ui_command.main([a for a in args_in[1:] if a != "--web"])
     if args_in[:1] == ["show"]:
         from acp_proxy.shell import show
 
@@ -155,6 +159,18 @@ def _main(argv: Sequence[str] | None) -> int:
         config = dataclasses.replace(
             config, record=dataclasses.replace(config.record, path=args.record)
         )
+    if args.ui is not None:
+        config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, address=args.ui))
+    if args.ui_allow_remote:
+        config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, allow_remote=True))
+    if config.ui.address is not None:
+        from acp_proxy.shell.sockets.address import AddressError, parse_address
+
+        try:
+            if parse_address(config.ui.address, listen=True).scheme != "tcp":
+                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+        except AddressError as exc:
+            usage_error(parser, f"--ui: {exc}")
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
         usage_error(

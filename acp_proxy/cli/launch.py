@@ -50,14 +50,15 @@ def starts_early(config: Config) -> bool:
     else can still refuse. With ``--record``, only when the record file can be opened now (one
     that cannot refuses the session before the agent runs; the runtime opens it again, and
     should that fail after all, the agent it never took is killed with the proxy's other
-    leftovers). Not with ``--metrics`` (its address is bound first) or tracing (its exporter is
-    set up first), nor on sockets (``--listen`` starts an agent per client, ``--connect``
-    none)."""
+    leftovers). Not with ``--metrics`` or ``--ui`` (their address is bound first) or tracing
+    (its exporter is set up first), nor on sockets (``--listen`` starts an agent per client,
+    ``--connect`` none)."""
     return (
         config.listen is None
         and config.connect is None
         and (config.record.path is None or can_record(config.record.path))
         and config.metrics is None
+        and config.ui.address is None
         and not config.tracing.enabled
     )
 
@@ -87,6 +88,11 @@ def with_telemetry(
         # middleware sent.
         config = with_trace_context(config)
         run = (run_with_tracing, config.tracing, main, config, *rest)
+    if config.ui.address is not None:
+        # The live view (imported only when on): its tap joins the metrics' and tracing's.
+        from acp_proxy.shell.ui_server import run_with_ui
+
+        run = (run_with_ui, config.ui, config.record, *run)
     if config.metrics is not None:
         from acp_proxy.shell.telemetry import run_with_metrics
 

@@ -194,6 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
         "metrics; --allow-remote does not cover it)",
     )
+    telemetry.add_argument(
+        "--ui",
+        metavar="URL",
+        help="serve the live view (a web page of the session's frames and entities, and its "
+        "event stream) at URL, e.g. tcp://127.0.0.1:0; prints its address with an access "
+        "token to stderr (loopback only unless --ui-allow-remote)",
+    )
+    telemetry.add_argument(
+        "--ui-allow-remote",
+        action="store_true",
+        default=None,
+        help="let --ui bind a non-loopback address (its token still guards every request; "
+        "--allow-remote does not cover it)",
+    )
     return parser
 
 
@@ -266,7 +280,7 @@ def socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
@@ -303,11 +317,13 @@ _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--listen": ("listen", None),
     "--connect": ("connect", None),
     "--metrics": ("metrics", None),
+    "--ui": ("ui", None),
 }
 _FAST_FLAGS = {
     "--log-frames": "log_frames",
     "--allow-remote": "allow_remote",
     "--metrics-allow-remote": "metrics_allow_remote",
+    "--ui-allow-remote": "ui_allow_remote",
 }
 # build_parser's defaults, one per destination.
 DEFAULTS: dict[str, object] = {
@@ -327,6 +343,8 @@ DEFAULTS: dict[str, object] = {
     "handshake_timeout": None,
     "metrics": None,
     "metrics_allow_remote": None,
+    "ui": None,
+    "ui_allow_remote": None,
 }
 
 

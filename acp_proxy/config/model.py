@@ -85,6 +85,19 @@ class TracingConfig:
 
 
 @value
+class UiConfig:
+    """The live view (``--ui``): where it is served and its bounds (docs/live-view.md)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    address: str | None = None  # tcp://HOST:PORT; None: off (the command line's --ui wins)
+    allow_remote: bool = False  # a non-loopback address (--ui-allow-remote)
+    history_bytes: int = 64 * 1024 * 1024  # events held for replay; the oldest go first
+    observer_bytes: int = 8 * 1024 * 1024  # one observer's queue; past it, cut off
+    max_observers: int = 64  # subscriptions at once
+
+
+@value
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -124,6 +137,7 @@ class Config:
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
+    ui: UiConfig = field(default_factory=UiConfig)  # the live view
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The line of each top-level key the file sets (for check-config's run checks).

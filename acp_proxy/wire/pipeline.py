@@ -310,24 +310,36 @@ class Connection:
             self.stats.client_to_agent_in += n
             self.stats.client_to_agent_out += n
 
-    def abort_pending(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
-        """One -32603 error response (``message``) per client request still awaiting the agent.
+    def abort_pending(
+        self, message: str, data: bytes | None = None
+    ) -> Iterator[tuple[OutFrame, ...]]:
+        """One -32603 error response (``message`` " during " the request's method, ``data`` as
+        its ``error.data``) per client request still awaiting the agent.
 
         For when the agent is gone: every client request still awaiting a response gets a
-        JSON-RPC error response (code -32603, ``message`` naming the exit status). The requests
+        JSON-RPC error response (code -32603, ``message`` naming the exit status, e.g. "agent
+        exited with status 1 during initialize"). The requests
         are no longer tracked from the call on; their responses are built lazily, in chunks of
         ``ABORT_CHUNK`` in arrival order, as the caller iterates (bounded memory: 400,000
         responses built at once took 1.9 GB), so the shell writes each chunk before the next.
         """
-        return self._abort(_C2A, message)
+        return self._abort(_C2A, message, data)
 
     def abort_agent_requests(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response per agent request still awaiting the client (client gone),
         lazily in chunks like ``abort_pending``."""
-        return self._abort(_A2C, message)
+        return self._abort(_A2C, message, name_method=False)
 
-    def _abort(self, direction: Direction, message: str) -> Iterator[tuple[OutFrame, ...]]:
-        chunks = self._tracker.abort(direction, message)  # detached now, built lazily
+    def _abort(
+        self,
+        direction: Direction,
+        message: str,
+        data: bytes | None = None,
+        *,
+        name_method: bool = True,
+    ) -> Iterator[tuple[OutFrame, ...]]:
+        # Detached now, built lazily.
+        chunks = self._tracker.abort(direction, message, data, name_method=name_method)
         version, stats = self.version, self.stats
 
         def frames() -> Iterator[tuple[OutFrame, ...]]:
@@ -529,7 +541,7 @@ class Connection:
         if not self._tracker.full(direction):
             return None
         rid = message["id"]
-        if not is_id(rid) or self._tracker.knows(direction, rid):
+        if not is_id(rid):  # a repeated id needs room too: it waits beside the first
             return None
         try:
             id_bytes = rawscan.id_bytes(raw) or b"null"
@@ -539,6 +551,19 @@ class Connection:
 
     def _negotiate(self, response: JsonObject, notes: list[Note]) -> None:
         version = negotiated_version(response, notes)
+        if self.version is not None and version is not None:
+            # A second initialize (a client bug, or a client that starts over) is forwarded
+            # and answered as the agent decides, but the session's version stays the one the
+            # first negotiated: the rules and patches of one protocol never switch to another
+            # mid-session.
+            notes.append(
+                UnusualVersion(
+                    str(version),
+                    f"a second initialize answered: the session keeps version {self.version}, "
+                    "negotiated first",
+                )
+            )
+            return
         if version is not None and version != self.version:
             self.version = version
             self._set_contexts()

@@ -1,0 +1,395 @@
+"""``--ui`` and ``acp-proxy ui``: the live view's HTTP server on the proxy's own event loop.
+
+Contract: owns the listener of the live view and what it answers; never writes to a session
+(there is no route that could: every request is a ``GET``). Every request passes the checks of
+``acp_proxy.ui.security`` first (token, Host, Origin, method). Routes:
+
+- ``/`` the page (one self-contained HTML file shipped in the package);
+- ``/events`` the observer stream (Server-Sent Events, ``acp_proxy.ui.events``): a replay of
+  what the server holds (``?since=SEQ``, or the ``Last-Event-ID`` a reconnecting EventSource
+  sends; ``?since=now``: new events only), then every new event;
+- ``/history?since=SEQ`` the same replay as one JSON Lines body (what the page loads first);
+- ``/api/sessions`` and ``/api/entities?conn=N`` (the entity panel, ``acp_proxy.ui.entities``);
+- ``/export?conn=N&format=record|zed`` a session as a record file or as Zed's "Copy All
+  Messages" JSON.
+
+Why Server-Sent Events rather than a WebSocket: the stream is one-way by construction (an
+observer cannot send anything on it, so "read-only" needs no enforcement code), it is plain
+HTTP that ``curl -N`` reads, EventSource reconnects by itself and resumes from ``Last-Event-ID``,
+and there is no framing, masking or upgrade to implement.
+"""
+
+from __future__ import annotations
+
+import errno
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any, Final
+
+import anyio
+import orjson
+
+from acp_proxy.config.model import UiConfig
+from acp_proxy.record.settings import RecordConfig
+from acp_proxy.shell import hooks
+from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.shell.ui_hub import HubLimits, Observer, UiHub, sse_chunk
+from acp_proxy.ui import events, export, security
+
+MAX_HEAD: Final = 8 * 1024
+HEAD_TIMEOUT_S: Final = 10.0
+MAX_CLIENTS: Final = 128  # requests and subscriptions at once; more wait in the backlog
+KEEPALIVE_S: Final = 15.0  # an SSE comment this often: a dead observer is noticed
+FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)
+CUTOFF_SEND_S: Final = 1.0  # how long a cut-off observer gets to read why
+SEND_TIMEOUT_S: Final = 30.0  # a write that makes no progress this long ends the observer
+
+# What a non-loopback live view exposes, and its own consent (refusal's advice).
+UI_EXPOSURE: Final = (
+    "anyone who has its URL (with the token) can read the session",
+    "pass --ui-allow-remote (ui.allow_remote: true in the config) to serve it there",
+)
+RECORDS_EXPOSURE: Final = (
+    "anyone who has its URL (with the token) can read the records",
+    "pass --allow-remote to serve them there",
+)
+_STATUS: Final = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    421: "Misdirected Request",
+    503: "Service Unavailable",
+}
+# The page talks only to its own origin; no frame may embed it; the token never leaves in a
+# Referer.
+_SECURITY_HEADERS: Final = (
+    "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'\r\n"
+    "X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\n"
+    "Referrer-Policy: no-referrer\r\nCache-Control: no-store\r\n"
+)
+
+
+def page_bytes() -> bytes:
+    """The page (package data: ``acp_proxy/ui/page.html``)."""
+    return (resources.files("acp_proxy.ui") / "page.html").read_bytes()
+
+
+def _response(status: int, ctype: str, body: bytes, extra: str = "") -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {_STATUS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\n{_SECURITY_HEADERS}{extra}Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def _text(status: int, text: str) -> bytes:
+    return _response(status, "text/plain; charset=utf-8", (text + "\n").encode())
+
+
+class UiServer:
+    """Answers the live view's requests for one hub on bound sockets."""
+
+    def __init__(
+        self,
+        hub: UiHub,
+        *,
+        token: str,
+        port: int,
+        names: Sequence[str],
+        allow_remote: bool,
+    ) -> None:
+        self.hub = hub
+        self.token = token
+        self.port = port
+        self.names = tuple(names)
+        self.allow_remote = allow_remote
+        self.page = page_bytes()
+        self.refused = 0  # requests refused by the checks
+        self.cut_off: list[str] = []  # why observers were cut off (the last 100)
+
+    async def serve(self, sock: socket.socket) -> None:
+        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled."""
+        slots = anyio.Semaphore(MAX_CLIENTS)
+        async with anyio.create_task_group() as tg:
+            while True:
+                await slots.acquire()
+                while True:
+                    try:
+                        client, _ = sock.accept()
+                        break
+                    except BlockingIOError:
+                        await anyio.wait_readable(sock)
+                    except OSError as exc:
+                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
+                            continue
+                        await anyio.sleep(0.1)  # out of descriptors: the sessions come first
+                tg.start_soon(self._client, client, slots)
+
+    async def _client(self, client: socket.socket, slots: anyio.Semaphore) -> None:
+        stream = SocketStream(client)
+        try:
+            head = b""
+            with anyio.move_on_after(HEAD_TIMEOUT_S):
+                while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
+                    try:
+                        head += await stream.receive(MAX_HEAD)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+            request = security.parse_head(head)
+            if request is None:
+                await close_with(stream, _text(400, "bad request"))
+                return
+            refused = security.refusal(
+                request,
+                token=self.token,
+                port=self.port,
+                names=self.names,
+                allow_remote=self.allow_remote,
+            )
+            if refused is not None:
+                self.refused += 1
+                await close_with(stream, _text(refused.status, refused.reason))
+                return
+            if request.path == "/events" and request.method == "GET":
+                await self._events(stream, request)
+                return
+            response = self.respond(request)
+            if request.method == "HEAD":
+                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+            await close_with(stream, response)
+        finally:
+            slots.release()
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    def respond(self, request: security.Request) -> bytes:
+        """The whole response to a request that is not a subscription."""
+        path = request.path
+        if path in ("/", "/index.html"):
+            return _response(200, "text/html; charset=utf-8", self.page)
+        if path == "/api/sessions":
+            sessions = [
+                {"conn": s.conn, "header": s.header, "ended": s.ended}
+                for s in self.hub.sessions.values()
+            ]
+            return _response(200, "application/json", orjson.dumps({"sessions": sessions}))
+        if path == "/history":
+            # The replay as one JSON Lines body (a page loads it in one request, then
+            # subscribes to /events?since=<the last seq>): much faster than one message each.
+            since = _int(request.query.get("since")) or 0
+            chunks, missing = self.hub.replay(since)
+            lines = [orjson.dumps(events.hello(self.hub.mode, self.hub.builder.head))]
+            if missing:
+                lines.append(orjson.dumps({"event": "truncated", "lost": missing}))
+            body = b"\n".join([*lines, *(_data(chunk) for chunk in chunks)]) + b"\n"
+            return _response(200, "application/x-ndjson", body)
+        conn = _int(request.query.get("conn"))
+        if path == "/api/entities":
+            session = self.hub.sessions.get(conn) if conn is not None else None
+            if session is None:
+                return _text(404, "no such session (conn=N: see /api/sessions)")
+            return _response(200, "application/json", orjson.dumps(session.view.snapshot()))
+        if path == "/export":
+            session = self.hub.sessions.get(conn) if conn is not None else None
+            if session is None:
+                return _text(404, "no such session (conn=N: see /api/sessions)")
+            held = list(self.hub.events(session.conn))
+            if request.query.get("format") == "zed":
+                return _response(200, "application/json", export.zed_json(held))
+            body = export.record_lines(held, session.header)
+            disposition = f'Content-Disposition: attachment; filename="session-{conn}.jsonl"\r\n'
+            return _response(200, "application/x-ndjson", body, disposition)
+        return _text(
+            404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
+        )
+
+    async def _stream(self, stream: SocketStream, observer: Observer, first: list[bytes]) -> None:
+        """The head, the replay (in slices, never one huge buffer), then each new batch, until
+        the observer is cut off (which cancels this) or goes away."""
+        for i in range(0, len(first), 512):
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await stream.send(b"".join(first[i : i + 512]))
+        while observer.cut is None:
+            with anyio.move_on_after(KEEPALIVE_S):
+                await observer.wake.wait()
+            if observer.cut is not None:
+                return
+            data = observer.take() or b": keepalive\n\n"
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await stream.send(data)
+            await anyio.sleep(FLUSH_INTERVAL_S)
+
+    async def _events(self, stream: SocketStream, request: security.Request) -> None:
+        hub = self.hub
+        since_text = request.query.get("since") or request.headers.get("last-event-id") or "0"
+        since = hub.builder.head if since_text == "now" else (_int(since_text) or 0)
+        observer = hub.subscribe()
+        if observer is None:
+            await close_with(stream, _text(503, f"too many observers ({hub.max_observers})"))
+            return
+        try:
+            replay, missing = hub.replay(since)
+            head = (
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+                f"{_SECURITY_HEADERS}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1")
+            first = [head, b"retry: 2000\n\n"]
+            first.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
+            if missing:
+                notice = {"event": "truncated", "lost": missing}
+                first.append(sse_chunk(None, orjson.dumps(notice)))
+            with anyio.CancelScope() as observer.scope:
+                await self._stream(stream, observer, [*first, *replay])
+            if observer.cut is not None:
+                self.cut_off = [*self.cut_off[-99:], observer.cut]
+                # Told why, if it reads within CUTOFF_SEND_S; then closed either way.
+                notice = {"event": "cutoff", "reason": observer.cut}
+                with anyio.move_on_after(CUTOFF_SEND_S):
+                    # (after a blank line: a write cut short leaves no half event before it)
+                    await stream.send(b"\n\n" + sse_chunk(None, orjson.dumps(notice)))
+        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            hub.unsubscribe(observer)
+
+
+def _data(chunk: bytes) -> bytes:
+    """The JSON of one SSE chunk (``id: N\ndata: JSON\n\n``)."""
+    return chunk[chunk.index(b"data: ") + 6 : -2]
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or not text.isdigit():
+        return None
+    return int(text)
+
+
+def token_url(host: str, port: int, token: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/?token={token}"
+
+
+async def _serving(
+    url: str, allow_remote: bool, hub: UiHub, *, what: str, exposure: tuple[str, str]
+) -> tuple[Any, UiServer] | int:
+    """Bind ``url`` and make the server (or the exit code of a refusal)."""
+    log = get_logger()
+    try:
+        address = parse_address(url, listen=True)
+        if address.scheme != "tcp":
+            raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+        listener = await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=exposure
+        )
+    except AddressError as exc:
+        print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        say_fatal(log, "cannot serve the live view", f"--ui: {exc}")
+        return exc.exit_code
+    token = secrets.token_urlsafe(32)
+    host = listener.address.host
+    names = [host]
+    if allow_remote:
+        names.append(socket.gethostname())
+    server = UiServer(
+        hub, token=token, port=listener.address.port, names=names, allow_remote=allow_remote
+    )
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    link = token_url(shown_host, listener.address.port, token)
+    print(f"acp-proxy: {what} at {link}", file=sys.stderr, flush=True)
+    log.info("serving the live view", url=link)
+    return listener, server
+
+
+async def run_with_ui(
+    settings: UiConfig,
+    record: RecordConfig,
+    main: Callable[..., Awaitable[int]],
+    *args: Any,
+) -> int:
+    """Serve the live view at ``settings.address`` while ``main(*args)`` runs; returns its
+    exit code. The listener is bound before ``main`` starts; a refusal exits before anything
+    is spawned. What it shows is redacted by the ``record:`` settings' rules."""
+    from acp_proxy.shell.recorder import build_redactor
+
+    limits = HubLimits(settings.history_bytes, settings.observer_bytes, settings.max_observers)
+    hub = UiHub(mode="live", redactor=build_redactor(record), limits=limits)
+    assert settings.address is not None
+    made = await _serving(
+        settings.address, settings.allow_remote, hub, what="live view", exposure=UI_EXPOSURE
+    )
+    if isinstance(made, int):
+        return made
+    listener, server = made
+    hooks.install(hub)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hub.run)
+            for sock in listener.sockets:
+                tg.start_soon(server.serve, sock)
+            code = await main(*args)
+            hub.drain()
+            hub.close("the proxy is exiting")
+            with anyio.move_on_after(CUTOFF_SEND_S):
+                while hub.observers:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    finally:
+        hooks.uninstall(hub)
+        listener.close()
+    return code
+
+
+async def serve_records(
+    paths: Sequence[str], url: str, allow_remote: bool, limits: HubLimits
+) -> int:
+    """``acp-proxy ui FILE...``: serve the recorded sessions until interrupted."""
+    from acp_proxy.record.format import RecordError, parse_header, parse_line
+
+    hub = UiHub(mode="records", limits=limits)
+    for path in paths:
+        try:
+            with open(path, "rb") as file:
+                first = file.readline()
+                header = parse_header(first)
+                conn = hub.open_session(dict(header))
+                for raw in file:
+                    line = parse_line(raw)
+                    if line is not None:
+                        hub.add_line(conn, line)
+        except (OSError, RecordError) as exc:
+            print(f"acp-proxy: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 2
+    made = await _serving(
+        url, allow_remote, hub, what=f"{len(paths)} record(s)", exposure=RECORDS_EXPOSURE
+    )
+    if isinstance(made, int):
+        return made
+    listener, server = made
+    try:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tg:
+                for sock in listener.sockets:
+                    tg.start_soon(server.serve, sock)
+                async for _ in signals:
+                    break
+                hub.close("the server is exiting")
+                with anyio.move_on_after(CUTOFF_SEND_S):
+                    while hub.observers:
+                        await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+    finally:
+        listener.close()
+    return 0

@@ -1,0 +1,222 @@
+"""The entity panel's model: every tool call, message, terminal and plan of a session as its
+client stores it, with the history of its ``_meta`` key by key.
+
+Contract: owns the per-session view the page's entity panel shows. It feeds what the client
+received (a frame's ``sent`` frames, else the frame itself) to the project's ``ClientModel``
+(``acp_proxy.meta.state``, the statement of a receiver's rules), so the state shown is exactly
+the state a client holds; beside it, it keeps each entity's metadata updates in order: a key set,
+a key removed (RFD v2 Metadata Patches: "a key set to null is removed"), a clear (``_meta:
+null``: "clears all stored metadata"), and which of them the proxy wrote rather than the agent
+(a key the agent's frame did not carry with that value, or a follow-up frame the proxy
+inserted), with the rules that changed the frame. Pure; bounded: ``MAX_ENTITIES`` entities per
+session and ``MAX_HISTORY`` updates per entity (older updates are counted, not kept).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue, get_field
+from acp_proxy.meta.registry import EntityKey, entity_key, find_upsert
+from acp_proxy.meta.state import ClientModel
+from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, sent_bytes
+from acp_proxy.ui.events import parse_frame
+
+MAX_ENTITIES: Final = 5000
+MAX_HISTORY: Final = 200
+DEFAULT_VERSION: Final = 2
+# Stands for "the proxy wrote all of it" where the agent's own patch would be.
+_PROXY: Final = object()
+
+
+@dataclass(slots=True)
+class _Tracked:
+    kind: str
+    session: str | None
+    ident: str | None
+    first_seq: int
+    last_seq: int = 0
+    history: deque[JsonObject] = field(default_factory=lambda: deque(maxlen=MAX_HISTORY))
+    dropped: int = 0  # updates older than the history kept
+    injected: dict[str, list[str]] = field(default_factory=dict)  # key -> rules, as stored now
+
+
+def _messages(value: JsonValue) -> list[JsonObject]:
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list):
+        return [m for m in value if isinstance(m, dict)]
+    return []
+
+
+def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
+    """The `_meta` update the agent's own frame carried for each entity it upserts."""
+    out: dict[EntityKey, Field] = {}
+    for message in _messages(raw):
+        site = find_upsert(message, version)
+        if site is not None and site.entity not in out:
+            out[site.entity] = get_field(site.obj, "_meta")
+    return out
+
+
+class EntityView:
+    """One session's entities (see the module docstring)."""
+
+    __slots__ = ("_model", "_order", "_tracked", "version")
+
+    def __init__(self) -> None:
+        self.version = DEFAULT_VERSION
+        self._model: ClientModel | None = None
+        self._tracked: dict[EntityKey, _Tracked] = {}
+        self._order: deque[EntityKey] = deque()
+
+    def set_version(self, version: object) -> None:
+        """The negotiated protocol version (a ``version`` event); only 1 and 2 are modelled."""
+        if version in (1, 2) and self._model is None:
+            assert isinstance(version, int)
+            self.version = version
+
+    def feed(self, event: JsonObject) -> None:
+        """Apply one stream event (frames toward the client change the client's state)."""
+        if event.get("event") == "version":
+            self.set_version(event.get("protocolVersion"))
+            return
+        if event.get("dir") != AGENT_TO_CLIENT or event.get("kind", "message") != "message":
+            return
+        seq = event.get("seq")
+        seq = seq if isinstance(seq, int) else 0
+        sent = event.get("sent")
+        raw = parse_frame(frame_bytes(event))
+        delivered = [parse_frame(sent_bytes(s)) for s in sent] if isinstance(sent, list) else [raw]
+        generated = event.get("generated") is True
+        names = event.get("changed_by")
+        changed_by = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+        if self._model is None:
+            self._model = ClientModel(self.version)
+        originals = {} if generated else _agent_patches(raw, self.version)
+        for value in delivered:
+            for message in _messages(value):
+                self._apply(message, seq, originals, changed_by, proxy_wrote=generated)
+
+    def _apply(
+        self,
+        message: JsonObject,
+        seq: int,
+        originals: dict[EntityKey, Field],
+        rules: list[str],
+        *,
+        proxy_wrote: bool,
+    ) -> None:
+        assert self._model is not None
+        try:
+            self._model.apply(message)
+        except (TypeError, ValueError, KeyError, AssertionError):  # a malformed message
+            return
+        key = entity_key(message, self.version)
+        if key is None:
+            return
+        tracked = self._track(key, seq)
+        if tracked is None:
+            return
+        site = find_upsert(message, self.version)
+        if site is None:
+            return
+        meta = get_field(site.obj, "_meta")
+        # The first update of an entity the agent's frame upserted is compared with the
+        # agent's patch: what differs is the proxy's. Any other update in what the client got
+        # (a follow-up the proxy inserted, a frame the proxy generated) is the proxy's whole.
+        original = originals.pop(site.entity, _PROXY) if not proxy_wrote else _PROXY
+        self._history(tracked, seq, meta, original, rules)
+
+    def _track(self, key: EntityKey, seq: int) -> _Tracked | None:
+        tracked = self._tracked.get(key)
+        if tracked is None:
+            if len(self._tracked) >= MAX_ENTITIES:
+                return None
+            ident = key[2] if len(key) > 2 else None
+            tracked = _Tracked(str(key[0]), key[1], ident, seq)
+            self._tracked[key] = tracked
+            self._order.append(key)
+        tracked.last_seq = seq
+        return tracked
+
+    def _history(
+        self,
+        tracked: _Tracked,
+        seq: int,
+        meta: Field,
+        original: object,
+        rules: list[str],
+    ) -> None:
+        def add(entry: JsonObject) -> None:
+            if len(tracked.history) == MAX_HISTORY:
+                tracked.dropped += 1
+            tracked.history.append(entry)
+
+        if meta is OMITTED:
+            return
+        if meta is None:
+            proxy = original is not None
+            entry: JsonObject = {"seq": seq, "op": "clear", "by": "proxy" if proxy else "agent"}
+            entry["rules"] = list[JsonValue](rules) if proxy else []
+            add(entry)
+            tracked.injected.clear()
+            return
+        if not isinstance(meta, dict):
+            return
+        agent_keys = original if isinstance(original, dict) else None
+        for name, item in meta.items():
+            proxy = agent_keys is None or name not in agent_keys or agent_keys[name] != item
+            op = "remove" if item is None and self.version == 2 else "set"
+            add(
+                {
+                    "seq": seq,
+                    "op": op,
+                    "key": name,
+                    "value": item,
+                    "by": "proxy" if proxy else "agent",
+                    "rules": list[JsonValue](rules) if proxy else [],
+                }
+            )
+            if proxy and op == "set":
+                tracked.injected[name] = rules
+            else:
+                tracked.injected.pop(name, None)
+        if self.version == 1:
+            # v1: a `_meta` object replaces the stored metadata whole.
+            for name in [k for k in tracked.injected if k not in meta]:
+                tracked.injected.pop(name)
+
+    def snapshot(self) -> JsonObject:
+        """The panel's data: each entity's stored fields and `_meta` as the client holds them,
+        the keys the proxy injected, and the update history, in first-seen order."""
+        state = self._model.snapshot() if self._model is not None else {"entities": {}}
+        stored = state["entities"]
+        snapshots = state.get("snapshots", {})
+        out: list[JsonValue] = []
+        for key in self._order:
+            tracked = self._tracked[key]
+            held = stored.get(key) or {}
+            fields = held.get("fields") or snapshots.get(key) or {}
+            out.append(
+                {
+                    "kind": tracked.kind,
+                    "session": tracked.session,
+                    "id": tracked.ident,
+                    "first_seq": tracked.first_seq,
+                    "last_seq": tracked.last_seq,
+                    "fields": fields,
+                    "appended": held.get("appended") or {},
+                    "meta": held.get("meta"),
+                    "injected": {k: list(v) for k, v in tracked.injected.items()},
+                    "history": list(tracked.history),
+                    "history_dropped": tracked.dropped,
+                }
+            )
+        return {
+            "version": self.version,
+            "entities": out,
+            "truncated": len(self._tracked) >= MAX_ENTITIES,
+        }
