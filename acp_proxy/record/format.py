@@ -38,7 +38,7 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record import settings
 from acp_proxy.record.redact import (
     DEFAULT_REDACT_KEYS,

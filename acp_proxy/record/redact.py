@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import field
 from typing import Final
 
-from acp_proxy.values import value
+from acp_proxy.base.values import value
 
 REDACTED: Final = "[REDACTED]"
 
