@@ -487,3 +487,86 @@ async def test_a_conductor_that_reads_slowly_gets_every_line_whole() -> None:
             )
     rc, _ = await comp.close()
     assert rc == 0
+
+
+async def test_metrics_count_the_inner_messages() -> None:
+    """--metrics in a component: the frames, rewrites and negotiated version of the inner
+    messages, in each direction as standalone."""
+    from telemetry_harness import LogReader, scrape, value
+
+    args = ["--log-format", "json", "--config", str(ANNOTATE), "--metrics", "tcp://127.0.0.1:0"]
+    process = await anyio.open_process([*COMPONENT, *args], env=proxy_env(), cwd=str(REPO))
+    comp = Component(process)
+    assert process.stderr is not None
+    log = LogReader(process.stderr)
+    address = (await log.event("serving metrics"))["address"]
+    await handshake(comp, "official")
+    update = b'{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c"}}'
+    await comp.send(wrapped("official", None, b"session/update", update))
+    await comp.line()
+    samples = await scrape(address)
+    assert value(samples, "acp_proxy_frames_total", direction="client_to_agent") == 1
+    assert value(samples, "acp_proxy_frames_total", direction="agent_to_client") == 2
+    assert value(samples, "acp_proxy_rewritten_total", rule="rules:edge-route") == 1
+    assert process.stdin is not None
+    await process.stdin.aclose()
+    with anyio.fail_after(TIMEOUT):
+        assert await process.wait() == 0
+
+
+async def test_chunks_reach_a_parked_reader_through_its_consumer_in_order() -> None:
+    """The side streams' consumer path (the round trip without a task switch): a chunk goes to
+    the consumer only while the reader is parked with nothing queued; a woken reader gets
+    ``None``; a declined chunk, and every chunk after it until the reader parks again, is
+    queued in order; a consumer's exception is raised by the receive."""
+    from proxy_harness import memory_pipe_pair
+
+    from acp_proxy.shell.component import ConductorMux
+    from acp_proxy.shell.logsetup import get_logger
+    from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED
+    from acp_proxy.wire.component import Link
+
+    ours, _theirs = memory_pipe_pair()
+    side = ConductorMux(ours, Link(), log=get_logger(), max_frame_bytes=1 << 20).client
+    seen: list[bytes] = []
+    answers = iter([HANDLED, HANDLED_WAKE, NOT_HANDLED])
+
+    def consume(chunk: bytes) -> int:
+        seen.append(chunk)
+        answer = next(answers, None)
+        if answer is None:
+            raise ValueError("boom")
+        return answer
+
+    side.set_consumer(consume)
+    got: list[bytes | None] = []
+
+    async def read() -> None:
+        got.append(await side.receive_or_handled())
+
+    with anyio.fail_after(TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            await side.deliver(b"1\n")  # handled: the reader stays parked
+            await anyio.wait_all_tasks_blocked()
+            assert got == [] and side.parked
+            await side.deliver(b"2\n")  # handled, and the reader wakes with None
+        assert got == [None] and seen == [b"1\n", b"2\n"]
+        await side.deliver(b"3\n")  # not parked: queued, the consumer not asked
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+        assert got == [None, b"3\n"] and seen == [b"1\n", b"2\n"]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.wait_all_tasks_blocked()
+            await side.deliver(b"4\n")  # declined: the reader takes it
+            await side.deliver(b"5\n")  # the reader is not parked again yet: queued after it
+        assert got == [None, b"3\n", b"4\n"]
+        assert await side.receive() == b"5\n"
+        with pytest.raises(ExceptionGroup) as caught:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await anyio.wait_all_tasks_blocked()
+                await side.deliver(b"6\n")
+        assert [str(e) for e in caught.value.exceptions] == ["boom"]

@@ -31,7 +31,7 @@ R = Redactor.build()
     ("raw", "expected"),
     [
         (b'{"a":1}', b'{"a":1}'),
-        (b'{"env":{"X":"1"},"n":null}', b'{"env":"[REDACTED]","n":null}'),
+        (b'{"env":{"X":"1"},"n":null}', b'{"env":{"X":"[REDACTED]"},"n":null}'),
         (b'{"ENV":null}', b'{"ENV":null}'),  # null holds no secret: kept, frame exact
         (b'{"deep":[{"accessToken":"abc"}]}', b'{"deep":[{"accessToken":"[REDACTED]"}]}'),
         (b'{"t":"key sk-abcdefghijklmnopqrstuvwx end"}', b'{"t":"key [REDACTED] end"}'),
