@@ -127,9 +127,9 @@ class Outbox:
             return False
         if self._writes_now():
             # No backlog: the peer keeps up, so write at once and never merge (coalescing
-            # rule: while the consumer keeps up, every message is written as it comes). What
-            # the kernel does not take becomes the tail, and the next frames queue behind it.
-            self._write_direct(frames)
+            # rule: while the consumer keeps up, every message is written as it comes). The
+            # line the kernel cuts becomes the tail; the lines after it wait in the queue.
+            self._write_direct(frames, now)
             return False
         push = self.queue.push
         for frame in frames:
@@ -192,7 +192,9 @@ class Outbox:
             self.tail = [memoryview(data)[written:]]
             self._ready.set()
 
-    def _write_direct(self, frames: tuple[OutFrame, ...]) -> None:
+    def _write_direct(self, frames: tuple[OutFrame, ...], now: float | None = None) -> None:
+        """Write ``frames`` at once; with ``now`` (forwarded frames), what the kernel does not
+        take beyond the line it cut waits in the queue instead of the tail."""
         assert self.try_send is not None
         if len(frames) == 1 and len(frames[0].raw) >= _BIG_FRAME and self.try_sendv is not None:
             # One big frame: writev the frame and its newline, no concatenated copy (a 10 MB
@@ -211,11 +213,43 @@ class Outbox:
                 self.tail = [b"\n"]
                 self._ready.set()
             return
-        self._send_now(
+        data = (
             frames[0].raw + b"\n"
             if len(frames) == 1
             else b"\n".join([f.raw for f in frames]) + b"\n"
         )
+        if now is None:
+            self._send_now(data)
+            return
+        self._send_rest_queued(data, frames, now)
+
+    def _send_rest_queued(self, data: bytes, frames: tuple[OutFrame, ...], now: float) -> None:
+        """One non-blocking write of ``data`` (``frames`` joined, each line ending in a newline).
+        Only the line the kernel cuts is a tail; the whole lines after it wait in the queue,
+        where later updates of a slow client's entities still merge into them (as a tail, a
+        read's worth of updates went out unmerged every time the writer fell idle)."""
+        assert self.try_send is not None
+        try:
+            written = self.try_send(data)
+        except STREAM_ERRORS:
+            written = 0  # the writer task hits the same error and handles it
+        self.stats.writes += 1
+        self.stats.bytes += written
+        if written >= len(data):
+            return
+        cut = data.find(b"\n", written) + 1
+        self.tail = [memoryview(data)[written:cut]]
+        self._ready.set()
+        pos = 0
+        push = self.queue.push
+        for frame in frames:
+            end = pos + len(frame.raw) + 1
+            if end > cut:
+                rest = (
+                    frame if pos >= cut else OutFrame(frame.raw[cut - pos :], None, frame.version)
+                )
+                push(rest, now)
+            pos = end
 
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""

@@ -1,0 +1,435 @@
+"""Scenarios that engage the outbound queue: a client that falls behind the agent.
+
+Contract: runs the proxy (coalescing on and off, the current tree and with ``--baseline-ref``
+the tree at that ref, coalescing on and off) and the TypeScript conductor when installed
+(``bench/setup_peers.py``) between ``replay_agent.py`` and a client in this process that reads
+slowly, and reports per variant the proxy's CPU (``wait4`` minus the agent's own), its peak RSS,
+when the client had everything, what it received and whether the client state is exact.
+CPU is net of each variant's start-up (its CPU for the handshake alone, measured first).
+Measures; never asserts a timing.
+
+Scenarios:
+  paused: the client reads nothing for ``--pause`` seconds while the agent writes a ``notify``
+    stream (``--paused-mb``), then reads as fast as it can;
+  rate: a burst of mixed v2 updates (``--rate-messages``) to a client reading ``--rate``
+    lines a second: the share of messages delivered and the exact client state (at every
+    barrier, a request or response, and at the end);
+  lagging: every update for a different entity (nothing can merge), 141 B to 10 KB frames, to a
+    client that reads 64 KiB and then sleeps 1 ms: CPU per message, coalescing on against off.
+
+Usage: ``python bench/slow_client.py [--baseline-ref 5a1562d] [--out results.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import setup_peers
+from generate import DEFAULT_SEED, Dataset, ensure
+from harness import _kill_group, read_agent_rusage, wait_rusage
+from startup import export_ref
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PY = sys.executable
+
+Reader = Callable[[int, float], tuple[bytes, float | None]]
+
+
+@dataclass
+class Result:
+    variant: str
+    ok: bool = True
+    error: str = ""
+    cpu_s: float = 0.0
+    maxrss_mb: float = 0.0
+    wall_s: float = 0.0  # from the start until the client has everything
+    after_resume_s: float = 0.0  # from the client's first read until it has everything
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    state: str = ""  # "exact", "DIFFERS", "" (not checked)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the client --------------------------------------------------------------------------------
+
+
+def paused_reader(pause_s: float) -> Reader:
+    def read(fd: int, timeout: float) -> tuple[bytes, float | None]:
+        time.sleep(pause_s)
+        return _read_all(fd, timeout, lambda _n: None)
+
+    return read
+
+
+def rate_reader(lines_per_s: float) -> Reader:
+    def read(fd: int, timeout: float) -> tuple[bytes, float | None]:
+        start = time.perf_counter()
+        seen = 0
+
+        def pace(lines: int) -> None:
+            nonlocal seen
+            seen += lines
+            ahead = seen / lines_per_s - (time.perf_counter() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+
+        return _read_all(fd, timeout, pace, size=4096)
+
+    return read
+
+
+def lagging_reader(fd: int, timeout: float) -> tuple[bytes, float | None]:
+    return _read_all(fd, timeout, lambda _n: time.sleep(0.001), size=1 << 16)
+
+
+def _read_all(
+    fd: int, timeout: float, after: Callable[[int], None], size: int = 1 << 20
+) -> tuple[bytes, float | None]:
+    """Everything the proxy writes, and when the first byte was read (None: nothing came)."""
+    parts: list[bytes] = []
+    first: float | None = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if not ready:
+            continue
+        data = os.read(fd, size)
+        if first is None:
+            first = time.perf_counter()
+        if not data:
+            return b"".join(parts), first
+        parts.append(data)
+        after(data.count(b"\n"))
+    raise TimeoutError("the client did not get everything in time")
+
+
+def launcher(work: Path) -> Path:
+    """``bench/spawn_rusage.c`` built once (the command's own peak RSS and CPU)."""
+    out = BENCH / "build" / "spawn_rusage"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = work / "spawn_rusage"
+        subprocess.run(["cc", "-O2", "-o", str(tmp), str(BENCH / "spawn_rusage.c")], check=True)
+        os.replace(tmp, out)
+    return out
+
+
+# -- the variants ------------------------------------------------------------------------------
+
+
+def variants(
+    baseline_ref: str | None, work: Path, conductor: bool
+) -> dict[str, tuple[Callable[[list[str]], list[str]], dict[str, str], Path]]:
+    """name -> (argv around the agent's argv, environment, cwd)."""
+    out: dict[str, tuple[Callable[[list[str]], list[str]], dict[str, str], Path]] = {}
+    trees = [("", ROOT)]
+    if baseline_ref is not None:
+        trees.append((f"@{baseline_ref}", export_ref(baseline_ref)))
+    for suffix, tree in trees:
+        for on in (True, False):
+            config = work / f"coalesce-{'on' if on else 'off'}.yaml"
+            config.write_text(f"coalesce:\n  enabled: {'true' if on else 'false'}\n")
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+
+            def argv(agent: list[str], config: Path = config) -> list[str]:
+                return [PY, "-m", "acp_proxy", "--config", str(config), "--", *agent]
+
+            out[f"proxy{suffix} coalescing {'on' if on else 'off'}"] = (argv, env, tree)
+    build = BENCH / "build"
+    if conductor and setup_peers.ensure(build, install=False).get("conductor") is None:
+        module = str(setup_peers.conductor_module(build))
+        env = {**os.environ, "CONDUCTOR_MODULE": module}
+
+        def peer(agent: list[str]) -> list[str]:
+            return ["node", str(BENCH / "peer_conductor.mjs"), *agent]
+
+        out["TypeScript conductor"] = (peer, env, ROOT)
+    return out
+
+
+def run_one(  # noqa: PLR0917 - one run's settings, named at every call
+    name: str,
+    spec: tuple[Callable[[list[str]], list[str]], dict[str, str], Path],
+    agent_file: Path,
+    client_file: Path,
+    reader: Reader,
+    work: Path,
+    repeat: int = 1,
+    timeout: float = 600.0,
+    startup_cpu: float = 0.0,
+) -> tuple[Result, bytes]:
+    argv_of, env, cwd = spec
+    rusage = work / "agent-rusage.json"
+    rusage.unlink(missing_ok=True)
+    agent = [PY, str(BENCH / "replay_agent.py")]
+    if name.startswith("TypeScript"):
+        agent += ["--renumber", str(client_file)]
+    agent += [str(agent_file), str(repeat)]
+    result = Result(name)
+    own = work / "sidecar-rusage.json"
+    own.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    # Under the rusage launcher: a child forked from this process would start with its RSS.
+    proc = subprocess.Popen(
+        [str(launcher(work)), str(own), *argv_of(agent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**env, "BENCH_AGENT_RUSAGE": str(rusage)},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    # The client's requests, and its stdin kept open until it has everything (as an editor).
+    proc.stdin.write(client_file.read_bytes())
+    proc.stdin.flush()
+    try:
+        out, first = reader(proc.stdout.fileno(), timeout)
+    except TimeoutError as exc:
+        _kill_group(proc)
+        result.ok, result.error = False, str(exc)
+        out, first = b"", None
+    end = time.perf_counter()
+    proc.stdin.close()
+    proc.stdout.close()
+    wait_rusage(proc, 30)
+    agent_cpu = 0.0
+    if rusage.exists():
+        agent = json.loads(rusage.read_text())
+        agent_cpu = float(agent["utime"]) + float(agent["stime"])
+    cpu, rss_kb = read_agent_rusage(own)
+    result.cpu_s = cpu - agent_cpu - startup_cpu
+    result.maxrss_mb = rss_kb / 1024
+    result.wall_s = end - t0
+    result.after_resume_s = end - first if first is not None else 0.0
+    result.messages_out = out.count(b"\n")
+    result.bytes_out = len(out)
+    return result, out
+
+
+# -- exact client state ------------------------------------------------------------------------
+
+
+def states(raw: bytes, version: int) -> tuple[list[Any], Any]:
+    """The client state before each barrier (a request or response) and at the end."""
+    from acp_proxy.meta.state import ClientModel
+
+    model = ClientModel(version)
+    at_barriers: list[Any] = []
+    for line in raw.split(b"\n"):
+        if not line:
+            continue
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        for m in message if isinstance(message, list) else [message]:
+            if not isinstance(m, dict):
+                continue
+            if "id" in m:
+                at_barriers.append(_normalized(model.snapshot()))
+            else:
+                model.apply(m)
+    return at_barriers, _normalized(model.snapshot())
+
+
+def _normalized(state: dict[str, Any]) -> Any:
+    """The client's view: adjacent plain text blocks read as one text, terminal bytes as one
+    stream (what a client shows; the coalescer joins exactly these)."""
+    import base64
+
+    for entity in state["entities"].values():
+        for name in ("content", "summary"):
+            blocks = entity["fields"].get(name)
+            if isinstance(blocks, list):
+                joined: list[Any] = []
+                for block in blocks:
+                    plain = isinstance(block, dict) and block.keys() == {"type", "text"}
+                    last = joined[-1] if joined else None
+                    if plain and isinstance(last, dict) and last.keys() == {"type", "text"}:
+                        joined[-1] = {"type": "text", "text": last["text"] + block["text"]}
+                    else:
+                        joined.append(block)
+                entity["fields"][name] = joined
+        output = entity["appended"].get("output")
+        if output is not None:
+            entity["appended"]["output"] = b"".join(
+                base64.b64decode(d) if isinstance(d, str) else b"" for d in output
+            )
+    return state
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+def no_merge_data(work: Path, base: Dataset, messages: int) -> tuple[Path, Path]:
+    """The handshake of ``base``, then ``messages`` tool_call_updates each for a new tool call
+    (141 B to 10 KB): nothing can merge."""
+    head = Path(base.agent_path).read_bytes().split(b"\n", 2)[:2]
+    path = work / f"nomerge-{messages}.agent.jsonl"
+    sizes = (0, 0, 0, 600, 2000, 9800)
+    with open(path, "wb") as f:
+        f.write(b"\n".join(head) + b"\n")
+        for i in range(messages):
+            update: dict[str, Any] = {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": f"call_{i:07d}",
+                "status": "in_progress",
+            }
+            pad = sizes[i % len(sizes)]
+            if pad:
+                update["rawOutput"] = {"log": "x" * pad}
+            params = {"sessionId": "sess_7c41e2a9", "update": update}
+            message = {"jsonrpc": "2.0", "method": "session/update", "params": params}
+            f.write(orjson.dumps(message) + b"\n")
+    return path, Path(base.client_path)
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline-ref", help="also run the proxy at this git ref")
+    ap.add_argument("--scenarios", default="paused,rate,lagging")
+    ap.add_argument("--pause", type=float, default=3.0, help="paused: seconds the client waits")
+    ap.add_argument("--paused-mb", type=int, default=64, help="paused: MiB the agent writes")
+    ap.add_argument("--rate", type=float, default=10_000, help="rate: lines the client reads/s")
+    ap.add_argument("--rate-messages", type=int, default=20_000)
+    ap.add_argument("--lagging-messages", type=int, default=30_000)
+    ap.add_argument("--no-conductor", action="store_true")
+    ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="acp-slow-client-"))
+    found = variants(args.baseline_ref, work, not args.no_conductor)
+    results: dict[str, list[dict[str, Any]]] = {}
+    wanted = args.scenarios.split(",")
+    # Each variant's start-up CPU (the handshake alone), subtracted from its stream's.
+    notify = ensure(args.data_dir, "notify", 2, 8 << 20, DEFAULT_SEED)
+    empty, _ = no_merge_data(work, notify, 0)
+    startup: dict[str, float] = {}
+    for name, spec in found.items():
+        r, _ = run_one(name, spec, empty, Path(notify.client_path), lagging_reader, work)
+        startup[name] = r.cpu_s
+    results["startup"] = [{"variant": k, "cpu_s": v} for k, v in startup.items()]
+
+    if "paused" in wanted:
+        ds = ensure(args.data_dir, "notify", 2, 8 << 20, DEFAULT_SEED)
+        repeat = max(1, round(args.paused_mb / 8))
+        rows = []
+        for name, spec in found.items():
+            r, _ = run_one(
+                name,
+                spec,
+                Path(ds.agent_path),
+                Path(ds.client_path),
+                paused_reader(args.pause),
+                work,
+                repeat=repeat,
+                startup_cpu=startup[name],
+            )
+            r.messages_in, r.bytes_in = (ds.lines - 2) * repeat + 2, ds.bytes * repeat
+            r.extra["pause_s"] = args.pause
+            rows.append(asdict(r))
+            print(_line("paused", r), flush=True)
+        results["paused"] = rows
+
+    if "rate" in wanted:
+        size = int(args.rate_messages * 8_388_914 / 12_624)  # mixed v2: ~665 B a message
+        ds = ensure(args.data_dir, "mixed", 2, size, DEFAULT_SEED)
+        expected = states(Path(ds.agent_path).read_bytes(), 2)
+        rows = []
+        for name, spec in found.items():
+            r, out = run_one(
+                name,
+                spec,
+                Path(ds.agent_path),
+                Path(ds.client_path),
+                rate_reader(args.rate),
+                work,
+                startup_cpu=startup[name],
+            )
+            r.messages_in, r.bytes_in = ds.lines, ds.bytes
+            got = states(out, 2)
+            same_end = got[1] == expected[1]
+            same_barriers = got[0] == expected[0]
+            r.state = "exact" if same_end and same_barriers else "DIFFERS"
+            r.extra["share"] = r.messages_out / max(1, ds.lines)
+            rows.append(asdict(r))
+            print(_line("rate", r), flush=True)
+        results["rate"] = rows
+
+    if "lagging" in wanted:
+        base = ensure(args.data_dir, "notify", 2, 8 << 20, DEFAULT_SEED)
+        agent_file, client_file = no_merge_data(work, base, args.lagging_messages)
+        rows = []
+        for name, spec in found.items():
+            r, out = run_one(
+                name, spec, agent_file, client_file, lagging_reader, work, startup_cpu=startup[name]
+            )
+            r.messages_in = args.lagging_messages + 2
+            r.bytes_in = agent_file.stat().st_size
+            r.extra["cpu_us_per_message"] = r.cpu_s / r.messages_in * 1e6
+            rows.append(asdict(r))
+            print(_line("lagging", r), flush=True)
+        results["lagging"] = rows
+
+    print(markdown(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _line(scenario: str, r: Result) -> str:
+    return (
+        f"{scenario:8} {r.variant:38} cpu {r.cpu_s:6.2f}s rss {r.maxrss_mb:6.1f}MiB "
+        f"wall {r.wall_s:6.2f}s after-resume {r.after_resume_s:5.2f}s "
+        f"msgs {r.messages_out}/{r.messages_in} bytes {r.bytes_out}/{r.bytes_in} "
+        f"{r.state} {r.error}"
+    )
+
+
+def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
+    out: list[str] = []
+    for scenario, rows in results.items():
+        if scenario == "startup":
+            continue
+        out.append(f"\n### {scenario}\n")
+        out.append(
+            "| variant | CPU s | CPU µs/msg | peak RSS MiB | has everything at s (after first "
+            "read) | messages out / in | share | bytes out | state |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            if not r["ok"]:
+                out.append(f"| {r['variant']} | error: {r['error']} |||||||")
+                continue
+            per = r["cpu_s"] / max(1, r["messages_in"]) * 1e6
+            share = r["messages_out"] / max(1, r["messages_in"])
+            out.append(
+                f"| {r['variant']} | {r['cpu_s']:.2f} | {per:.1f} | {r['maxrss_mb']:.1f} | "
+                f"{r['wall_s']:.2f} ({r['after_resume_s']:.2f}) | "
+                f"{r['messages_out']:,} / {r['messages_in']:,} | {share:.2f} | "
+                f"{r['bytes_out'] / 2**20:.1f} MiB | {r['state'] or '-'} |"
+            )
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
