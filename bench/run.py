@@ -77,8 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
         default={1, 2, 3, 4, 5, 6, 7},
-        help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs; "
-        "6 is start-up)",
+        help="comma-separated subset, e.g. 3,4 (default: all but 8; 1 and 2 share their runs; "
+        "6 is start-up; 8 is a client that falls behind, bench/slow_client.py)",
     )
     ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")

@@ -303,19 +303,8 @@ def no_merge_data(work: Path, base: Dataset, messages: int) -> tuple[Path, Path]
 # -- main --------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline-ref", help="also run the proxy at this git ref")
-    ap.add_argument("--scenarios", default="paused,rate,lagging")
-    ap.add_argument("--pause", type=float, default=3.0, help="paused: seconds the client waits")
-    ap.add_argument("--paused-mb", type=int, default=64, help="paused: MiB the agent writes")
-    ap.add_argument("--rate", type=float, default=10_000, help="rate: lines the client reads/s")
-    ap.add_argument("--rate-messages", type=int, default=20_000)
-    ap.add_argument("--lagging-messages", type=int, default=30_000)
-    ap.add_argument("--no-conductor", action="store_true")
-    ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args(argv)
+def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, list[Any]]:
+    """Every selected scenario for every variant: ``{scenario: [Result as a dict, ...]}``."""
     work = Path(tempfile.mkdtemp(prefix="acp-slow-client-"))
     found = variants(args.baseline_ref, work, not args.no_conductor)
     results: dict[str, list[dict[str, Any]]] = {}
@@ -347,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             r.messages_in, r.bytes_in = (ds.lines - 2) * repeat + 2, ds.bytes * repeat
             r.extra["pause_s"] = args.pause
             rows.append(asdict(r))
-            print(_line("paused", r), flush=True)
+            log(_line("paused", r))
         results["paused"] = rows
 
     if "rate" in wanted:
@@ -372,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             r.state = "exact" if same_end and same_barriers else "DIFFERS"
             r.extra["share"] = r.messages_out / max(1, ds.lines)
             rows.append(asdict(r))
-            print(_line("rate", r), flush=True)
+            log(_line("rate", r))
         results["rate"] = rows
 
     if "lagging" in wanted:
@@ -387,9 +376,30 @@ def main(argv: list[str] | None = None) -> int:
             r.bytes_in = agent_file.stat().st_size
             r.extra["cpu_us_per_message"] = r.cpu_s / r.messages_in * 1e6
             rows.append(asdict(r))
-            print(_line("lagging", r), flush=True)
+            log(_line("lagging", r))
         results["lagging"] = rows
 
+    return results
+
+
+def options(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline-ref", help="also run the proxy at this git ref")
+    ap.add_argument("--scenarios", default="paused,rate,lagging")
+    ap.add_argument("--pause", type=float, default=3.0, help="paused: seconds the client waits")
+    ap.add_argument("--paused-mb", type=int, default=64, help="paused: MiB the agent writes")
+    ap.add_argument("--rate", type=float, default=10_000, help="rate: lines the client reads/s")
+    ap.add_argument("--rate-messages", type=int, default=20_000)
+    ap.add_argument("--lagging-messages", type=int, default=30_000)
+    ap.add_argument("--no-conductor", action="store_true")
+    ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
+    ap.add_argument("--out", type=Path)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = options(argv)
+    results = measure(args, print)
     print(markdown(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")

@@ -31,7 +31,7 @@ from typing import Any
 from harness import Harness
 from rows import Row
 
-from scenarios import component, latency, memory, sockets, throughput
+from scenarios import component, latency, memory, slow_client, sockets, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,5 +54,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         "scenario 7: acp-proxy component in the conductor",
         component.run,
         component.markdown,
+    ),
+    Scenario(
+        frozenset({8}),
+        "scenario 8: a client that falls behind (coalescing on and off)",
+        slow_client.run,
+        slow_client.markdown,
     ),
 )
