@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame

@@ -461,3 +461,29 @@ async def test_record_marks_the_conductor_and_hop_metadata(tmp_path: Path) -> No
     ]
     shown = await run([sys.executable, "-m", "acp_proxy", "show", str(record)])
     assert shown.rc == 0, shown.stderr
+
+
+async def test_a_conductor_that_reads_slowly_gets_every_line_whole() -> None:
+    """Backpressure toward the conductor: non-blocking writes that the pipe takes only in part
+    leave the rest to the writer, and later lines wait behind it; every line arrives whole and
+    in order (coalescing off, so each update is its own frame)."""
+    comp = await start("--config", str(EXACT))
+    await handshake(comp, "official")
+    count, pad = 2000, "x" * 800
+    lines = []
+    for i in range(count):
+        update = {"sessionUpdate": "plan", "entries": [], "n": i, "pad": pad}
+        params = orjson.dumps({"sessionId": "s", "update": update})
+        lines.append(params)
+    data = [wrapped("official", None, b"session/update", p) for p in lines]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(comp.send, *data)
+        await anyio.sleep(0.3)  # the component fills the pipe toward us meanwhile
+        for params in lines:
+            assert (
+                await comp.line()
+                == b'{"jsonrpc":"2.0","method":"session/update","params":' + params + b"}"
+            )
+    rc, _ = await comp.close()
+    assert rc == 0

@@ -27,8 +27,8 @@ from patch_fixtures import (
     with_meta,
 )
 
+from acp_proxy.base.jsontypes import OMITTED, JsonObject
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import OMITTED, JsonObject
 from acp_proxy.meta.annotate import (
     AnnotateStatus,
     Annotation,

@@ -31,7 +31,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.meta.patch import apply_meta_update
 from acp_proxy.meta.registry import (
     CHUNK_KINDS,

@@ -37,9 +37,9 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.record import settings
-from acp_proxy.values import value
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = "acp-proxy-record"

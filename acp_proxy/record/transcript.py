@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.escape import visible

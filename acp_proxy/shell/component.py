@@ -53,6 +53,16 @@ class _SideStream(anyio.abc.ByteStream):
         tx, rx = anyio.create_memory_object_stream[bytes](size)
         self.incoming: anyio.streams.memory.MemoryObjectSendStream[bytes] = tx
         self._rx = rx
+        if mux.can_try_send:
+            # The outbox's fast path (a write straight from the reader task when its writer is
+            # idle) is offered when the conductor stream has it (FdStream).
+            self.try_send = self._try_send
+
+    def _try_send(self, data: bytes | memoryview) -> int:
+        """Take all of ``data`` (whole lines) and write what they become without waiting; what
+        the kernel did not take waits in the mux (``ConductorMux.flush``). 0 when the mux has
+        a write in flight or owes one: the outbox then queues for ``send``."""
+        return self._mux.try_write(self._side, bytes(data))
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         try:
@@ -63,7 +73,8 @@ class _SideStream(anyio.abc.ByteStream):
             raise anyio.EndOfStream from None
 
     async def send(self, item: bytes) -> None:
-        await self._mux.write(self._side, item)
+        # (A memoryview when the outbox writes the tail of a non-blocking write we declined.)
+        await self._mux.write(self._side, bytes(item))
 
     async def send_eof(self) -> None:
         """The session's input toward this side is over: nothing to close (the conductor owns
@@ -90,9 +101,13 @@ class ConductorMux:
         self.link = link
         self.log = log
         self.max_frame_bytes = max_frame_bytes
+        self._write_lock = anyio.Lock()
+        self._try_send = getattr(stream, "try_send", None)
+        self.can_try_send = callable(self._try_send)
+        self._owed = b""  # what a non-blocking write left unwritten (flush writes it)
+        self._owe = anyio.Event()
         self.client = _SideStream(self, Side.CLIENT, SIDE_CHUNKS)
         self.agent = _SideStream(self, Side.AGENT, SIDE_CHUNKS)
-        self._write_lock = anyio.Lock()
         self._partial = {Side.CLIENT: b"", Side.AGENT: b""}  # a write's unfinished line
         self.closed = anyio.Event()  # the conductor closed its side (EOF)
         self.envelopes_in = 0
@@ -199,13 +214,41 @@ class ConductorMux:
 
     async def write(self, side: Side, data: bytes) -> None:
         """Whole lines the session wrote toward ``side``, through the link, in one write."""
+        out = self._transform(side, data)
+        if out:
+            await self._send(out)
+
+    def try_write(self, side: Side, data: bytes) -> int:
+        """``write`` without waiting (see ``_SideStream._try_send``): ``len(data)``, or 0 when
+        nothing was done."""
+        if self._owed or self._write_lock.locked() or self._partial[side]:
+            return 0
+        out = self._transform(side, data)
+        if out:
+            assert self._try_send is not None
+            written = self._try_send(out)
+            if written < len(out):
+                self._owed = out[written:]
+                self._owe.set()
+        return len(data)
+
+    async def flush(self) -> None:
+        """Write what ``try_write`` left unwritten (runs for the whole session)."""
+        while True:
+            await self._owe.wait()
+            self._owe = anyio.Event()
+            await self._send(b"")
+
+    def _transform(self, side: Side, data: bytes) -> bytes:
+        """What the whole lines of ``data`` become on the conductor connection (a partial
+        line waits for the rest)."""
         partial = self._partial[side]
         if partial:
             data = partial + data
         end = data.rfind(b"\n")
         self._partial[side] = data[end + 1 :]
         if end < 0:
-            return
+            return b""
         outgoing = self.link.outgoing
         out: list[bytes] = []
         for line in data[:end].split(b"\n"):
@@ -216,12 +259,14 @@ class ConductorMux:
                 out.append(sent.data)
                 if sent.envelope is not None:
                     self.envelopes_out += 1
-        if out:
-            await self._send(b"\n".join(out) + b"\n")
+        return b"\n".join(out) + b"\n" if out else b""
 
     async def _send(self, data: bytes) -> None:
         async with self._write_lock:
-            await self.stream.send(data)
+            if self._owed:  # first what a non-blocking write left
+                data, self._owed = self._owed + data, b""
+            if data:
+                await self.stream.send(data)
 
 
 async def run_component(
@@ -257,6 +302,7 @@ async def run_component(
         async with anyio.create_task_group() as tg:
             tg.start_soon(shutdown_on_signals, shutdown, log, "signal received; closing")
             tg.start_soon(mux.pump_in)
+            tg.start_soon(mux.flush)
             _lost, session = await run_remote_agent_session(
                 config,
                 mux.agent,

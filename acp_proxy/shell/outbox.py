@@ -19,8 +19,8 @@ from collections.abc import Callable
 import anyio
 import anyio.abc
 
+from acp_proxy.base.values import value
 from acp_proxy.shell.transports import STREAM_ERRORS
-from acp_proxy.values import value
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 
 # A frame at least this big is written with writev (frame, newline) rather than copied.

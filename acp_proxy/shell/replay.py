@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import is_header
 from acp_proxy.record.replay import AgentStep, ClientPlayer, Replayer

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.record.escape import safe_json, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
 from acp_proxy.record.transcript import Filters, Row, Transcript, render

@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from dataclasses import Field
 from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 
 
 class Direction(enum.StrEnum):

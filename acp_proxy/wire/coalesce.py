@@ -55,8 +55,9 @@ from collections import deque
 
 import orjson
 
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject
 from acp_proxy.meta.registry import (
     CHUNK_KINDS,
     SESSION_UPDATE,
@@ -69,7 +70,6 @@ from acp_proxy.meta.registry import (
     upsert_entity_key,
 )
 from acp_proxy.meta.updates import merge_updates
-from acp_proxy.values import value
 from acp_proxy.wire import rawjson, rawscan, rawsplice
 
 _NEEDLE = b'"session/update"'

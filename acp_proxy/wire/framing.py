@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import re
 
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
 
 # How much of an oversize line is kept for ``read_request_id``.
 HEAD_BYTES = 4096

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import field_names, value
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import field_names, value
 from acp_proxy.wire.chain import Direction, MiddlewareFailure
 from acp_proxy.wire.coalesce import OutFrame
 
