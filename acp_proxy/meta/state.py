@@ -54,6 +54,9 @@ class _Entity:
     meta: JsonObject | None = None
     # Appended values for targets that are not a list field (terminal output chunks).
     appended: dict[str, list[JsonValue]] = field(default_factory=dict)
+    # The lists of ``fields`` this model built from chunks (so the next chunk appends in
+    # place: a copy per chunk made a long message cost time quadratic in its chunks).
+    chunks: dict[str, list[JsonValue]] = field(default_factory=dict)
 
 
 class ClientModel:
@@ -95,8 +98,11 @@ class ClientModel:
                 entity.appended.setdefault("output", []).append(value)
             else:
                 current = entity.fields.get(chunk.target)
-                base = current if isinstance(current, list) else []
-                entity.fields[chunk.target] = [*base, value]
+                if current is not None and current is entity.chunks.get(chunk.target):
+                    current.append(value)  # its own list: appended in place, never copied
+                else:
+                    base = current if isinstance(current, list) else []
+                    entity.fields[chunk.target] = entity.chunks[chunk.target] = [*base, value]
         elif snapshot is not None:
             stored: JsonObject = {k: v for k, v in update.items() if k != "sessionUpdate"}
             previous: JsonObject = self._snapshots.get(key, {})
