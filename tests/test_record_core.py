@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.format import (
     UNREADABLE,
     RecordError,
@@ -187,3 +188,32 @@ def test_a_frame_nested_too_deep_to_walk_is_redacted_whole() -> None:
     raw = b'{"apiKey":"sk-live","d":' + b"[" * 2000 + b"]" * 2000 + b"}"
     assert redactor.frame(raw) == (UNREADABLE, True)
     assert json.loads(UNREADABLE).startswith("[REDACTED")
+
+
+def test_final_state_streams_chunks_into_the_model_without_copies() -> None:
+    # show --state feeds the client model line by line; chunks append in place (a copy per
+    # chunk was quadratic) and the final state is the model's own, equal to its deep copy.
+    def chunk(i: int) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": "s",
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "messageId": "m",
+                    "content": {"type": "text", "text": f"part {i}"},
+                },
+            },
+        }
+
+    transcript = Transcript()
+    model = ClientModel(2)
+    transcript.feed({"t": 0.0, "event": "version", "protocolVersion": 2})
+    for i in range(3):
+        transcript.feed(_frame(0.1, A, chunk(i)))
+        model.apply(chunk(i))
+    state = transcript.final_state()
+    assert state == model.snapshot()
+    [entity] = state["entities"].values()
+    assert [c["text"] for c in entity["fields"]["content"]] == ["part 0", "part 1", "part 2"]

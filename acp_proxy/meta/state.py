@@ -141,12 +141,13 @@ class ClientModel:
         entity = self._entities.get(key)
         return None if entity is None else copy.deepcopy(entity.meta)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The whole state as a plain, comparable value (deep-copied)."""
+    def snapshot(self, *, copied: bool = True) -> dict[str, Any]:
+        """The whole state as a plain, comparable value: deep-copied, or with ``copied=False``
+        the model's own values (read only; for a reader that prints the state once, where a
+        copy would double the memory of a long session)."""
         entities = {
             key: {"fields": e.fields, "meta": e.meta, "appended": e.appended}
             for key, e in self._entities.items()
         }
-        return copy.deepcopy(
-            {"entities": entities, "snapshots": self._snapshots, "events": self._events}
-        )
+        state = {"entities": entities, "snapshots": self._snapshots, "events": self._events}
+        return copy.deepcopy(state) if copied else state
