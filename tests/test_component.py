@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import jsonschema
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, TIMEOUT, Lines, proxy_env, run
@@ -438,6 +439,9 @@ async def test_record_marks_the_conductor_and_hop_metadata(tmp_path: Path) -> No
     rc, _ = await comp.close()
     assert rc == 0
     entries = [orjson.loads(line) for line in record.read_bytes().splitlines()]
+    schema = json.loads((REPO / "config" / "record.schema.json").read_text(encoding="utf-8"))
+    for entry in entries:  # the record format's schema knows the component's events
+        jsonschema.validate(entry, schema)
     assert entries[0]["connect"] == "conductor"
     events = [e for e in entries if "event" in e]
     conductor = next(e for e in events if e["event"] == "conductor")
@@ -447,7 +451,7 @@ async def test_record_marks_the_conductor_and_hop_metadata(tmp_path: Path) -> No
         {
             "t": hops[0]["t"],
             "event": "hop",
-            "dir": "agent_to_client",
+            "direction": "agent_to_client",
             "envelope": "proxy/successor",
             "hop_meta": orjson.loads(hop),
         }

@@ -244,7 +244,11 @@ class ConductorMux:
         except orjson.JSONDecodeError:
             value = cleaned.decode("utf-8", "replace")
         self.recorder.event(
-            "hop", time.monotonic(), dir="agent_to_client", envelope=envelope, hop_meta=value
+            "hop",
+            time.monotonic(),
+            direction="agent_to_client",
+            envelope=envelope,
+            hop_meta=value,
         )
 
     async def _deliver(self, side: Side | None, lines: list[bytes]) -> None:
