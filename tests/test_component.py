@@ -310,6 +310,9 @@ async def test_successor_that_exits_answers_in_flight_requests_with_errors() -> 
         assert await process.wait() == 0
 
 
+_STANDALONE: dict[Path, object] = {}
+
+
 def _demo_session(argv: list[str]) -> object:
     from acp_proxy import demo
     from acp_proxy.demo.session import run_session
@@ -346,7 +349,9 @@ async def test_chain_gives_the_client_what_standalone_gives_it(
 
     agent = [sys.executable, "-m", "acp_proxy.demo.agent", "--pace-ms", "2"]
     standalone = [*COMPONENT[:3], "--config", str(config), "--", *agent]
-    alone = await anyio.to_thread.run_sync(_demo_session, standalone)
+    if config not in _STANDALONE:  # the same for every chain with this config: run once
+        _STANDALONE[config] = await anyio.to_thread.run_sync(_demo_session, standalone)
+    alone = _STANDALONE[config]
     chain = _chain(dialect, components, agent, config=config)
     chained = await anyio.to_thread.run_sync(_demo_session, chain)
     assert isinstance(alone, SessionRecord) and isinstance(chained, SessionRecord)
