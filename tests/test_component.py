@@ -579,3 +579,40 @@ async def test_chunks_reach_a_parked_reader_through_its_consumer_in_order() -> N
                 await anyio.wait_all_tasks_blocked()
                 await side.deliver(b"6\n")
         assert [str(e) for e in caught.value.exceptions] == ["boom"]
+
+
+async def test_traces_cover_the_inner_requests(tmp_path: Path) -> None:
+    """Tracing in a component: the inner requests get their spans (the client's traceparent
+    their parent), as standalone; the envelope the request travels on carries the proxy's
+    traceparent inside the inner params, where the standalone proxy puts it."""
+    pytest.importorskip("opentelemetry.sdk")
+    from telemetry_harness import running_receiver
+
+    trace, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    config = tmp_path / "traced.yaml"
+    config.write_text("tracing: {enabled: true}\n", encoding="utf-8")
+    with running_receiver() as receiver:
+        env = proxy_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="50")
+        process = await anyio.open_process(
+            [*COMPONENT, "--config", str(config)], env=env, cwd=str(REPO)
+        )
+        comp = Component(process)
+        await handshake(comp, "official")
+        meta = b'{"traceparent":"00-' + trace.encode() + b"-" + parent.encode() + b'-01"}'
+        await comp.send(
+            b'{"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd":"/","mcpServers":[],'
+            b'"_meta":' + meta + b"}}"
+        )
+        envelope = orjson.loads(await comp.line())
+        assert envelope["method"] == "proxy/successor"
+        forwarded = envelope["params"]["params"]["_meta"]["traceparent"]
+        assert forwarded.startswith(f"00-{trace}-") and parent not in forwarded
+        await comp.send(b'{"jsonrpc":"2.0","id":3,"result":{"sessionId":"s"}}')
+        await comp.line()
+        rc, _ = await comp.close()
+        assert rc == 0
+        with receiver.lock:
+            spans = {s.name: s for _, s in receiver.spans}
+    new = spans["session/new"]
+    assert (new.trace_id.hex(), new.parent_span_id.hex()) == (trace, parent)
+    assert forwarded == f"00-{trace}-{new.span_id.hex()}-01"
