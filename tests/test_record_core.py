@@ -18,6 +18,7 @@ from acp_proxy.record.format import (
     Redactor,
     delivered,
     event_line,
+    frame_bytes,
     frame_line,
     parse_header,
     parse_line,
@@ -217,3 +218,10 @@ def test_final_state_streams_chunks_into_the_model_without_copies() -> None:
     assert state == model.snapshot()
     [entity] = state["entities"].values()
     assert [c["text"] for c in entity["fields"]["content"]] == ["part 0", "part 1", "part 2"]
+
+
+def test_frame_bytes_never_raises_on_a_bad_field() -> None:
+    # For readers that take parse_line's objects as they are (read_line says what is wrong).
+    assert frame_bytes({"raw_b64": "%%%not base64"}) == b""
+    assert frame_bytes({"raw": {"not": "a string"}}) == b""
+    assert delivered({"sent": [{"b64": "x"}, 3, "ok"]}) == [b"", b"", b"ok"]
