@@ -154,11 +154,13 @@ class Client:
             self.proc.wait()
 
 
-def conductor_module() -> tuple[Path | None, str | None]:
-    sys.path.insert(0, str(BENCH))
+def conductor_module(build_dir: Path = BENCH / "build") -> tuple[Path | None, str | None]:
+    """The installed conductor's ``dist/index.js``, or None and why not."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     import setup_peers
 
-    module = setup_peers.conductor_module(BENCH / "build")
+    module = setup_peers.conductor_module(build_dir)
     if shutil.which("node") is None:
         return None, "node is not installed"
     if not module.exists():
@@ -236,26 +238,14 @@ def percentile(xs: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--round-trips", type=int, default=2000)
-    ap.add_argument("--updates", type=int, default=20000)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--agent", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.agent is not None:
-        return run_agent(args.agent)
-    module, missing = conductor_module()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    variants = list(VARIANTS)
-    if module is None:
-        variants = ["direct", "proxy"]
-    else:
-        env["CONDUCTOR_MODULE"] = str(module)
-    rtt = round_trips(variants, env, args.round_trips)
-    rates = {v: throughput(v, env, args.updates, args.repeat) for v in variants}
+def measure(
+    variants: list[str], env: dict[str, str], pairs: int, updates: int, repeat: int
+) -> list[dict[str, Any]]:
+    """One row per variant (``variant``, ``title``, the round trip's ``rtt_p50_us``,
+    ``rtt_p99_us``, ``added_p50_us`` over ``direct``, ``updates_per_s``, ``delivered``);
+    ``direct`` must be among ``variants``. ``env`` carries CONDUCTOR_MODULE for the conductor."""
+    rtt = round_trips(variants, env, pairs)
+    rates = {v: throughput(v, env, updates, repeat) for v in variants}
     base = statistics.median(rtt["direct"])
     rows = []
     for v in variants:
@@ -271,6 +261,31 @@ def main(argv: list[str] | None = None) -> int:
                 "delivered": rates[v][1],
             }
         )
+    return rows
+
+
+def bench_env(module: Path | None) -> dict[str, str]:
+    """The children's environment: this checkout importable, the conductor's module named."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    if module is not None:
+        env["CONDUCTOR_MODULE"] = str(module)
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--round-trips", type=int, default=2000)
+    ap.add_argument("--updates", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--agent", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.agent is not None:
+        return run_agent(args.agent)
+    module, missing = conductor_module()
+    variants = list(VARIANTS) if module is not None else ["direct", "proxy"]
+    rows = measure(variants, bench_env(module), args.round_trips, args.updates, args.repeat)
     print(
         "| variant | round trip p50 (µs) | p99 (µs) | added p50 (µs) | updates/s "
         f"| frames the client got for {args.updates} updates |"

@@ -1,7 +1,8 @@
 """What the pipeline reports: the notes the shell logs, the result of one frame, the counters.
 
-Contract: frozen values only (style.md habit 3), built by ``acp_proxy.wire.pipeline`` and read by
-the shell (logging, the exit summary, recording, metrics, tracing). No behaviour, no I/O.
+Contract: frozen values only (style.md habit 3), built by the connection
+(``acp_proxy.wire.pipeline``) and the engines it calls, and read by the shell (logging, the exit
+summary, recording, metrics, tracing). No behaviour, no I/O.
 """
 
 from __future__ import annotations
