@@ -126,7 +126,7 @@ async def test_tracing_passes_nothing_to_the_agent_and_keeps_the_users_otel_vari
         "open(sys.argv[1], 'w').write(json.dumps(dict(os.environ), sort_keys=True))"
     )
     user = {"OTEL_SERVICE_NAME": "users-own", "OTEL_EXPORTER_OTLP_HEADERS": "k=v"}
-    envs = []
+    envs: list[dict[str, str]] = []
     for config in ("{}\n", "tracing: {enabled: true, inject: true}\n", "agent: {env: {X: y}}\n"):
         (tmp_path / "proxy.yaml").write_text(config)
         out = tmp_path / f"env{len(envs)}.json"
