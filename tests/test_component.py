@@ -616,3 +616,35 @@ async def test_traces_cover_the_inner_requests(tmp_path: Path) -> None:
     new = spans["session/new"]
     assert (new.trace_id.hex(), new.parent_span_id.hex()) == (trace, parent)
     assert forwarded == f"00-{trace}-{new.span_id.hex()}-01"
+
+
+async def test_cancellation_crosses_the_chain_hop_by_hop(tmp_path: Path) -> None:
+    """Through the spec conductor: the client cancels its request; each hop cancels the request
+    it sent with its own connection's id, so the agent hears of the one it was sent."""
+    got = tmp_path / "agent-got.txt"
+    agent = [sys.executable, str(FAKE_AGENT), "--protocol", "1", "--silent-after", "1"]
+    agent += ["--record", str(got)]
+    process = await anyio.open_process(_chain("official", 1, agent), env=proxy_env(), cwd=str(REPO))
+    assert process.stdin is not None and process.stdout is not None
+    out = Lines(process.stdout)
+    with anyio.fail_after(TIMEOUT):
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
+        )
+        await out.line()
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{}}\n'
+        )
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":1}}\n'
+        )
+        while b"$/cancel_request" not in (got.read_bytes() if got.exists() else b""):
+            await anyio.sleep(0.02)  # (the agent writes what it read to the file)
+        await process.stdin.aclose()
+        await out.rest()
+        assert await process.wait() == 0
+    received = [orjson.loads(line) for line in got.read_bytes().splitlines()]
+    prompt = next(m for m in received if m.get("method") == "session/prompt")
+    cancel = next(m for m in received if m.get("method") == "$/cancel_request")
+    # the agent's connection numbers requests itself (--id-base): the cancel names its own id
+    assert cancel["params"] == {"requestId": prompt["id"]} and prompt["id"] != 1
