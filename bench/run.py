@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument(
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
-        default={1, 2, 3, 4, 5, 6},
+        default={1, 2, 3, 4, 5, 6, 7},
         help="comma-separated subset, e.g. 3,4 (default: all; 1 and 2 share their runs; "
         "6 is start-up)",
     )

@@ -62,6 +62,10 @@ EXPECTED_IDS = (
     }
     | {f"s4/long-stream/{who}-{n}" for who in ("proxy", *PEERS) for n in ("1x", "long")}
     | {f"s5/mixed-v2/{v}" for v in ("stdio", "tcp", "unix", "conductor", "sdk-relay")}
+    | {
+        f"s7/component/{v}"
+        for v in ("direct", "proxy-annotate", "conductor", "conductor-component")
+    }
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
 # (parallel development), sockets unavailable, example config absent.
@@ -95,6 +99,7 @@ METRICS = {
     2: {"cpu_us_per_msg", "startup_cpu_ms"},
     3: {"p50_us", "p99_us", "max_us"},
     5: {"mb_s"},
+    7: {"rtt_p50_us", "rtt_p99_us", "added_p50_us", "updates_per_s", "delivered"},
 }
 
 
@@ -195,7 +200,7 @@ def test_baselines_reproduce_the_stream(quick_run: tuple[dict[str, Any], str]) -
 
 def test_markdown_tables_are_printed(quick_run: tuple[dict[str, Any], str]) -> None:
     _, stdout = quick_run
-    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5."):
+    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### 7."):
         assert heading in stdout
     assert "| profile | variant | MB/s |" in stdout
 

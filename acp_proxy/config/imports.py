@@ -17,11 +17,11 @@ import re
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.model import MiddlewareSpec, _ImportedFactory, _quote
 from acp_proxy.config.nodes import NodeReader, _join, _suggest
 from acp_proxy.config.reading import _NULL
 from acp_proxy.config.schema import BUILTIN_RULES
-from acp_proxy.jsontypes import JsonValue
 from acp_proxy.wire.chain import BaseMiddleware, Middleware
 
 _USE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")

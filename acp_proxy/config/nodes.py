@@ -22,6 +22,7 @@ from typing import TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.model import ConfigError, _quote
 from acp_proxy.config.reading import (
     _BOOL,
@@ -34,7 +35,7 @@ from acp_proxy.config.reading import (
     _TIMESTAMP,
 )
 from acp_proxy.config.schema import _SIZE, _SIZE_UNITS, SIZE_HELP, Kind, Setting
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.record.patterns import backtracking_risk
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -195,6 +196,17 @@ class NodeReader:
                     raise self.error(
                         item, f"{path}[{i}]", f"not a regular expression: {exc}"
                     ) from None
+                risk = backtracking_risk(value)
+                if risk is not None:
+                    # It would run on every string of every frame: refused now, not found
+                    # when one frame stalls the session.
+                    raise self.error(
+                        item,
+                        f"{path}[{i}]",
+                        f"a pattern whose matching time can explode on some text: {risk}; "
+                        "rewrite it (a literal prefix, then one character class, as the "
+                        "defaults do)",
+                    )
             out.append(value)
         return tuple(out)
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check, breaches
 from acp_proxy.config.imports import import_middleware
 from acp_proxy.config.model import (
@@ -48,7 +49,6 @@ from acp_proxy.config.schema import (
     TOP_KEYS,
     Kind,
 )
-from acp_proxy.jsontypes import JsonValue
 
 
 def _place(path: str, where: str) -> str:

@@ -13,6 +13,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check
 from acp_proxy.config.model import Config, MiddlewareSpec, _json_text, _RulesFactory, _size_text
 from acp_proxy.config.rules import W3C_TRACE_KEYS, Rule
@@ -24,7 +25,6 @@ from acp_proxy.config.schema import (
     Kind,
     Setting,
 )
-from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
 
 _ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up

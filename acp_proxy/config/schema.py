@@ -319,8 +319,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "redact",
                 Kind.STRINGS,
                 "Key names whose values are never recorded or logged, added to the defaults "
-                "(`env`, `authorization`, `apiKey`, `token`, `password`, `secret`, `cookie`, "
-                "`credential(s)`, `privateKey`; any depth, any case, also as a suffix).",
+                "(`env`, `headers`, `authorization`, `apiKey`, `token`, `password`, `secret`, "
+                "`cookie`, `credential(s)`, `privateKey`; any depth, any case, also as a "
+                "suffix; also a `{name, value}` pair whose name is one, and a command-line "
+                "flag in a list of arguments: `--token X`, `--token=X`, `TOKEN=X`). The shape "
+                "is kept: each string and number under the key is replaced.",
                 attr="redact",
             ),
             Setting(
@@ -328,7 +331,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 Kind.REGEXES,
                 "Regular expressions for secret-looking strings, added to the defaults "
                 "(API keys `sk-...`, GitHub `ghp_...`, Slack, AWS, Google keys, bearer "
-                "tokens, JWTs).",
+                "tokens, JWTs). A pattern whose matching time can explode (a quantifier "
+                "inside a quantifier, overlapping alternatives under one, two unbounded "
+                "quantifiers in a row over the same characters) is refused.",
                 attr="redact_patterns",
             ),
         ),

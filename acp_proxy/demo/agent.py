@@ -38,7 +38,7 @@ from typing import Final
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 
 PROTOCOL_VERSION: Final = 2
 SESSION_ID: Final = "sess_demo_001"

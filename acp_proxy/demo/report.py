@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import orjson
 
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.demo.pairing import pair_updates
 from acp_proxy.demo.session import PROMPT_TEXT, Frame, SessionRecord
 from acp_proxy.demo.stored import final_meta, naive_meta, naive_proxy_meta
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue
 
 WIDTH = 100  # columns: the report reads well in a 100-column terminal
 

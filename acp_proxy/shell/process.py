@@ -36,6 +36,7 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_proxy.base.values import value
 from acp_proxy.config import AgentConfig
 from acp_proxy.shell.spawn import (
     SESSION_ENV,
@@ -45,7 +46,6 @@ from acp_proxy.shell.spawn import (
     take_early,
 )
 from acp_proxy.shell.transports import FdStream
-from acp_proxy.values import value
 
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
 # counted) so a binary blob on stderr cannot grow memory.

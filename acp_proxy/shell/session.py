@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
+from acp_proxy.base.values import value
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
 from acp_proxy.shell.budget import BufferBudget, process_budget
@@ -36,7 +37,6 @@ from acp_proxy.shell.notelog import NoteLog
 from acp_proxy.shell.outbox import Outbox, SideStats, write_all
 from acp_proxy.shell.reader import Reader
 from acp_proxy.shell.transports import STREAM_ERRORS
-from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.pipeline import Connection, Result

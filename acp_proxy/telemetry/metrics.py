@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.telemetry import turns
 from acp_proxy.telemetry.families import (
     Histogram,

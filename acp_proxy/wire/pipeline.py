@@ -41,8 +41,8 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
@@ -340,16 +340,7 @@ class Connection:
     ) -> Iterator[tuple[OutFrame, ...]]:
         # Detached now, built lazily.
         chunks = self._tracker.abort(direction, message, data, name_method=name_method)
-        version, stats = self.version, self.stats
-
-        def frames() -> Iterator[tuple[OutFrame, ...]]:
-            for chunk, n in chunks:
-                stats.errors_replied += n
-                # Only the bytes (no decoded message): an error response is a barrier for the
-                # outbound queue, which never needs to parse it.
-                yield tuple(OutFrame(data, None, version) for data in chunk)
-
-        return frames()
+        return _frames(chunks, self.version, self.stats)
 
     # --- agent -> client ----------------------------------------------------------------------
 
@@ -550,20 +541,7 @@ class Connection:
         return self._full_reply(id_bytes)
 
     def _negotiate(self, response: JsonObject, notes: list[Note]) -> None:
-        version = negotiated_version(response, notes)
-        if self.version is not None and version is not None:
-            # A second initialize (a client bug, or a client that starts over) is forwarded
-            # and answered as the agent decides, but the session's version stays the one the
-            # first negotiated: the rules and patches of one protocol never switch to another
-            # mid-session.
-            notes.append(
-                UnusualVersion(
-                    str(version),
-                    f"a second initialize answered: the session keeps version {self.version}, "
-                    "negotiated first",
-                )
-            )
-            return
+        version = negotiated_version(response, notes, self.version)
         if version is not None and version != self.version:
             self.version = version
             self._set_contexts()
@@ -575,6 +553,17 @@ class Connection:
         self._ctx_c2a = MessageContext(_C2A, self.version, False)
         self._bctx_a2c = MessageContext(_A2C, self.version, True)
         self._bctx_c2a = MessageContext(_C2A, self.version, True)
+
+
+def _frames(
+    chunks: Iterator[tuple[tuple[bytes, ...], int]], version: int | None, stats: PipelineStats
+) -> Iterator[tuple[OutFrame, ...]]:
+    """The error frames of ``chunks`` (``RequestTracker.abort``), counted as they are built."""
+    for chunk, n in chunks:
+        stats.errors_replied += n
+        # Only the bytes (no decoded message): an error response is a barrier for the outbound
+        # queue, which never needs to parse it.
+        yield tuple(OutFrame(data, None, version) for data in chunk)
 
 
 # The notes live in ``acp_proxy.wire.notes``; importing them from here keeps working.

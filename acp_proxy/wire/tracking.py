@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.wire.chain import INTERNAL_ERROR, Direction
 
 # Bytes of request ids held in both tables together (an id may be a string of any length).

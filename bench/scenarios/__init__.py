@@ -31,7 +31,7 @@ from typing import Any
 from harness import Harness
 from rows import Row
 
-from scenarios import latency, memory, sockets, throughput
+from scenarios import component, latency, memory, sockets, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,4 +49,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(frozenset({3}), "scenario 3: latency", latency.run, latency.markdown),
     Scenario(frozenset({4}), "scenario 4: memory", memory.run, memory.markdown),
     Scenario(frozenset({5}), "scenario 5: sockets", sockets.run, sockets.markdown),
+    Scenario(
+        frozenset({7}),
+        "scenario 7: acp-proxy component in the conductor",
+        component.run,
+        component.markdown,
+    ),
 )
