@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from acp_proxy.shell.budget import READ_SIZE, BufferBudget
+from acp_proxy.shell.budget import READ_SIZE, BufferBudget, Share
 from acp_proxy.shell.outbox import Outbox
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED, STREAM_ERRORS
 from acp_proxy.wire.chain import Direction
@@ -60,7 +60,7 @@ class Reader:
         connection: Connection,
         forward: Outbox,
         back: Outbox,
-        budget: BufferBudget,
+        budget: BufferBudget | Share,
         dispatch: Dispatch,
         account: Callable[[], None],
     ) -> None:
