@@ -1,16 +1,16 @@
 """The public middleware interface: the one stable import path for writing a middleware.
 
 Contract: re-exports, and nothing else. Everything a middleware author needs is importable from
-here (issue 14: "public names that users import get one stable import path"); the modules behind
-it (``acp_proxy.wire.chain``, ``acp_proxy.jsontypes``) may move between releases, this one will
-not. ``acp_proxy.chain`` (the path before 0.2) still works for one release.
+here: public names that users import get one stable import path. The modules behind it
+(``acp_proxy.wire.chain``, ``acp_proxy.base.jsontypes``) may move between releases, this one
+will not.
 
     from acp_proxy.middleware import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
 """
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,

@@ -38,7 +38,7 @@ import json, sys, time
 import orjson
 sys.path.insert(0, sys.argv[1])
 from acp_proxy.config import load_config
-try:  # the layout of issue 14
+try:  # the package laid out by room
     from acp_proxy.wire.chain import Direction
     from acp_proxy.wire.framing import Line
     from acp_proxy.wire.pipeline import Connection

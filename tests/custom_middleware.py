@@ -5,7 +5,7 @@ Not a test module: these classes stand for what a user writes in their own packa
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
 
 NOT_CALLABLE = 42

@@ -12,7 +12,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.meta.registry import UPSERT_KINDS
 
 # Test data is typed loosely: tests index into nested messages freely.

@@ -1,13 +1,16 @@
-"""Helpers for the telemetry tests: a proxy subprocess whose JSON log is read as it comes, and
-a minimal HTTP GET against its metrics endpoint.
+"""Helpers for the telemetry tests: a proxy subprocess whose JSON log is read as it comes, a
+minimal HTTP GET against its metrics endpoint, and a local OTLP/HTTP trace receiver.
 
 Not a test module. Every wait is bounded by ``anyio.fail_after`` (no timed assertions).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import anyio
@@ -87,3 +90,67 @@ def total(samples: dict[Any, float], name: str, **labels: str) -> float:
         for (n, lab), v in samples.items()
         if n == name and all(dict(lab).get(k) == want for k, want in labels.items())
     )
+
+
+class Receiver:
+    """A local OTLP/HTTP trace receiver: POST /v1/traces, protobuf bodies, spans kept."""
+
+    def __init__(self) -> None:
+        spans: list[Any] = []
+        self.spans = spans
+        self.lock = threading.Lock()
+        lock = self.lock
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                    ExportTraceServiceRequest,
+                )
+
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                with lock:
+                    for rs in request.resource_spans:
+                        for ss in rs.scope_spans:
+                            spans.extend((rs.resource, s) for s in ss.spans)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@contextlib.contextmanager
+def running_receiver() -> Iterator[Receiver]:
+    """A ``Receiver`` serving on an ephemeral loopback port for the ``with`` block."""
+    r = Receiver()
+    r.thread.start()
+    try:
+        yield r
+    finally:
+        r.server.shutdown()
+        r.server.server_close()
+
+
+def attrs(span: Any) -> dict[str, Any]:
+    out = {}
+    for kv in span.attributes:
+        out[kv.key] = value_of(kv.value)
+    return out
+
+
+def value_of(value: Any) -> Any:
+    got = getattr(value, value.WhichOneof("value"))
+    if value.WhichOneof("value") == "array_value":
+        return [value_of(v) for v in got.values]
+    return got

@@ -27,7 +27,7 @@ from patch_fixtures import (
     with_meta,
 )
 
-from acp_proxy.jsontypes import OMITTED
+from acp_proxy.base.jsontypes import OMITTED
 from acp_proxy.meta.annotate import (
     NEEDS_SPLIT,
     AnnotateStatus,

@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark suite (issue 6): its output is complete and well-formed.
+"""Smoke tests of the benchmark suite: its output is complete and well-formed.
 
 Contract: runs ``bench/run.py --quick`` (seconds) and ``bench/generate.py`` as a user would and
 checks the *shape* of what they produce: every scenario row is present, every number is finite,
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
 PROFILES = ("mixed-v2", "mixed-v1", "chunks-v2")
-# Issue 13: the peers are rows of scenarios 1, 2 and 4 too (skipped here: --quick with an empty
+# The peers are rows of scenarios 1, 2 and 4 too (skipped here: --quick with an empty
 # build dir does not install them), an "n/a" row each in scenario 5, start-up rows in 6.
 PEERS = ("conductor", "sdk-relay")
 PEER_VARIANTS = ("conductor", "conductor-annotate", "sdk-relay")
@@ -62,10 +62,14 @@ EXPECTED_IDS = (
     }
     | {f"s4/long-stream/{who}-{n}" for who in ("proxy", *PEERS) for n in ("1x", "long")}
     | {f"s5/mixed-v2/{v}" for v in ("stdio", "tcp", "unix", "conductor", "sdk-relay")}
+    | {
+        f"s7/component/{v}"
+        for v in ("direct", "proxy-annotate", "conductor", "conductor-component")
+    }
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
-# (parallel development), sockets not implemented yet (issue 5), example config absent.
-# Issue 13: the peers are skipped where bench/setup_peers.py has not installed them (--quick).
+# (parallel development), sockets unavailable, example config absent.
+# The peers are skipped where bench/setup_peers.py has not installed them (--quick).
 MAY_SKIP_VARIANTS = ("c-relay", "proxy", "stdio", "tcp", "unix", "added", "conductor", "sdk-relay")
 ROW_KEYS = {"id", "scenario", "profile", "variant", "title", "status", "reason"} | {
     "metrics",
@@ -95,6 +99,7 @@ METRICS = {
     2: {"cpu_us_per_msg", "startup_cpu_ms"},
     3: {"p50_us", "p99_us", "max_us"},
     5: {"mb_s"},
+    7: {"rtt_p50_us", "rtt_p99_us", "added_p50_us", "updates_per_s", "delivered"},
 }
 
 
@@ -140,7 +145,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
 def test_json_has_the_documented_keys(quick_run: tuple[dict[str, Any], str]) -> None:
     result, _ = quick_run
     assert set(result) == {"schema", "meta", "rows", "startup"}
-    startup = result["startup"]  # scenario 6 (issue 13): every variant, one number per rep
+    startup = result["startup"]  # scenario 6: every variant, one number per rep
     assert set(startup) == {"reps", "wall_s", "cpu_s", "vs_relay", "cpu_vs_relay", "skipped"}
     assert set(startup["wall_s"]) == {"python-S", "python", "relay", "anyio", "proxy"}
     assert set(startup["skipped"]) == {"conductor", "sdk-relay"}  # not installed in tmp/build
@@ -195,7 +200,7 @@ def test_baselines_reproduce_the_stream(quick_run: tuple[dict[str, Any], str]) -
 
 def test_markdown_tables_are_printed(quick_run: tuple[dict[str, Any], str]) -> None:
     _, stdout = quick_run
-    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5."):
+    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### 7."):
         assert heading in stdout
     assert "| profile | variant | MB/s |" in stdout
 
@@ -265,7 +270,7 @@ def test_generator_is_deterministic_and_valid_acp(
 
 
 def test_record_cost_bench_prints_both_rows() -> None:
-    # Issue 11: the cost of --record, same run; shape only, never a timing.
+    # The cost of --record, same run; shape only, never a timing.
     done = subprocess.run(
         [sys.executable, str(BENCH / "record_cost.py"), "300", "1"],
         capture_output=True,
@@ -285,7 +290,7 @@ def test_record_cost_bench_prints_both_rows() -> None:
 
 
 def test_bytecodes_bench_prints_the_function_table_and_the_totals() -> None:
-    # Issue 13: bytecodes per round trip (a count, not a timing); shape, and that the proxy's
+    # Bytecodes per round trip (a count, not a timing); shape, and that the proxy's
     # own code and asyncio's loop are both counted, for it and for the relay.
     done = subprocess.run(
         [sys.executable, str(BENCH / "bytecodes.py"), "--round-trips", "20", "--top", "3"],

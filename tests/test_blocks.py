@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import NonJsonPolicy
-from acp_proxy.jsontypes import JsonObject
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
     FORWARD,

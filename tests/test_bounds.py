@@ -70,7 +70,7 @@ def test_abort_pending_builds_errors_lazily_in_chunks() -> None:
     rest = list(chunks)
     assert [len(c) for c in rest] == [ABORT_CHUNK, 500]
     frames = [f.raw + b"\n" for c in (first, *rest) for f in c]
-    assert frames == [error_line(i, -32603, "agent gone") for i in range(n)]
+    assert frames == [error_line(i, -32603, "agent gone during m") for i in range(n)]
     assert conn.stats.errors_replied == n
 
 
@@ -113,7 +113,7 @@ async def test_100k_requests_in_flight_answered_at_agent_death_under_a_memory_ca
         )
     assert done.returncode == 5, done.stderr[-2000:]
     assert done.stdout == b"".join(
-        error_line(i, -32603, "agent exited with status 5") for i in range(n)
+        error_line(i, -32603, "agent exited with status 5 during session/prompt") for i in range(n)
     )
 
 

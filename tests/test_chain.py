@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,

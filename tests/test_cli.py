@@ -257,7 +257,7 @@ def test_check_config_into_a_closed_pipe_exits_141_without_traceback() -> None:
 
 
 # Modules that a plain ``acp-proxy -- AGENT`` (stdio, no config, no --record, no debug log) must
-# not load (start-up, issue 13): each is imported when the command line asks for it.
+# not load (start-up time): each is imported when the command line asks for it.
 _NOT_AT_START_UP = (
     "yaml",  # a config file
     "structlog",  # the first log event at an enabled level (none at --log-level warning)
@@ -307,7 +307,7 @@ def _loaded_by(argv: list[str]) -> tuple[int, list[str]]:
 
 
 def test_stdio_start_up_loads_only_what_stdio_mode_needs() -> None:
-    """Start-up (issue 13): ``acp-proxy -- AGENT`` without a config file imports only what
+    """Start-up time: ``acp-proxy -- AGENT`` without a config file imports only what
     stdio mode needs: no PyYAML, no structlog until something is logged, no argparse for the
     usual options, no socket layer, recorder, debug frame log, rules engine or demo."""
     assert _loaded_by(["--log-level", "warning", "--", "true"]) == (0, [])
@@ -366,7 +366,7 @@ def test_the_fast_option_path_leaves_the_rest_to_argparse(options: list[str]) ->
 
 
 def test_garbage_collection_is_off_only_during_start_up() -> None:
-    """Start-up (issue 13): the collector is off while the command line, the config and the
+    """Start-up time: the collector is off while the command line, the config and the
     modules are loaded, frozen-and-on once the proxy's first coroutine runs, and as it was
     before for an in-process caller afterwards (the command itself exits frozen)."""
     code = (

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import (
     AgentConfig,
     CoalesceConfig,
@@ -20,7 +21,6 @@ from acp_proxy.config import (
     parse_config,
 )
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
-from acp_proxy.jsontypes import JsonObject
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.wire.chain import Direction, MessageContext, Replace
 

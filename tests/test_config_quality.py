@@ -1,4 +1,4 @@
-"""Issue 14, config and CLI quality: every error at once, YAML errors in plain words,
+"""Config and CLI quality: every error at once, YAML errors in plain words,
 check-config refuses what the run refuses, CLI niceties, and the JSON schema / README table
 generated from the one declarative description of the settings (``config.SETTINGS``)."""
 
@@ -28,6 +28,7 @@ from acp_proxy.config import (
     Kind,
     TracingConfig,
     UiConfig,
+    checks_text,
     json_schema,
     parse_config,
     settings_table,
@@ -386,6 +387,15 @@ BAD = [
     ("zero-timeout", "connect_timeout: 0\n"),
     ("bad-address", "listen: localhost:7777\n"),
     ("string-bool", "allow_remote: yes please\n"),
+    # Checks across keys that the JSON Schema says too (from config.checks):
+    (
+        "update-with-a-method-that-carries-none",
+        "rules:\n  - match: {method: fs/read_text_file, update: upserts}\n    set_meta: {a/b: 1}\n",
+    ),
+    (
+        "builtin-rules-with-options",
+        "rules:\n  - set_meta: {a/b: 1}\nmiddleware:\n  - use: rules\n    with: {x: 1}\n",
+    ),
 ]
 
 
@@ -407,6 +417,13 @@ def test_docs_settings_table_is_generated() -> None:
     start = readme.index("## Settings\n\n") + len("## Settings\n\n")
     end = readme.index("\n\n", start)
     assert readme[start:end] == settings_table()
+
+
+def test_docs_list_the_checks_across_keys() -> None:
+    """The checks across keys are declared once (config.checks): the docs' list is theirs."""
+    doc = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    start = doc.index("\n\n", doc.index("**Checked across keys**")) + 2
+    assert doc[start : doc.index("\n\n", start)] == checks_text()
 
 
 def test_docs_rules_table_lists_the_rule_keys() -> None:

@@ -27,8 +27,8 @@ from patch_fixtures import (
     with_meta,
 )
 
+from acp_proxy.base.jsontypes import OMITTED, JsonObject
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import OMITTED, JsonObject
 from acp_proxy.meta.annotate import (
     AnnotateStatus,
     Annotation,
@@ -40,7 +40,7 @@ from acp_proxy.meta.patch import apply_meta_patches, apply_meta_update, compose
 from acp_proxy.meta.registry import UPSERT_KINDS, find_upsert
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.meta.updates import merge_updates
-from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce import FRAME_OVERHEAD, OutboundQueue, OutFrame
 
 APPLIED = AnnotateStatus.APPLIED
 UNCHANGED = AnnotateStatus.UNCHANGED
@@ -552,11 +552,17 @@ def lines(*frames: bytes) -> list[bytes]:
     return [f + b"\n" for f in frames]
 
 
+def take(queue: OutboundQueue, now: float) -> tuple[list[bytes], float | None]:
+    """``queue.take`` with its runs of lines split into one frame (ending in a newline) each."""
+    out, deadline = queue.take(now)
+    return [line + b"\n" for run in out for line in run[:-1].split(b"\n")], deadline
+
+
 def _run(frames: list[bytes], config: CoalesceConfig | None = None) -> list[bytes]:
     queue = OutboundQueue(config or CoalesceConfig(), coalesce=True)
     for raw in frames:
         queue.push(OutFrame(raw, None, 2), 0.0)
-    out, deadline = queue.take(0.0)
+    out, deadline = take(queue, 0.0)
     assert deadline is None and len(queue) == 0
     return out
 
@@ -608,17 +614,16 @@ def test_merges_only_while_the_queue_holds_pending_messages() -> None:
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     a, b, c = tick(rawOutput={"p": 1}), tick(rawOutput={"p": 2}), tick(rawOutput={"p": 3})
     queue.push(OutFrame(a, None, 2), 0.0)
-    assert queue.take(0.0) == (lines(a), None)  # written as it came
+    assert take(queue, 0.0) == (lines(a), None)  # written as it came
     queue.push(OutFrame(b, None, 2), 0.0)  # nothing pending: b is not merged into a
     queue.push(OutFrame(c, None, 2), 0.0)  # b pending: c merges into it
-    assert len(queue) == 1
-    assert queue.take(0.0) == (lines(c), None)
+    assert take(queue, 0.0) == (lines(c), None)
     assert (queue.stats.pushed, queue.stats.merged, queue.stats.written) == (3, 1, 2)
     # A pending barrier is enough: the updates behind it merge among themselves.
     req = BARRIERS["permission request"]
     for raw in (req, a, b):
         queue.push(OutFrame(raw, None, 2), 0.0)
-    assert queue.take(0.0) == (lines(req, b), None)
+    assert take(queue, 0.0) == (lines(req, b), None)
 
 
 def test_split_clear_then_object_is_exact_bytes() -> None:
@@ -641,10 +646,10 @@ def test_has_room_is_false_exactly_at_the_message_bound() -> None:
     queue.push(OutFrame(tick("call_002", status="pending"), None, 2), 0.0)
     assert len(queue) == 2 and not queue.has_room()
     queue.push(OutFrame(tick("call_001", status="completed"), None, 2), 0.0)  # merges
-    assert len(queue) == 2 and not queue.has_room()
+    assert not queue.has_room() and len(queue) == 2  # at the bound, waiting frames merge
     queue.push(OutFrame(BARRIERS["error response"], None, 2), 0.0)  # pushed regardless
     assert len(queue) == 3 and not queue.has_room()
-    out, _ = queue.take(0.0)  # never dropped
+    out, _ = take(queue, 0.0)  # never dropped
     assert out == lines(
         tick("call_001", status="completed"),
         tick("call_002", status="pending"),
@@ -656,9 +661,10 @@ def test_has_room_is_false_exactly_at_the_message_bound() -> None:
 @pytest.mark.parametrize(("slack", "room"), [(-1, False), (0, False), (1, True)])
 def test_has_room_is_false_exactly_at_the_byte_bound(slack: int, room: bool) -> None:
     frame = tick(status="pending")
-    queue = OutboundQueue(CoalesceConfig(max_queue_bytes=len(frame) + 1 + slack), coalesce=True)
+    held = len(frame) + 1 + FRAME_OVERHEAD  # its bytes and what holding them costs
+    queue = OutboundQueue(CoalesceConfig(max_queue_bytes=held + slack), coalesce=True)
     queue.push(OutFrame(frame, None, 2), 0.0)
-    assert queue.pending_bytes == len(frame) + 1
+    assert queue.pending_bytes == held
     assert queue.has_room() is room
 
 
@@ -678,16 +684,16 @@ def test_min_interval_holds_an_entity_and_merges_while_the_client_keeps_up() -> 
     t1 = [tick(rawOutput={"p": i}) for i in range(4)]
     other = tick("call_002", status="pending")
     queue.push(OutFrame(t1[0], None, 2), 0.0)
-    assert queue.take(0.0) == (lines(t1[0]), None)  # never written before: not held
+    assert take(queue, 0.0) == (lines(t1[0]), None)  # never written before: not held
     queue.push(OutFrame(t1[1], None, 2), 0.01)
     queue.push(OutFrame(other, None, 2), 0.01)
-    out, deadline = queue.take(0.01)
+    out, deadline = take(queue, 0.01)
     assert out == lines(other) and deadline == pytest.approx(0.05)
     queue.push(OutFrame(t1[2], None, 2), 0.02)  # merges into the held one
     queue.push(OutFrame(t1[3], None, 2), 0.03)
-    out, deadline = queue.take(0.04)
+    out, deadline = take(queue, 0.04)
     assert out == [] and deadline == pytest.approx(0.05)
-    out, deadline = queue.take(0.05)
+    out, deadline = take(queue, 0.05)
     assert (out, deadline) == (lines(t1[3]), None)
     assert queue.stats.merged == 2 and queue.stats.written == 3
     # A barrier releases a held update before it, and the next one waits after it.
@@ -695,11 +701,11 @@ def test_min_interval_holds_an_entity_and_merges_while_the_client_keeps_up() -> 
     queue.push(OutFrame(tick(status="completed"), None, 2), 0.06)
     queue.push(OutFrame(barrier, None, 2), 0.06)
     queue.push(OutFrame(tick(status="failed"), None, 2), 0.06)
-    out, deadline = queue.take(0.07)
+    out, deadline = take(queue, 0.07)
     assert out == lines(tick(status="completed"), barrier)
     assert deadline == pytest.approx(0.12)
-    assert deadline is not None and queue.take(0.11) == ([], deadline)
-    assert queue.take(deadline) == (lines(tick(status="failed")), None)  # due at the deadline
+    assert deadline is not None and take(queue, 0.11) == ([], deadline)
+    assert take(queue, deadline) == (lines(tick(status="failed")), None)  # due at the deadline
 
 
 def test_coalesced_output_reaches_the_same_client_state() -> None:

@@ -37,7 +37,7 @@ from proxy_harness import (
     write_config,
 )
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import FORWARD, Chain, Direction, Link, MessageContext, Replace, Verdict
 
 pytestmark = pytest.mark.anyio
@@ -370,7 +370,7 @@ async def test_fail_closed_middleware_answers_the_requester_and_drops(tmp_path: 
 
 RESPONSE_BOOM = '''
 from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Verdict
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 
 
 class BoomOnResults(BaseMiddleware):
@@ -615,7 +615,7 @@ async def test_connect_timeout_from_the_config_file(tmp_path: Path) -> None:
 
 COUNTER = '''
 from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 
 
 class Counter(BaseMiddleware):

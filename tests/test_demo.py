@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from acp_schema import validate_v2, validate_v2_message
 
+from acp_proxy.config import parse_config
+from acp_proxy.config.explain import describe_rule
 from acp_proxy.demo import agent as demo_agent
 from acp_proxy.demo.pairing import pair_updates
 from acp_proxy.demo.session import Frame, SessionRecord
@@ -184,24 +186,57 @@ def test_text_report_of_the_bundled_run() -> None:
     out = proc.stdout
     assert "\x1b[" not in out  # no color when stdout is not a terminal
     lines = out.splitlines()
-    assert lines[:3] == [
+    assert max(len(line) for line in lines) <= 100  # reads well in a 100-column terminal
+    assert lines[:7] == [
         "acp-proxy demo: a scripted ACP v2 client and agent, acp-proxy in between",
         "  rules  acp_proxy/data/default.yaml",
-        "  run    acp-proxy --config acp_proxy/data/default.yaml -- "
-        "python -m acp_proxy.demo.agent --pace-ms 20",
+        "         Rule edge-route: on each tool_call_update and terminal_update the agent sends, "
+        "it sets",
+        "         example.dev/route and example.dev/host, and removes zed.dev/debugMode in the "
+        "entity's",
+        "         _meta, as a metadata patch that leaves the agent's other keys alone.",
+        "  run    acp-proxy --config acp_proxy/data/default.yaml --",
+        "         python -m acp_proxy.demo.agent --pace-ms 20",
     ]
-    assert f"    client+ {json.dumps(FOLLOW_UP, separators=(',', ':'))}" in lines
+    follow_up = json.dumps(FOLLOW_UP, separators=(",", ":"))
+    cut = follow_up.index(',"_meta"') + 1
+    at = next(i for i, line in enumerate(lines) if line.startswith("    client+ "))
+    assert lines[at : at + 2] == [
+        f"    client+ {follow_up[:cut]}",
+        f"            {follow_up[cut:]}",
+    ]
     route = '"example.dev/route":"edge","example.dev/host":"demo-host"'
     assert "  terminal term_001" in lines
-    assert f'    via acp-proxy  {{"acme.dev/shell":"bash",{route}}}' in lines
-    assert (
-        f'    naive client   {{{route},"zed.dev/debugMode":null}}'
-        "  <- loses acme.dev/shell, stores zed.dev/debugMode: null"
-    ) in lines
-    assert (
-        f'    naive proxy    {{"acme.dev/review":{{"reviewer":"sam"}},{route}}}'
-        "  <- keeps stale acme.dev/review"
-    ) in lines
+    at = lines.index("  terminal term_001")
+    assert lines[at + 1 : at + 9] == [
+        '    agent alone    {"acme.dev/shell":"bash"}',
+        '    via acp-proxy  {"acme.dev/shell":"bash","example.dev/route":"edge",',
+        '                   "example.dev/host":"demo-host"}',
+        f"    naive client   {{{route},",
+        '                   "zed.dev/debugMode":null}',
+        "                   <- loses acme.dev/shell, stores zed.dev/debugMode: null",
+        '    naive proxy    {"acme.dev/shell":"bash","example.dev/route":"edge",',
+        '                   "example.dev/host":"demo-host"}  (same)',
+    ]
+    # A string's own comma or space is never where a line is cut.
+    assert '            "text":"3 settings, all valid."}}],"_meta":null}' in lines
+
+
+def test_describe_rule_says_what_a_rule_does_in_one_sentence() -> None:
+    rules = parse_config(
+        "rules:\n"
+        "  - {name: a, match: {direction: agent_to_client, update: [upserts, plan_update]},"
+        " set_meta: {x.dev/k: 1}}\n"
+        "  - {name: b, match: {method: 'session/*'}, target: message, remove_meta: [x.dev/r]}\n",
+        "c.yaml",
+        {},
+    ).rules
+    assert [describe_rule(rule) for rule in rules] == [
+        "Rule a: on each upsert and plan_update the agent sends, it sets x.dev/k in the "
+        "entity's _meta, as a metadata patch that leaves the agent's other keys alone.",
+        "Rule b: on each session/* message either side sends, it removes x.dev/r in the "
+        "message's params._meta.",
+    ]
 
 
 def test_a_burst_ends_in_the_same_stored_metadata() -> None:
@@ -259,21 +294,26 @@ def test_text_rows_without_coalescing(no_coalesce_rules: Path) -> None:
     proc = _demo("--pace-ms", "0", "--config", str(no_coalesce_rules))
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
+    follow_up = json.dumps(FOLLOW_UP, separators=(",", ":"))
+    cut = follow_up.index(',"_meta"') + 1
     assert (
         " 9  tool_call_update     tool call call_001\n"
         '    agent   {"sessionUpdate":"tool_call_update","toolCallId":"call_001",'
-        '"status":"completed","content":[{"type":"content","content":{"type":"text",'
-        '"text":"3 settings, all valid."}}],"_meta":null}\n'
+        '"status":"completed",\n'
+        '            "content":[{"type":"content","content":{"type":"text",\n'
+        '            "text":"3 settings, all valid."}}],"_meta":null}\n'
         "    client  same bytes (the clear is kept)\n"
-        f"    client+ {json.dumps(FOLLOW_UP, separators=(',', ':'))}\n"
+        f"    client+ {follow_up[:cut]}\n"
+        f"            {follow_up[cut:]}\n"
         "            ^ inserted by the proxy: its keys, after the kept clear\n"
     ) in text
     assert (
         " 5  tool_call_update     tool call call_001\n"
         '    agent   {"sessionUpdate":"tool_call_update","toolCallId":"call_001",'
         '"status":"in_progress"}\n'
-        '    client  same update, _meta {"example.dev/route":"edge",'
-        '"example.dev/host":"demo-host","zed.dev/debugMode":null}\n'
+        "    client  same update, with this _meta:\n"
+        '            {"example.dev/route":"edge","example.dev/host":"demo-host",'
+        '"zed.dev/debugMode":null}\n'
         "            the agent sent no _meta: a patch with only these keys leaves its keys alone\n"
         '            + example.dev/route: "edge"\n'
         '            + example.dev/host: "demo-host"\n'
@@ -290,24 +330,37 @@ def test_text_rows_without_coalescing(no_coalesce_rules: Path) -> None:
 
 def test_missing_rules_file() -> None:
     proc = _demo("--config", "/nonexistent/rules.yaml")
-    assert proc.returncode == 1
-    assert proc.stdout == ""
-    assert proc.stderr == "acp-proxy demo: error: no such rules file: /nonexistent/rules.yaml\n"
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "acp-proxy: /nonexistent/rules.yaml: cannot read the config file: "
+        "No such file or directory\n"
+    )
 
 
-def test_proxy_that_fails_at_start_up(tmp_path: Path) -> None:
+def test_a_bad_rules_file_is_a_config_error(tmp_path: Path) -> None:
+    """The demo reads the file first: the proxy's own config error, exit 2, not a proxy that
+    failed behind an internal command line."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - name: x\n    set_meta: {nonamespace: 1}\n", encoding="utf-8")
     proc = _demo("--config", str(bad), "--timeout", "60")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"acp-proxy: {bad}:3: rules[0].set_meta.nonamespace: ")
+
+
+def test_proxy_that_fails_at_start_up(tmp_path: Path) -> None:
+    """A valid file the proxy still cannot start with (its record directory does not exist):
+    the demo says what the proxy said."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"record: {{path: {tmp_path}/no/such/r.jsonl}}\n", encoding="utf-8")
+    proc = _demo("--config", str(cfg), "--timeout", "60")
     assert proc.returncode == 1
     assert proc.stdout == ""
     first = proc.stderr.splitlines()[0]
     assert first.startswith("acp-proxy demo: error: ")
-    assert "-m acp_proxy --config" in first
-    assert "closed its output while the client waited for the initialize response" in first
-    assert "(exit status " in first
+    assert first.endswith("(exit status 2)")
     assert "--- its stderr ---" in proc.stderr
-    assert "rules[0].set_meta" in proc.stderr  # the proxy's own config error is shown
+    assert "cannot open the record file" in proc.stderr
 
 
 # --- pairing, in process -------------------------------------------------------------------------

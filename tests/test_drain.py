@@ -122,7 +122,10 @@ async def run_with_paused_client(
 
 
 def expected_output() -> bytes:
-    errors = b"".join(error_line(i, -32603, "agent exited with status 3") for i in range(REQUESTS))
+    errors = b"".join(
+        error_line(i, -32603, "agent exited with status 3 during session/prompt")
+        for i in range(REQUESTS)
+    )
     return b"".join(stream_lines(TOTAL, 0, PAD)) + errors
 
 

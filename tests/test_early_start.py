@@ -1,4 +1,4 @@
-"""The early start (issue 13, start-up as users feel it): on a plain stdio session the agent is
+"""The early start (start-up as users feel it): on a plain stdio session the agent is
 started before the proxy imports anyio and its runtime, so the agent boots while the proxy gets
 ready; a signal that comes in that window takes the usual shutdown ladder.
 

@@ -394,3 +394,19 @@ def test_official_envelopes_match_the_schema(version: int) -> None:
         else {"protocolVersion": 2, "info": {"name": "zed", "version": "1"}, "capabilities": {}}
     )
     validate("InitializeProxyRequest", init)
+
+
+def test_escaped_and_repeated_keys_take_the_full_walk() -> None:
+    """Where the C scanner declines (a key with an escape, a key given twice), the spans come
+    from a full walk, and the last of repeated keys wins, as in the parse."""
+    escaped = (
+        b'{"jsonrpc":"2.0","method":"proxy/successor","params":{"method":"a/b",'
+        b'"par\\u0061ms":{"x":1},"_meta":{"h":1}}}'
+    )
+    got = unwrap(msg(escaped), Dialect.OFFICIAL)
+    assert got.inner == b'{"jsonrpc":"2.0","method":"a/b","params":{"x":1}}'
+    assert got.hop_meta == b'{"h":1}'
+    repeated = b'{"jsonrpc":"2.0","id":1,"id":2,"method":"m","params":{"a":1},"params":{"b":2}}'
+    assert wrap(msg(repeated), Dialect.SACP) == (
+        b'{"jsonrpc":"2.0","id":2,"method":"_proxy/successor","params":{"method":"m","params":{"b":2}}}'
+    )

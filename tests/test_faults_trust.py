@@ -46,7 +46,10 @@ EXOTIC_UPDATE = (
 )
 META = b',"_meta":{"example.dev/route":"edge"}'
 # The scripted agent exits without answering the prompt: the proxy owes the client this.
-ABORTED = b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"agent exited with status 0"}}'
+ABORTED = (
+    b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,'
+    b'"message":"agent exited with status 0 during session/prompt"}}'
+)
 
 
 def exact(line: bytes) -> Any:

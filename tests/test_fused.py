@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rawjson import WS, json_strings, json_text
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
-from acp_proxy.jsontypes import JsonValue
 from acp_proxy.meta.registry import UPSERT_KINDS
 from acp_proxy.wire import rawjson, rawsplice, rewrite
 from acp_proxy.wire.chain import Chain, Direction, Link

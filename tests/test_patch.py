@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from patch_fixtures import frozen, has_null_key, meta_fields, stored_meta
 
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject
 from acp_proxy.meta.patch import (
     MetaPatch,
     apply_meta_patches,

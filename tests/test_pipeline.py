@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import NonJsonPolicy
-from acp_proxy.jsontypes import JsonObject
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
@@ -268,8 +268,8 @@ def test_pending_client_requests_and_abort() -> None:
     ]
     assert conn.pending_client_requests == 0
     assert wire(tuple(frames)) == [
-        b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
-        b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3"}}',
+        b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3 during session/prompt"}}',
+        b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,"message":"acp-proxy: the agent exited with status 3 during session/prompt"}}',
     ]
     assert conn.pending_client_requests == 0
     assert list(conn.abort_pending("again")) == []
@@ -752,7 +752,7 @@ def test_a_frame_over_the_parse_budget_is_forwarded_and_tracked_from_its_head() 
     [[error]] = list(conn.abort_pending("agent gone"))
     assert (
         error.raw
-        == b'{"jsonrpc":"2.0","id":18446744073709551616,"error":{"code":-32603,"message":"agent gone"}}'
+        == b'{"jsonrpc":"2.0","id":18446744073709551616,"error":{"code":-32603,"message":"agent gone during x"}}'
     )
     # A big response is matched from its head too.
     conn.handle(A2C, Line(b'{"jsonrpc":"2.0","id":9,"method":"session/request_permission"}'))

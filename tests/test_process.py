@@ -173,7 +173,7 @@ async def test_agent_that_ignores_sigterm_gets_sigkill(tmp_path: Path) -> None:
     # Request 2 was never answered: the client still gets an answer for it.
     assert ran.stdout == init_response(1) + (
         b'{"jsonrpc":"2.0","id":2,"error":{"code":-32603,'
-        b'"message":"agent was killed by SIGKILL (status 137)"}}\n'
+        b'"message":"agent was killed by SIGKILL (status 137) during pending"}}\n'
     )
     assert b"sending SIGTERM" in ran.stderr and b"sending SIGKILL" in ran.stderr
 

@@ -182,7 +182,8 @@ async def test_redaction_removes_a_planted_secret_from_the_record_not_the_wire(
     assert new["redacted"] is True
     params_seen = json.loads(new["raw"])["params"]
     assert params_seen["text"] == "my key is [REDACTED]"
-    assert params_seen["mcpServers"][0]["env"] == "[REDACTED]"
+    # The shape the schema wants (an array of {name, value}): a replay sends valid params.
+    assert params_seen["mcpServers"][0]["env"] == [{"name": "API", "value": "[REDACTED]"}]
     assert params_seen["sessionPassphrase"] == "[REDACTED]"
     assert params_seen["note"] == "code [REDACTED] here"
     assert params_seen["big"] == 340282366920938463463374607431768211456  # exact, still JSON

@@ -9,6 +9,7 @@ from typing import Any, cast
 import pytest
 from acp_schema import schema_defs, validate_v1_message, validate_v2_message
 
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.config.rules import (
     KNOWN_UPDATE_KINDS,
     Rule,
@@ -18,7 +19,6 @@ from acp_proxy.config.rules import (
     edit_params_meta,
     rules_needles,
 )
-from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.wire.chain import (
     FORWARD,

@@ -315,8 +315,8 @@ async def test_agent_crash_answers_requests_in_flight() -> None:
     assert ran.stdout == (
         init_response(1)
         + echo_response(2, None)
-        + error_line("three", -32603, "agent exited with status 5")
-        + error_line(4, -32603, "agent exited with status 5")
+        + error_line("three", -32603, "agent exited with status 5 during b")
+        + error_line(4, -32603, "agent exited with status 5 during c")
     )
 
 
@@ -325,7 +325,7 @@ async def test_agent_killed_by_signal_names_the_signal() -> None:
     ran = await run(proxy_cmd(agent=["--silent-after", "1", "--kill-self", "SIGKILL"]), frames)
     assert ran.rc == 128 + 9
     assert ran.stdout == init_response(1) + error_line(
-        2, -32603, "agent was killed by SIGKILL (status 137)"
+        2, -32603, "agent was killed by SIGKILL (status 137) during a"
     )
 
 
@@ -554,7 +554,7 @@ async def test_pump_session_over_memory_streams() -> None:
     assert out == (
         init_response(1)
         + b'{"jsonrpc":"2.0","method":"n","params":{}}\n'
-        + error_line(2, -32603, "agent connection lost")
+        + error_line(2, -32603, "agent connection lost during hang")
     )
     assert reasons == ["asked"]
     assert session.connection.version == 2
@@ -612,6 +612,6 @@ async def test_observers_see_every_frame_and_what_the_proxy_generated() -> None:
         ("agent_to_client", init_response(1)[:-1], None),
     ]
     assert recorder.generated == [
-        ("agent_to_client", (error_line(2, -32603, "agent closed its output")[:-1],))
+        ("agent_to_client", (error_line(2, -32603, "agent closed its output during hang")[:-1],))
     ]
     assert recorder.ended == 1

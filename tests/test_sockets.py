@@ -362,7 +362,9 @@ async def test_connect_agent_connection_lost_with_request_in_flight() -> None:
                 rc = await proxy.wait()
             tg.cancel_scope.cancel()
     assert seen == [request(1, "initialize", {}), request(2, "session/prompt", {"p": 1})]
-    assert rest == error_line(2, -32603, f"agent connection to {url} was lost")
+    assert rest == error_line(
+        2, -32603, f"agent connection to {url} was lost during session/prompt"
+    )
     assert rc == 1
     assert f"acp-proxy: the connection to the agent at {url} was lost\n".encode() in err
 
@@ -465,7 +467,7 @@ async def test_listen_and_connect_one_agent_connection_per_client(tmp_path: Path
                 )
                 await a.send(request(2, "drop", {}))
                 assert await a_lines.rest() == error_line(
-                    2, -32603, f"agent connection to {agent_url} was lost"
+                    2, -32603, f"agent connection to {agent_url} was lost during drop"
                 )
                 await a.aclose()
                 assert await exchange(b_lines, b, request(2, "x", {"c": "b"})) == echo(

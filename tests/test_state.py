@@ -25,7 +25,7 @@ from patch_fixtures import (
     with_meta,
 )
 
-from acp_proxy.jsontypes import OMITTED
+from acp_proxy.base.jsontypes import OMITTED
 from acp_proxy.meta.state import ClientModel
 
 VECTORS = Path(__file__).parent / "vectors" / "meta_patches.json"

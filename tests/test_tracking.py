@@ -20,9 +20,9 @@ def test_admit_answer_and_the_count_bound() -> None:
     assert t.admit(C2A, "a", "session/new", b'"a"')
     assert t.full(C2A) and t.room(C2A) == 0
     assert not t.admit(C2A, 3, "x", b"3")  # refused, not tracked
-    assert t.admit(C2A, 1, "again", b"1")  # a reused id replaces the waiting request
+    assert not t.admit(C2A, 1, "again", b"1")  # a reused id needs room too (it waits behind)
     assert t.room(A2C) == 2  # the other direction has its own table
-    assert t.answer(C2A, 1) == ("again", b"1")
+    assert t.answer(C2A, 1) == ("session/prompt", b"1")
     assert t.answer(C2A, 1) is None
     assert t.waiting(C2A) == 1 and t.knows(C2A, "a") and not t.knows(A2C, "a")
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.ui import events, security
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.export import record_lines, zed_messages

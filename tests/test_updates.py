@@ -21,7 +21,7 @@ from patch_fixtures import (
     with_meta,
 )
 
-from acp_proxy.jsontypes import OMITTED
+from acp_proxy.base.jsontypes import OMITTED
 from acp_proxy.meta.registry import UPSERT_KINDS
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.meta.updates import merge_updates

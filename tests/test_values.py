@@ -1,4 +1,4 @@
-"""acp_proxy.values: ``@value`` behaves as ``@dataclass(frozen=True, slots=True)`` (issue 13)."""
+"""acp_proxy.base.values: ``@value`` behaves as ``@dataclass(frozen=True, slots=True)``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from acp_proxy.values import value
+from acp_proxy.base.values import value
 
 
 @value

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.demo import _child_env
 from acp_proxy.demo.session import _Child, _is_idle, _response_to, client_messages
-from acp_proxy.jsontypes import JsonObject
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "acp_proxy" / "data" / "default.yaml"

@@ -9,10 +9,8 @@ option and never reads a config file; optional layers are imported only when ena
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
-import stat
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -67,21 +65,14 @@ def starts_early(config: Config) -> bool:
 
 def can_record(path: str) -> bool:
     """Whether the recorder could open ``path`` now: a directory it may create a file in, or a
-    regular file it may append to (created as the recorder creates it: ``0600``). Anything
-    else is left to the recorder alone: a FIFO opened and closed here would give its reader
-    EOF before the record, and a device may act on an open."""
+    file the recorder's own rules accept (``acp_proxy.shell.recordfile``). A FIFO is left to
+    the recorder alone: opened and closed here, it would give its reader EOF before the
+    record."""
     if os.path.isdir(path) or path.endswith(os.sep):
         return os.access(path, os.W_OK | os.X_OK)
-    with contextlib.suppress(OSError):  # not there yet (created below), or not reachable
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return False
-    from acp_proxy.record.settings import RECORD_FILE_MODE, RECORD_OPEN_FLAGS
+    from acp_proxy.shell.recordfile import can_record as recorder_can_open
 
-    try:
-        os.close(os.open(path, RECORD_OPEN_FLAGS, RECORD_FILE_MODE))
-    except OSError:
-        return False
-    return True
+    return recorder_can_open(path)
 
 
 def with_telemetry(

@@ -6,13 +6,14 @@ and every independent error of a file is reported at once. The hot path only see
 result. Pure apart from reading the one file it is given and importing the user middleware it
 names (both at load time, never per message).
 
-The settings are declared once, in ``SETTINGS`` (issue 14): the parser validates the scalar
-settings and their sections from it, and ``json_schema()`` (``acp-proxy schema``) and
-``settings_table()`` (the README's table) are generated from it. The fields of a rule and of a
-middleware entry are declared in ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS`` (their key lists and
-schema come from there), but their cross-key checks keep hand-written code (_Parser.rule).
+The format is declared once (``schema``: ``SETTINGS``, ``RULE_FIELDS``, ``MIDDLEWARE_FIELDS``;
+``checks``: the rules across the keys of one rule or middleware entry): the parser validates from
+these tables, and ``json_schema()`` (``acp-proxy schema``), ``settings_table()`` and
+``checks_text()`` (the docs) are generated from them (``reference``). The parser's rooms:
+``reading`` (the file, safely, into YAML nodes), ``nodes`` (a node into a value, with its
+position), ``imports`` (``use:`` classes), ``parser`` (the document into a ``Config``).
 
-A config file is data unless it says otherwise (issue 10): ``use:`` may name only a middleware
+A config file is data unless it says otherwise: ``use:`` may name only a middleware
 class, refused before anything is called (``os:system`` is not one); the YAML is bounded (size,
 aliases, nesting) and only the core tags are accepted; the file must be a regular file.
 
@@ -89,9 +90,12 @@ from acp_proxy.config.model import (
 )
 
 if TYPE_CHECKING:
+    from acp_proxy.config.checks import checks_text
     from acp_proxy.config.explain import explain_config
-    from acp_proxy.config.parser import parse_config, parse_size
+    from acp_proxy.config.nodes import parse_size
+    from acp_proxy.config.parser import parse_config
     from acp_proxy.config.reading import read_config_file, writable_by_others
+    from acp_proxy.config.reference import json_schema, settings_table
     from acp_proxy.config.schema import (
         MATCH_KEYS,
         MIDDLEWARE_FIELDS,
@@ -101,11 +105,9 @@ if TYPE_CHECKING:
         TOP_KEYS,
         Kind,
         Setting,
-        json_schema,
-        settings_table,
     )
 
-# Start-up (issue 13): the modules that need PyYAML (``parser``, ``reading``), ``explain`` and the
+# Start-up: the modules that need PyYAML (``parser``, ``reading``), ``explain`` and the
 # settings table (``schema``) are imported on first use, so a proxy started without a config
 # file loads none of them.
 _LAZY = {
@@ -119,14 +121,15 @@ _LAZY = {
             "TOP_KEYS",
             "Kind",
             "Setting",
-            "json_schema",
-            "settings_table",
         ),
         "acp_proxy.config.schema",
     ),
+    "json_schema": "acp_proxy.config.reference",
+    "settings_table": "acp_proxy.config.reference",
+    "checks_text": "acp_proxy.config.checks",
     "explain_config": "acp_proxy.config.explain",
     "parse_config": "acp_proxy.config.parser",
-    "parse_size": "acp_proxy.config.parser",
+    "parse_size": "acp_proxy.config.nodes",
     "read_config_file": "acp_proxy.config.reading",
     "writable_by_others": "acp_proxy.config.reading",
 }
@@ -179,6 +182,7 @@ __all__ = [
     "StderrMode",
     "TracingConfig",
     "UiConfig",
+    "checks_text",
     "explain_config",
     "json_schema",
     "load_config",

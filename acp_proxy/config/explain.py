@@ -119,3 +119,37 @@ def _explain_record(config: Config) -> str:
             f"{_count(len(record.redact_patterns), 'pattern')}"
         )
     return f"{record.path}, max_bytes {record.max_bytes} ({_size_text(record.max_bytes)}){extra}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def describe_rule(rule: Rule) -> str:
+    """One sentence on what ``rule`` does, for people who have not read the config format."""
+    if rule.has_update_filter:
+        kinds = list(rule.update_kinds or ())
+        if rule.update_upserts:
+            kinds.insert(0, "upsert")
+        what = f"each {_and(kinds)}"
+    elif rule.method is not None:
+        what = f"each {rule.method} message"
+    else:
+        what = "each message"
+    sender = {
+        "agent_to_client": "the agent sends",
+        "client_to_agent": "the client sends",
+    }.get(rule.direction.value, "either side sends")
+    does = []
+    if rule.set_meta:
+        does.append("sets " + _and(list(rule.set_meta)))
+    if rule.remove_meta:
+        does.append("removes " + _and(list(rule.remove_meta)))
+    action = ", and ".join(does) if does else "changes nothing"
+    if rule.target is RuleTarget.ENTITY:
+        where = (
+            "in the entity's _meta, as a metadata patch that leaves the agent's other keys alone"
+        )
+    else:
+        where = "in the message's params._meta"
+    return f"Rule {rule.name}: on {what} {sender}, it {action} {where}."

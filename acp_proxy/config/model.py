@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.meta.registry import V1Mode
 from acp_proxy.record.settings import RecordConfig
-from acp_proxy.values import value
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Reading a config file safely (issue 10: "config files are data unless they say otherwise").
+"""Reading a config file safely: config files are data unless they say otherwise.
 
 Contract: the file must be a regular file of at most 1 MiB (checked before and after opening,
 without blocking on a FIFO or a device); YAML is loaded with a bounded loader (aliases counted and
@@ -17,7 +17,18 @@ import yaml
 from yaml.nodes import Node
 
 from acp_proxy.config.model import ConfigError, _quote, _size_text
-from acp_proxy.config.schema import _TAG
+
+# The YAML core schema's tags (JSON's types), and how an error names a value of each.
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_TIMESTAMP = _TAG + "timestamp"
+_TAG_NAMES: Final = {
+    _STR: "a string",
+    _INT: "an integer",
+    _FLOAT: "a number",
+    _BOOL: "a boolean",
+    _TIMESTAMP: "a date",
+}
 
 # --- reading the file safely ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Final, NamedTuple
 
 import orjson
 
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
 from acp_proxy.meta import registry
 from acp_proxy.meta.annotate import (
     NEEDS_SPLIT,

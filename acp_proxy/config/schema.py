@@ -1,36 +1,28 @@
-"""The one declarative description of the config file (issue 14).
+"""The one declarative description of the config file: every key, what it holds, its default.
 
 Contract: ``SETTINGS`` (every top-level setting and section, with its kind, default, bounds and
-help), ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS``; and what is generated from them: the JSON Schema
-(``json_schema``, ``acp-proxy schema``, ``config/acp-proxy.schema.json``) and the README's settings
-table (``settings_table``). The parser (``config.parser``) validates from the same table.
+help), ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS`` (the keys of one rule and one middleware entry,
+and which must be given); the rules across keys are declared next to them, in ``config.checks``.
+The parser (``config.parser``) validates from these tables, and ``config.reference`` generates
+from them the JSON Schema (``acp-proxy schema``, ``config/acp-proxy.schema.json``) and the docs'
+tables. Declarations only: no behaviour.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Final
 
 from acp_proxy.config.model import (
-    Config,
-    MiddlewareSpec,
     NonJsonPolicy,
     StderrMode,
-    _json_text,
-    _RulesFactory,
-    _size_text,
 )
 from acp_proxy.config.rules import (
-    W3C_TRACE_KEYS,
-    Rule,
     RuleDirection,
     RuleTarget,
 )
-from acp_proxy.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.annotate import V1Mode
 
 # --- the schema --------------------------------------------------------------------------------
@@ -62,8 +54,8 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One key of the config file, declared once (issue 14): the parser validates it from this,
-    ``json_schema()`` describes it, and ``settings_table()`` is the README's Settings table."""
+    """One key of the config file, declared once: the parser validates it from this,
+    ``json_schema()`` describes it, and ``settings_table()`` is the docs' Settings table."""
 
     key: str
     kind: Kind
@@ -77,6 +69,7 @@ class Setting:
     listen: bool = False  # ADDRESS: port 0 allowed
     children: tuple[Setting, ...] = ()  # SECTION
     default_doc: str | None = None  # README default where the value itself says little
+    required: str | None = None  # a rule or middleware field that must be given: the error
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
@@ -326,8 +319,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "redact",
                 Kind.STRINGS,
                 "Key names whose values are never recorded or logged, added to the defaults "
-                "(`env`, `authorization`, `apiKey`, `token`, `password`, `secret`, `cookie`, "
-                "`credential(s)`, `privateKey`; any depth, any case, also as a suffix).",
+                "(`env`, `headers`, `authorization`, `apiKey`, `token`, `password`, `secret`, "
+                "`cookie`, `credential(s)`, `privateKey`; any depth, any case, also as a "
+                "suffix; also a `{name, value}` pair whose name is one, and a command-line "
+                "flag in a list of arguments: `--token X`, `--token=X`, `TOKEN=X`). The shape "
+                "is kept: each string and number under the key is replaced.",
                 attr="redact",
             ),
             Setting(
@@ -335,7 +331,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 Kind.REGEXES,
                 "Regular expressions for secret-looking strings, added to the defaults "
                 "(API keys `sk-...`, GitHub `ghp_...`, Slack, AWS, Google keys, bearer "
-                "tokens, JWTs).",
+                "tokens, JWTs). A pattern whose matching time can explode (a quantifier "
+                "inside a quantifier, overlapping alternatives under one, two unbounded "
+                "quantifiers in a row over the same characters) is refused.",
                 attr="redact_patterns",
             ),
         ),
@@ -389,7 +387,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
 _BY_KEY: Final = {s.key: s for s in SETTINGS}
 
 # The fields of one rules: entry and one middleware: entry. Their defaults come from Rule and
-# MiddlewareSpec (``attr``); the checks across keys are the parser's.
+# MiddlewareSpec (``attr``); the checks across keys are ``config.checks``.
 RULE_FIELDS: Final[tuple[Setting, ...]] = (
     Setting("name", Kind.STRING, "Shown in logs; unique. Default rules[I]."),
     Setting(
@@ -440,6 +438,7 @@ MIDDLEWARE_FIELDS: Final[tuple[Setting, ...]] = (
         Kind.USE,
         'The built-in "rules", or "package.module:Class": a middleware class, imported at '
         "start-up (a config file is as trusted as code).",
+        required='missing "use": "rules" or an import path such as "mypkg.module:Class"',
     ),
     Setting("with", Kind.OPTIONS, "Keyword arguments of the class's constructor."),
     Setting("name", Kind.STRING, "Shown in logs; unique. Default: the instance's name."),
@@ -461,20 +460,6 @@ AGENT_KEYS: Final = tuple(c.key for c in _BY_KEY["agent"].children)
 COALESCE_KEYS: Final = tuple(c.key for c in _BY_KEY["coalesce"].children)
 BUILTIN_RULES: Final = "rules"
 
-_TAG = "tag:yaml.org,2002:"
-_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
-_TIMESTAMP, _MERGE = _TAG + "timestamp", _TAG + "merge"
-_TAG_NAMES: Final = {
-    _STR: "a string",
-    _INT: "an integer",
-    _FLOAT: "a number",
-    _BOOL: "a boolean",
-    _TIMESTAMP: "a date",
-}
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_USE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 # Sizes: a byte count with an optional unit, in any case and with or without a space ("64MiB",
 # "64mb", "64 MB", "64k"). KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024, and the
 # one-letter k/m/g mean KiB/MiB/GiB as in most command-line tools.
@@ -498,175 +483,3 @@ SIZE_HELP: Final = (
 )
 # The same grammar for the JSON schema (ECMAScript regex, no flags).
 SIZE_PATTERN: Final = r"^\s*[0-9]+\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"
-
-
-# --- the JSON schema and the README table, from SETTINGS ---------------------------------------
-
-_ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up
-_META_KEY: Final[JsonObject] = {
-    "anyOf": [
-        {"enum": cast(JsonValue, sorted(W3C_TRACE_KEYS))},
-        {"type": "string", "pattern": "^[^/]+/.+$"},
-    ]
-}
-
-
-def _defaults(instance: object) -> dict[str, object]:
-    """The default of each field of a dataclass, from an instance built with its defaults."""
-    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(cast(Any, instance))}
-
-
-def _json_default(value: object) -> JsonValue:
-    if isinstance(value, enum.Enum):
-        return cast(JsonValue, value.value)
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
-    return cast(JsonValue, value)
-
-
-def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObject:
-    """The schema of one setting; ``defaults`` maps its owner's fields to their defaults."""
-    kind = setting.kind
-    out: JsonObject = {"description": setting.doc}
-    if kind is Kind.BOOL:
-        out["type"] = "boolean"
-    elif kind is Kind.INT:
-        out.update(type="integer", minimum=setting.minimum)
-    elif kind is Kind.SIZE:
-        out["anyOf"] = [
-            {"type": "integer", "minimum": 1},
-            {"type": "string", "pattern": SIZE_PATTERN},
-            dict(_ENV_REF),
-        ]
-    elif kind is Kind.SECONDS:
-        out["type"] = "number"
-        out["exclusiveMinimum" if setting.positive else "minimum"] = 0
-    elif kind is Kind.CHOICE:
-        assert setting.choices is not None
-        out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
-    elif kind is Kind.ADDRESS:
-        pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
-        if setting.key == "metrics":  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
-            pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
-        out["anyOf"] = [
-            {"type": "null"},
-            {"type": "string", "pattern": pattern},
-            dict(_ENV_REF),
-        ]
-    elif kind is Kind.ENV:
-        out.update(
-            type=["object", "null"],
-            propertyNames={"pattern": "^[^=]+$"},
-            additionalProperties={"type": ["string", "number"]},
-        )
-    elif kind is Kind.SECTION:
-        inner = defaults
-        if setting.attr is not None:
-            inner = _defaults(defaults[setting.attr])
-        out.update(_mapping_schema(setting.children, inner), type=["object", "null"])
-    elif kind is Kind.RULES:
-        out.update(type=["array", "null"], items={"$ref": "#/$defs/rule"})
-    elif kind is Kind.MIDDLEWARE:
-        out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
-    elif kind is Kind.STRING:
-        out.update(type="string", minLength=1)
-    elif kind is Kind.UPDATE:
-        out["anyOf"] = [
-            {"type": "string"},
-            {"type": "array", "minItems": 1, "items": {"type": "string"}},
-        ]
-    elif kind is Kind.META_MAP:
-        out.update(
-            type="object",
-            propertyNames=_META_KEY,
-            additionalProperties={"not": {"type": "null"}},
-        )
-    elif kind is Kind.META_LIST:
-        out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
-    elif kind is Kind.OPTIONS:
-        out["type"] = ["object", "null"]
-    elif kind in (Kind.STRINGS, Kind.REGEXES):
-        out.update(type=["array", "null"], items={"type": "string", "minLength": 1})
-    else:
-        assert kind is Kind.USE, kind
-        out.update(type="string", pattern=r"^(rules|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$")
-    if setting.attr is not None and kind is not Kind.SECTION:
-        default = defaults[setting.attr]
-        if default is not None:
-            out["default"] = _json_default(default)
-    return out
-
-
-def _mapping_schema(fields: Sequence[Setting], defaults: Mapping[str, object]) -> JsonObject:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {f.key: _setting_schema(f, defaults) for f in fields},
-    }
-
-
-def json_schema() -> JsonObject:
-    """The JSON schema of the config file (``acp-proxy schema``), generated from SETTINGS,
-    RULE_FIELDS and MIDDLEWARE_FIELDS.
-
-    It checks the shape of the file for editors; ``check-config`` checks more (imports, rule
-    cross-checks, environment variables, the socket addresses).
-    """
-    rule = _mapping_schema(RULE_FIELDS, _defaults(Rule(name="")))
-    # _Parser.rule: "the rule changes nothing: give set_meta and/or remove_meta".
-    rule["anyOf"] = [{"required": ["set_meta"]}, {"required": ["remove_meta"]}]
-    middleware = _mapping_schema(
-        MIDDLEWARE_FIELDS, _defaults(MiddlewareSpec("", factory=_RulesFactory((), V1Mode.OFF, 1)))
-    )
-    middleware["required"] = ["use"]
-    top = _mapping_schema(SETTINGS, _defaults(Config()))
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "acp-proxy configuration file",
-        **top,
-        "type": ["object", "null"],
-        "$defs": {"rule": rule, "middleware": middleware},
-    }
-
-
-def _readme_default(setting: Setting, section: Setting | None) -> str:
-    if setting.default_doc is not None:
-        return setting.default_doc
-    defaults = _defaults(Config())
-    if section is not None and section.attr is not None:
-        defaults = _defaults(defaults[section.attr])
-    assert setting.attr is not None
-    value = defaults[setting.attr]
-    if isinstance(value, bool):
-        return f"`{str(value).lower()}`"
-    if setting.kind is Kind.SIZE:
-        assert isinstance(value, int)
-        return f"`{_size_text(value).replace(' ', '')}`"
-    if isinstance(value, enum.Enum):
-        return f"`{value.value}`"
-    if isinstance(value, Mapping):
-        return "`{}`" if not value else f"`{_json_text(dict(value))}`"
-    if isinstance(value, float):
-        return f"`{value:g}`"
-    if isinstance(value, tuple):
-        return f"`{_json_text(list(value))}`"
-    return f"`{value}`"
-
-
-def settings_table() -> str:
-    """The README's Settings table (a test keeps the README equal to it)."""
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    for setting in SETTINGS:
-        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE):
-            continue
-        if setting.kind is Kind.SECTION:
-            for child in setting.children:
-                rows.append(
-                    f"| `{setting.key}.{child.key}` | {_readme_default(child, setting)} "
-                    f"| {child.doc} |"
-                )
-        else:
-            rows.append(f"| `{setting.key}` | {_readme_default(setting, None)} | {setting.doc} |")
-    return "\n".join(rows)

@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; 0 on success, 1 when the proxy or the agent failed (message on stderr)."""
+    """Run the demo; 0 on success, 2 for a rules file the proxy refuses, 1 when the proxy or the
+    agent failed (message on stderr)."""
     args = _parser().parse_args(argv)
     agent = [sys.executable, "-m", "acp_proxy.demo.agent", "--pace-ms", str(args.pace_ms)]
     env = _child_env()
@@ -87,10 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             if args.config is not None:
                 config = Path(args.config)
-                if not config.is_file():
-                    raise DemoError(f"no such rules file: {config}")
             else:
                 config = stack.enter_context(_bundled_config())
+            # Read the rules here first: a bad file is the user's config error (exit 2, with
+            # FILE:LINE as the proxy says it), not a proxy that failed behind the demo.
+            rules = _describe_rules(config)
+            if rules is None:
+                return 2
             proxy = [sys.executable, "-m", "acp_proxy", "--config", str(config), "--", *agent]
             direct = run_session(agent, env, args.timeout)
             proxied = run_session(proxy, env, args.timeout)
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 "-m",
                 *agent[2:],
             ]
-            report = build_report(_display_path(config), shown, direct, proxied)
+            report = build_report(_display_path(config), shown, direct, proxied, rules)
     except DemoError as exc:
         print(f"acp-proxy demo: error: {exc}", file=sys.stderr)
         return 1
@@ -119,6 +123,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(render_text(report, color))
     sys.stdout.flush()
     return 0
+
+
+def _describe_rules(path: Path) -> list[str] | None:
+    """One sentence per rule of the file; None (errors printed) when the file is refused."""
+    from acp_proxy.config import ConfigError, load_config
+    from acp_proxy.config.explain import describe_rule
+
+    try:
+        config = load_config(str(path), os.environ, instantiate=False)
+    except ConfigError as exc:
+        for message in exc.messages():
+            print(f"acp-proxy: {message}", file=sys.stderr)
+        return None
+    except OSError as exc:
+        print(f"acp-proxy: {path}: {exc.strerror or exc}", file=sys.stderr)
+        return None
+    return [describe_rule(rule) for rule in config.rules]
 
 
 def _display_path(path: Path) -> str:

@@ -21,6 +21,11 @@ against schema.unstable.json):
   the clear and send its keys in a follow-up update);
 * ``agent_message`` (an upsert) and an ``agent_message_chunk`` with chunk-scoped ``_meta``;
 * ``state_update`` idle with ``stopReason: end_turn``.
+
+With ``--ask-permission``, the agent asks the client ``session/request_permission`` (v2 shape,
+``subject.toolCall`` naming ``call_001``) right after creating the tool call, and goes on with
+the rest of the script once the client answers (whatever the answer): what the telemetry tests
+use to see a permission wait inside a turn. The default script is unchanged.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Final
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 
 PROTOCOL_VERSION: Final = 2
 SESSION_ID: Final = "sess_demo_001"
@@ -42,6 +47,7 @@ AGENT_MESSAGE_ID: Final = "msg_agent_001"
 TOOL_CALL_ID: Final = "call_001"
 TERMINAL_ID: Final = "term_001"
 PLAN_ID: Final = "plan_001"
+PERMISSION_REQUEST_ID: Final = "perm_001"
 
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
@@ -150,14 +156,19 @@ def _error(request_id: JsonValue, code: int, message: str) -> JsonObject:
 class DemoAgent:
     """The agent's state machine: one message in, the messages to write out (pure)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ask_permission: bool = False) -> None:
         self.cwd: str | None = None
+        self.ask_permission = ask_permission
+        self.after_permission: list[JsonObject] = []  # the script's rest, once answered
 
     def handle(self, message: JsonValue) -> list[JsonObject]:
         """Answer one decoded JSON-RPC message; notifications and responses get no answer."""
         if not isinstance(message, dict):
             return []
         method = message.get("method")
+        if method is None and message.get("id") == PERMISSION_REQUEST_ID:
+            rest, self.after_permission = self.after_permission, []
+            return rest  # the client answered the permission request: the turn goes on
         if "id" not in message or not isinstance(method, str):
             return []  # a notification (session/cancel, ...) or a response: nothing to say
         request_id = message["id"]
@@ -209,13 +220,34 @@ class DemoAgent:
             ),
             _result(request_id, {"messageId": USER_MESSAGE_ID}),
         ]
-        out.extend(_notification(update) for update in scripted_updates(self.cwd))
-        out.append(
+        updates = [_notification(update) for update in scripted_updates(self.cwd)]
+        updates.append(
             _notification(
                 {"sessionUpdate": "state_update", "state": "idle", "stopReason": "end_turn"}
             )
         )
-        return out
+        if not self.ask_permission:
+            return out + updates
+        cut = 2  # after the plan and the tool call's creation
+        self.after_permission = updates[cut:]
+        return [*out, *updates[:cut], _permission_request()]
+
+
+def _permission_request() -> JsonObject:
+    return {
+        "jsonrpc": "2.0",
+        "id": PERMISSION_REQUEST_ID,
+        "method": "session/request_permission",
+        "params": {
+            "sessionId": SESSION_ID,
+            "title": "Read config.yaml?",
+            "subject": {"type": "tool_call", "toolCall": {"toolCallId": TOOL_CALL_ID}},
+            "options": [
+                {"optionId": "allow", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "deny", "name": "Deny", "kind": "reject_once"},
+            ],
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,8 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m acp_proxy.demo.agent")
     parser.add_argument("--pace-ms", type=float, default=0.0, metavar="N")
+    parser.add_argument("--ask-permission", action="store_true")
     args = parser.parse_args(argv)
-    agent = DemoAgent()
+    agent = DemoAgent(ask_permission=args.ask_permission)
     stdin = sys.stdin.buffer
     stdout = sys.stdout.buffer
     # readline() returns as soon as one line is in: it does not wait for a full buffer.

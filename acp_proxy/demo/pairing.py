@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject
 from acp_proxy.demo.session import Frame, SessionRecord
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject
 
 
 def _update_of(frame: Frame) -> JsonObject | None:

@@ -1,20 +1,50 @@
 """The demo's report: the pairs, the stored metadata and the verdicts, as JSON and as text.
 
 Contract: owns the report's structure (``build_report``, also ``acp-proxy demo --json``) and its
-text rendering (``render_text``, colours only on a terminal). Pure: it formats what the
+text rendering (``render_text``, colours only on a terminal, every line within ``WIDTH``
+columns: long JSON is wrapped after a comma, under its own start). Pure: it formats what the
 session, pairing and stored-metadata rooms computed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import orjson
 
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.demo.pairing import pair_updates
 from acp_proxy.demo.session import PROMPT_TEXT, Frame, SessionRecord
 from acp_proxy.demo.stored import final_meta, naive_meta, naive_proxy_meta
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue
+
+WIDTH = 100  # columns: the report reads well in a 100-column terminal
+
+
+def _wrap(text: str, indent: int, width: int = WIDTH) -> list[str]:
+    """``text`` in pieces of at most ``width - indent`` characters. JSON (it starts with ``{`` or
+    ``[``) is cut only after a comma that is followed by a key, an object or an array, so that a
+    string is never split at a comma or a space of its own; prose is cut at a space. A cut that
+    would leave a piece shorter than a third of the room, or find no such place, falls at the
+    width."""
+    room = max(width - indent, 20)
+    is_json = text[:1] in "{["
+    pieces: list[str] = []
+    while len(text) > room:
+        cut = -1
+        if is_json:
+            for i in range(room - 1, room // 3 - 1, -1):
+                if text[i] == "," and text[i + 1 : i + 2] in ('"', "{", "["):
+                    cut = i + 1
+                    break
+        else:
+            space = text.rfind(" ", 0, room + 1)
+            cut = space if space >= room // 3 else -1
+        if cut < 0:
+            cut = room
+        pieces.append(text[:cut].rstrip(" "))
+        text = text[cut:].lstrip(" ")
+    pieces.append(text)
+    return pieces
 
 
 def _compact(value: JsonValue) -> str:
@@ -76,10 +106,26 @@ def render_text(report: JsonObject, color: bool) -> str:
     """The terminal report of ``build_report``'s content (ANSI colors only when ``color``)."""
     s = _Style(color)
     lines: list[str] = []
-    add = lines.append
+
+    def add(line: str) -> None:
+        lines.append(line)
+
+    def block(head: str, text: str, paint: Callable[[str], str] = str) -> None:
+        """``head`` then ``text`` wrapped under its start (``head`` sets the indent)."""
+        for i, piece in enumerate(_wrap(text, len(head))):
+            add((head if i == 0 else " " * len(head)) + paint(piece))
+
     add(s.bold("acp-proxy demo") + ": a scripted ACP v2 client and agent, acp-proxy in between")
     add(f"  rules  {report['config']}")
-    add(f"  run    {' '.join(map(str, _as_list(report['proxy_command'])))}")
+    for sentence in _as_list(report.get("rules", [])):
+        block("         ", str(sentence))
+    command = [str(word) for word in _as_list(report["proxy_command"])]
+    cut = command.index("--") + 1 if "--" in command else len(command)
+    if len(" ".join(command)) > WIDTH - 9 and cut < len(command):
+        block("  run    ", " ".join(command[:cut]))  # the proxy's part, then the agent's
+        block("         ", " ".join(command[cut:]))
+    else:
+        block("  run    ", " ".join(command))
     add("")
     add(f"initialize      protocolVersion {report['protocolVersion']}")
     add(f"session/new     {report['sessionId']}")
@@ -92,7 +138,7 @@ def render_text(report: JsonObject, color: bool) -> str:
         add("")
         add(f"{number:>2}  {s.bold(str(row['kind']).ljust(width))}  {row['entity']}")
         for sent in _as_list(row["sent"]):
-            add(f"    agent   {_compact(sent)}")
+            block("    agent   ", _compact(sent))
         received = row["received"]
         status = row["status"]
         if status == "unchanged":
@@ -106,16 +152,17 @@ def render_text(report: JsonObject, color: bool) -> str:
             add(f"    client  {s.red('(not received)')}")
         elif status == "rewritten" and isinstance(received, dict):
             meta = _compact(received["_meta"]) if "_meta" in received else "omitted"
-            add(f"    client  {s.yellow('same update, _meta')} {meta}")
+            add(f"    client  {s.yellow('same update, with this _meta:')}")
+            block("            ", meta)
             for change in _as_list(row.get("meta_changes", [])):
-                add(f"            {s.yellow(str(change))}")
+                block("            ", str(change), s.yellow)
         else:
-            add(f"    client  {_compact(received)}")
+            block("    client  ", _compact(received))
             if status == "merged":
                 merged = f"^ {len(_as_list(row['sent']))} agent updates coalesced into one"
                 add(f"            {s.dim(merged)}")
         for inserted in _as_list(row["inserted"]):
-            add(f"    client+ {_compact(inserted)}")
+            block("    client+ ", _compact(inserted))
             add(
                 f"            {s.yellow('^ inserted by the proxy: its keys, after the kept clear')}"
             )
@@ -127,12 +174,15 @@ def render_text(report: JsonObject, color: bool) -> str:
     naive_proxy = _obj(report["naive_proxy_meta"])
     for entity, correct in final.items():
         add(f"  {s.bold(entity)}")
-        add(f"    agent alone    {_meta_text(direct.get(entity))}")
-        add(f"    via acp-proxy  {s.green(_meta_text(correct))}")
+        block("    agent alone    ", _meta_text(direct.get(entity)))
+        block("    via acp-proxy  ", _meta_text(correct), s.green)
         for label, other in (("naive client", naive), ("naive proxy ", naive_proxy)):
             verdict = _naive_verdict(correct, other.get(entity))
-            shown = f"    {label}   {_meta_text(other.get(entity))}"
-            add(shown + ("  " + s.red(verdict) if verdict else s.dim("  (same)")))
+            block(f"    {label}   ", _meta_text(other.get(entity)))
+            if verdict:
+                block("                   ", verdict, s.red)
+            else:
+                lines[-1] += s.dim("  (same)")
     add("")
     add(
         s.dim("naive client: replaces the stored _meta whole with each object (the rule before the")
@@ -175,7 +225,11 @@ def _obj(value: JsonValue) -> JsonObject:
 
 
 def build_report(
-    config: str, proxy_command: Sequence[str], direct: SessionRecord, proxied: SessionRecord
+    config: str,
+    proxy_command: Sequence[str],
+    direct: SessionRecord,
+    proxied: SessionRecord,
+    rules: Sequence[str] = (),
 ) -> JsonObject:
     """The machine-readable transcript (``--json``); ``render_text`` prints the same content."""
     rows = pair_updates(direct, proxied)
@@ -206,6 +260,7 @@ def build_report(
     final = final_meta(proxied)
     return {
         "config": config,
+        "rules": list(rules),
         "proxy_command": list(proxy_command),
         "protocolVersion": proxied.negotiated_version,
         "sessionId": proxied.session_id,

@@ -21,7 +21,7 @@ from typing import IO, Final
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 
 PROTOCOL_VERSION: Final = 2
 CLIENT_INFO: Final[JsonObject] = {

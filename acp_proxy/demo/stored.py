@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.demo.pairing import entity_of, is_follow_up
 from acp_proxy.demo.session import SessionRecord
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.meta.registry import EntityKey, UpsertSite, find_upsert
 from acp_proxy.meta.state import ClientModel
 

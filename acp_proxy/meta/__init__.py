@@ -5,5 +5,5 @@ and compose one-level ``_meta`` patches), ``registry`` (which ``session/update``
 of which entity, per protocol version), ``updates`` (merging two updates of one entity without
 losing clears and removals), ``annotate`` (adding a rule's keys to an upsert without tracking
 state) and ``state`` (what a client stores: the reference the tests judge by). No I/O, no clock,
-no logging; never mutates its arguments. Depends on nothing but ``acp_proxy.jsontypes``.
+no logging; never mutates its arguments. Depends on nothing but ``acp_proxy.base.jsontypes``.
 """

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue, Omitted
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue, Omitted
 from acp_proxy.meta import registry
 from acp_proxy.meta.patch import as_patch
 from acp_proxy.meta.registry import (

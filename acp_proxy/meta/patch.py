@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, Omitted
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, Omitted
 
 # A top-level `_meta` patch: omitted, null (clear), or an object (key-wise patch).
 MetaPatch: TypeAlias = Omitted | JsonObject | None

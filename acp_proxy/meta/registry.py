@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, TypeAlias, TypeVar
 
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 
 # An entity's identity on a connection: (entity type, params.sessionId, id...). ``None`` only for
 # v1 message chunks without a ``messageId``.

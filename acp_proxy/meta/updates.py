@@ -11,7 +11,7 @@ updates (a chunk appended in between would change the meaning of a combined ``co
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import OMITTED, JsonObject
+from acp_proxy.base.jsontypes import OMITTED, JsonObject
 from acp_proxy.meta.patch import compose
 from acp_proxy.meta.registry import SNAPSHOT_KINDS, UPSERT_KINDS, MetaRule, SnapshotKind, UpsertKind
 

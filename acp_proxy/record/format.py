@@ -1,10 +1,12 @@
 """The record format (version 1) and redaction: what one line of a session record holds.
 
 Contract: pure functions from what the proxy observed (``Observed`` notes, generated frames, the
-session's end) to the bytes of one record line, and back (``parse_line``). Redaction happens
-here, before anything leaves the process; the wire is never touched (the proxy forwards its own
-copy of each frame, never the record's). The format is documented in the README ("Record
-format") and in ``config/record.schema.json``; change either only with ``FORMAT_VERSION``.
+session's end) to the bytes of one record line, and back (``read_line``, which says why a line
+cannot be used). Redaction (``acp_proxy.record.redact``, whose names are exported here too)
+happens here, before anything leaves the process; the wire is never touched (the proxy
+forwards its own copy of each frame, never the record's). The format is documented in
+``docs/recording.md`` and in ``config/record.schema.json``; change either only with
+``FORMAT_VERSION``.
 
 A line is one JSON object:
 
@@ -20,26 +22,31 @@ A line is one JSON object:
 - an event: ``{"t": ..., "event": "version", "protocolVersion": N}``,
   ``{"t": ..., "event": "end", "exit": {...} | null, "protocolVersion": N | null,
   "summary": {...}}`` (the trailer), ``{"t": ..., "event": "stopped", "reason": ...}`` (the size
-  limit was reached: nothing follows), ``{"t": ..., "event": "lost", "frames": N}`` (the writer
-  fell behind and dropped N lines rather than slow the session down).
+  limit was reached: nothing follows), ``{"t": ..., "event": "lost", "frames": N}`` (the file did
+  not take N lines, which were dropped rather than slow the session down).
+
+A file may hold several sessions: each header starts one (``--record`` to the same file again).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import field
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record import settings
-from acp_proxy.values import value
+from acp_proxy.record.redact import (
+    DEFAULT_REDACT_KEYS,
+    DEFAULT_REDACT_PATTERNS,
+    REDACTED,
+    UNREADABLE,
+    Redactor,
+)
 
 FORMAT_VERSION: Final = 1
 MAGIC: Final = "acp-proxy-record"
@@ -50,148 +57,31 @@ AGENT_TO_CLIENT: Final = "agent_to_client"
 # home stays here.
 DEFAULT_MAX_BYTES: Final = settings.DEFAULT_MAX_BYTES
 RecordConfig = settings.RecordConfig
-REDACTED: Final = "[REDACTED]"
-
-# Key names whose values are never written (compared without case, `_` and `-`; a key matches
-# when it is one of these or ends with one: ``accessToken``, ``x-api-key``, ``clientSecret``).
-DEFAULT_REDACT_KEYS: Final[tuple[str, ...]] = (
-    "env",
-    "authorization",
-    "apikey",
-    "token",
-    "password",
-    "passwd",
-    "secret",
-    "cookie",
-    "credential",
-    "credentials",
-    "privatekey",
-)
-# Secret-looking strings, replaced wherever they appear in a string value.
-DEFAULT_REDACT_PATTERNS: Final[tuple[str, ...]] = (
-    r"sk-[A-Za-z0-9_\-]{20,}",  # OpenAI / Anthropic style API keys
-    r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub tokens
-    r"github_pat_[A-Za-z0-9_]{30,}",
-    r"xox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
-    r"AKIA[0-9A-Z]{16}",  # AWS access key ids
-    r"AIza[0-9A-Za-z_\-]{35}",  # Google API keys
-    r"(?:Bearer|bearer|BEARER)\s+[A-Za-z0-9._~+/\-]{16,}=*",
-    r"eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}",  # JWTs
-)
-
-
-def _norm(key: str) -> str:
-    return key.lower().replace("_", "").replace("-", "")
-
-
-# What a frame that needs redaction but cannot be walked (nested too deep) is recorded as.
-UNREADABLE = b'"[REDACTED: a frame too deeply nested to redact key by key]"'
-
-
-@value
-class Redactor:
-    """Removes secrets from a frame's text before it is recorded or logged.
-
-    A frame with nothing to redact keeps its exact bytes. Otherwise the value of each matching
-    key (at any depth) becomes ``"[REDACTED]"`` and each secret-looking substring of a string
-    becomes ``[REDACTED]``; the result is re-encoded, so a redacted frame stays valid JSON. A
-    frame that is not JSON gets the patterns only.
-    """
-
-    keys: frozenset[str]
-    patterns: tuple[re.Pattern[str], ...]
-    # The cheap screen that decides whether a frame needs parsing at all (most do not): each
-    # key name followed by the quote that ends a JSON key, looked for in the frame lowercased
-    # without ``_`` and ``-``; each pattern on the bytes (separate searches: one alternation of
-    # them is several times slower, it loses each pattern's literal prefix); a ``\u`` escape,
-    # which could hide either.
-    _key_needles: tuple[bytes, ...] = field(repr=False)
-    _byte_patterns: tuple[re.Pattern[bytes], ...] = field(repr=False)
-
-    @classmethod
-    def build(cls, keys: Iterable[str] = (), patterns: Iterable[str] = ()) -> Redactor:
-        """The redactor for the defaults plus ``keys`` and ``patterns`` (``re.error`` if bad)."""
-        all_keys = frozenset(_norm(k) for k in (*DEFAULT_REDACT_KEYS, *keys) if k)
-        sources = (*DEFAULT_REDACT_PATTERNS, *patterns)
-        return cls(
-            all_keys,
-            tuple(re.compile(p) for p in sources),
-            tuple(k.encode() + b'"' for k in sorted(all_keys)),
-            tuple(re.compile(p.encode()) for p in sources),
-        )
-
-    def needs_work(self, raw: bytes) -> bool:
-        """Whether ``raw`` may hold something to redact (False: it certainly does not)."""
-        if b"\\u" in raw:
-            return True
-        norm = raw.lower().replace(b"_", b"").replace(b"-", b"")
-        for needle in self._key_needles:
-            if needle in norm:
-                return True
-        return any(p.search(raw) for p in self._byte_patterns)
-
-    def key_matches(self, key: str) -> bool:
-        k = _norm(key)
-        return any(k == name or k.endswith(name) for name in self.keys)
-
-    def text(self, value: str) -> str:
-        for pattern in self.patterns:
-            value = pattern.sub(REDACTED, value)
-        return value
-
-    def frame(self, raw: bytes) -> tuple[bytes, bool]:
-        """``raw`` with its secrets removed, and whether anything was."""
-        if not self.needs_work(raw):
-            return raw, False
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw, False  # recorded as raw_b64: patterns cannot be judged on bytes
-        try:
-            value = json.loads(text)  # stdlib: big integers and odd floats survive
-        except RecursionError:
-            # Nested deeper than the parser goes, and it names a secret-looking key or holds a
-            # secret-looking string: nothing of it is kept (still valid JSON: a string).
-            return UNREADABLE, True
-        except ValueError:
-            cleaned = self.text(text)
-            return (cleaned.encode(), True) if cleaned != text else (raw, False)
-        try:
-            redacted, changed = self._value(value)
-            if not changed:
-                return raw, False
-            text = json.dumps(redacted, ensure_ascii=False, separators=(",", ":"))
-        except RecursionError:
-            return UNREADABLE, True
-        try:
-            return text.encode("utf-8"), True
-        except UnicodeEncodeError:  # a lone surrogate (``"\\ud800"``): keep it escaped
-            return json.dumps(redacted, separators=(",", ":")).encode("ascii"), True
-
-    def _value(self, value: object) -> tuple[object, bool]:
-        if isinstance(value, str):
-            cleaned = self.text(value)
-            return cleaned, cleaned != value
-        if isinstance(value, dict):
-            out: dict[str, object] = {}
-            changed = False
-            for key, item in value.items():
-                if self.key_matches(key) and item is not None:
-                    out[key] = REDACTED
-                    changed = True
-                else:
-                    out[key], c = self._value(item)
-                    changed = changed or c
-            return out, changed
-        if isinstance(value, list):
-            items = []
-            changed = False
-            for item in value:
-                new, c = self._value(item)
-                items.append(new)
-                changed = changed or c
-            return items, changed
-        return value, False
+__all__ = [
+    "AGENT_TO_CLIENT",
+    "CLIENT_TO_AGENT",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_REDACT_KEYS",
+    "DEFAULT_REDACT_PATTERNS",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "REDACTED",
+    "UNREADABLE",
+    "RecordConfig",
+    "RecordError",
+    "Redactor",
+    "delivered",
+    "entry_problem",
+    "event_line",
+    "frame_bytes",
+    "frame_line",
+    "header",
+    "is_header",
+    "parse_header",
+    "parse_line",
+    "read_line",
+    "sent_bytes",
+]
 
 
 def _dumps(obj: Mapping[str, object]) -> bytes:
@@ -398,20 +288,30 @@ def parse_line(line: bytes | str) -> JsonObject | None:
 
 
 def frame_bytes(entry: Mapping[str, JsonValue]) -> bytes:
-    """The frame a frame line holds (as recorded, i.e. after redaction)."""
+    """The frame a frame line holds (as recorded, i.e. after redaction); never raises (a field
+    of the wrong type or invalid base64 gives ``b""``: use ``read_line`` to be told)."""
     raw = entry.get("raw")
     if isinstance(raw, str):
-        return raw.encode("utf-8")
-    b64 = entry.get("raw_b64")
-    return base64.b64decode(b64) if isinstance(b64, str) else b""
+        return raw.encode("utf-8", "surrogatepass")
+    return _b64(entry.get("raw_b64"))
+
+
+def _b64(text: JsonValue) -> bytes:
+    """The bytes of a base64 field; ``b""`` when it is not valid (``entry_problem`` says so)."""
+    if not isinstance(text, str):
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def sent_bytes(item: JsonValue) -> bytes:
     """One entry of a frame line's ``sent`` list."""
     if isinstance(item, str):
-        return item.encode("utf-8")
-    if isinstance(item, dict) and isinstance(item.get("b64"), str):
-        return base64.b64decode(str(item["b64"]))
+        return item.encode("utf-8", "surrogatepass")
+    if isinstance(item, dict):
+        return _b64(item.get("b64"))
     return b""
 
 

@@ -13,7 +13,7 @@ import stat
 from dataclasses import Field
 from typing import Any, ClassVar, Final
 
-from acp_proxy.values import value
+from acp_proxy.base.values import value
 
 DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
 # How a record file is opened (the recorder, and the command line's check before an early

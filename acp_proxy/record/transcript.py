@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.escape import visible
@@ -402,11 +402,12 @@ class Transcript:
         return out
 
     def final_state(self) -> dict[str, Any]:
-        """What a client stores from everything it received (``ClientModel.snapshot()``)."""
+        """What a client stores from everything it received (``ClientModel.snapshot``: the
+        model's own values, not a copy; read only)."""
         if self._model is None:
             self._start_model()
         assert self._model is not None
-        return self._model.snapshot()
+        return self._model.snapshot(copied=False)
 
 
 def _too_deep(raw: bytes) -> bool:

@@ -22,7 +22,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -32,6 +32,7 @@ import orjson
 
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
 from acp_proxy.wire.component import Link, Side
 from acp_proxy.wire.envelope import Dialect
 
@@ -45,25 +46,56 @@ _STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedReso
 
 class _SideStream(anyio.abc.ByteStream):
     """One side of the conductor connection as the byte stream a ``PumpSession`` reads and
-    writes: reads give whole lines routed to this side; writes go through the link."""
+    writes: reads give whole lines routed to this side; writes go through the link.
+
+    Like ``FdStream`` it takes a chunk consumer (``set_consumer``): while the session's reader
+    is parked in ``receive_or_handled`` with nothing queued for it, the mux hands the next chunk
+    to the consumer right where it was routed, without waking the reader task (the round
+    trip's step, one task switch less per message)."""
 
     def __init__(self, mux: ConductorMux, side: Side, size: int) -> None:
         self._mux = mux
         self._side = side
-        tx, rx = anyio.create_memory_object_stream[bytes](size)
-        self.incoming: anyio.streams.memory.MemoryObjectSendStream[bytes] = tx
+        tx, rx = anyio.create_memory_object_stream[bytes | BaseException](size)
+        self.incoming: anyio.streams.memory.MemoryObjectSendStream[bytes | BaseException] = tx
         self._rx = rx
+        self.consumer: Callable[[bytes], int] | None = None
+        self.parked = False  # the reader waits in receive_or_handled, nothing queued for it
+        if mux.can_try_send:
+            # The outbox's fast path (a write straight from the reader task when its writer is
+            # idle) is offered when the conductor stream has it (FdStream).
+            self.try_send = self._try_send
+
+    def set_consumer(self, consumer: Callable[[bytes], int] | None) -> None:
+        self.consumer = consumer
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            got = await self._receive()
+            if got:
+                return got
+
+    async def receive_or_handled(self, max_bytes: int = 65536) -> bytes | None:
+        """``receive``, or None when the consumer handled what came (see the class)."""
+        self.parked = True
         try:
-            return await self._rx.receive()
-        except anyio.EndOfStream:
-            raise
+            got = await self._receive()
+        finally:
+            self.parked = False
+        return got or None
+
+    async def _receive(self) -> bytes:
+        try:
+            got = await self._rx.receive()
         except anyio.ClosedResourceError:
             raise anyio.EndOfStream from None
+        if isinstance(got, BaseException):  # the consumer raised: the receive raises it
+            raise got
+        return got
 
     async def send(self, item: bytes) -> None:
-        await self._mux.write(self._side, item)
+        # (A memoryview when the outbox writes the tail of a non-blocking write we declined.)
+        await self._mux.write(self._side, bytes(item))
 
     async def send_eof(self) -> None:
         """The session's input toward this side is over: nothing to close (the conductor owns
@@ -71,6 +103,31 @@ class _SideStream(anyio.abc.ByteStream):
 
     async def aclose(self) -> None:
         self._rx.close()
+
+    async def deliver(self, chunk: bytes) -> None:
+        """``chunk`` (whole lines) for the session's reader: to the consumer when the reader is
+        parked with nothing queued, else queued."""
+        consumer = self.consumer
+        if consumer is not None and self.parked:
+            try:
+                handled = consumer(chunk)
+            except Exception as exc:  # handed to the reader, as FdStream does
+                self.parked = False
+                await self.incoming.send(exc)
+                return
+            if handled == HANDLED:
+                return
+            self.parked = False  # from here the reader has something to take first
+            await self.incoming.send(b"" if handled == HANDLED_WAKE else chunk)
+            return
+        self.parked = False
+        await self.incoming.send(chunk)
+
+    def _try_send(self, data: bytes | memoryview) -> int:
+        """Take all of ``data`` (whole lines) and write what they become without waiting; what
+        the kernel did not take waits in the mux (``ConductorMux.flush``). 0 when the mux has
+        a write in flight or owes one: the outbox then queues for ``send``."""
+        return self._mux.try_write(self._side, bytes(data))
 
 
 class ConductorMux:
@@ -90,9 +147,13 @@ class ConductorMux:
         self.link = link
         self.log = log
         self.max_frame_bytes = max_frame_bytes
+        self._write_lock = anyio.Lock()
+        self._try_send = getattr(stream, "try_send", None)
+        self.can_try_send = callable(self._try_send)
+        self._owed = b""  # what a non-blocking write left unwritten (flush writes it)
+        self._owe = anyio.Event()
         self.client = _SideStream(self, Side.CLIENT, SIDE_CHUNKS)
         self.agent = _SideStream(self, Side.AGENT, SIDE_CHUNKS)
-        self._write_lock = anyio.Lock()
         self._partial = {Side.CLIENT: b"", Side.AGENT: b""}  # a write's unfinished line
         self.closed = anyio.Event()  # the conductor closed its side (EOF)
         self.envelopes_in = 0
@@ -183,7 +244,11 @@ class ConductorMux:
         except orjson.JSONDecodeError:
             value = cleaned.decode("utf-8", "replace")
         self.recorder.event(
-            "hop", time.monotonic(), dir="agent_to_client", envelope=envelope, hop_meta=value
+            "hop",
+            time.monotonic(),
+            direction="agent_to_client",
+            envelope=envelope,
+            hop_meta=value,
         )
 
     async def _deliver(self, side: Side | None, lines: list[bytes]) -> None:
@@ -191,7 +256,7 @@ class ConductorMux:
             target = self.client if side is Side.CLIENT else self.agent
             # (Broken or closed: the session stopped reading that side, shutting down.)
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await target.incoming.send(b"\n".join(lines) + b"\n")
+                await target.deliver(b"\n".join(lines) + b"\n")
         elif side is Side.CONDUCTOR:
             await self._send(b"\n".join(lines) + b"\n")
 
@@ -199,13 +264,41 @@ class ConductorMux:
 
     async def write(self, side: Side, data: bytes) -> None:
         """Whole lines the session wrote toward ``side``, through the link, in one write."""
+        out = self._transform(side, data)
+        if out:
+            await self._send(out)
+
+    def try_write(self, side: Side, data: bytes) -> int:
+        """``write`` without waiting (see ``_SideStream._try_send``): ``len(data)``, or 0 when
+        nothing was done."""
+        if self._owed or self._write_lock.locked() or self._partial[side]:
+            return 0
+        out = self._transform(side, data)
+        if out:
+            assert self._try_send is not None
+            written = self._try_send(out)
+            if written < len(out):
+                self._owed = out[written:]
+                self._owe.set()
+        return len(data)
+
+    async def flush(self) -> None:
+        """Write what ``try_write`` left unwritten (runs for the whole session)."""
+        while True:
+            await self._owe.wait()
+            self._owe = anyio.Event()
+            await self._send(b"")
+
+    def _transform(self, side: Side, data: bytes) -> bytes:
+        """What the whole lines of ``data`` become on the conductor connection (a partial
+        line waits for the rest)."""
         partial = self._partial[side]
         if partial:
             data = partial + data
         end = data.rfind(b"\n")
         self._partial[side] = data[end + 1 :]
         if end < 0:
-            return
+            return b""
         outgoing = self.link.outgoing
         out: list[bytes] = []
         for line in data[:end].split(b"\n"):
@@ -216,12 +309,14 @@ class ConductorMux:
                 out.append(sent.data)
                 if sent.envelope is not None:
                     self.envelopes_out += 1
-        if out:
-            await self._send(b"\n".join(out) + b"\n")
+        return b"\n".join(out) + b"\n" if out else b""
 
     async def _send(self, data: bytes) -> None:
         async with self._write_lock:
-            await self.stream.send(data)
+            if self._owed:  # first what a non-blocking write left
+                data, self._owed = self._owed + data, b""
+            if data:
+                await self.stream.send(data)
 
 
 async def run_component(
@@ -257,6 +352,7 @@ async def run_component(
         async with anyio.create_task_group() as tg:
             tg.start_soon(shutdown_on_signals, shutdown, log, "signal received; closing")
             tg.start_soon(mux.pump_in)
+            tg.start_soon(mux.flush)
             _lost, session = await run_remote_agent_session(
                 config,
                 mux.agent,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import anyio
 import anyio.abc
 
+from acp_proxy.base.values import value
 from acp_proxy.shell.transports import STREAM_ERRORS
-from acp_proxy.values import value
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 
 # A frame at least this big is written with writev (frame, newline) rather than copied.
@@ -293,6 +293,7 @@ async def write_all(
             data = b"\n".join(replies) + b"\n"
             stats.writes += 1
         else:
+            written = queue.stats.written
             frames, deadline = queue.take(time.monotonic())
             if not frames:
                 if outbox.closed and deadline is None:
@@ -300,12 +301,12 @@ async def write_all(
                 await outbox.wait_ready(deadline)
                 continue
             outbox.wake_reader()
-            count = len(frames)
+            count = queue.stats.written - written  # messages (a run of lines holds several)
             if outbox.broken:
                 stats.discarded += count
                 account()
                 continue
-            data = frames[0] if count == 1 else b"".join(frames)
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
             stats.writes += 1
         if outbox.broken:
             continue

@@ -28,12 +28,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
+import orjson
 
+from acp_proxy.base.values import value
 from acp_proxy.config import AgentConfig
 from acp_proxy.shell.spawn import (
     SESSION_ENV,
@@ -43,11 +46,14 @@ from acp_proxy.shell.spawn import (
     take_early,
 )
 from acp_proxy.shell.transports import FdStream
-from acp_proxy.values import value
 
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
 # counted) so a binary blob on stderr cannot grow memory.
 MAX_STDERR_LINE = 64 * 1024
+# The tail of the agent's stderr kept for the errors that answer its requests when it dies
+# (``error.data.stderr``): the last lines, at most this many bytes and lines.
+MAX_STDERR_TAIL_BYTES = 2048
+MAX_STDERR_TAIL_LINES = 20
 # After the agent itself exited, how long its stdout may stay open (held by a process that left
 # the group) before the proxy stops waiting for it.
 STDOUT_LINGER_S = 2.0
@@ -405,7 +411,40 @@ async def spawn_agent(
     )
 
 
-async def drain_stderr(fd: int, log: Any) -> None:
+class StderrTail:
+    """The last lines of the agent's stderr: at most ``MAX_STDERR_TAIL_LINES`` lines and
+    ``MAX_STDERR_TAIL_BYTES`` bytes, oldest dropped first."""
+
+    __slots__ = ("_lines", "_size")
+
+    def __init__(self) -> None:
+        self._lines: deque[bytes] = deque()
+        self._size = 0
+
+    def add(self, line: bytes) -> None:
+        line = line.rstrip(b"\r")[-MAX_STDERR_TAIL_BYTES:]
+        self._lines.append(line)
+        self._size += len(line) + 1
+        while self._lines and (
+            self._size - 1 > MAX_STDERR_TAIL_BYTES or len(self._lines) > MAX_STDERR_TAIL_LINES
+        ):
+            self._size -= len(self._lines.popleft()) + 1
+
+    def data(self, redact: Callable[[bytes], str]) -> bytes | None:
+        """``{"stderr": TEXT}`` as JSON (the lines redacted by ``redact``, still within the
+        bound), or None when the agent wrote nothing."""
+        if not self._lines:
+            return None
+        text = redact(b"\n".join(self._lines))
+        raw = text.encode("utf-8", "replace")
+        if len(raw) > MAX_STDERR_TAIL_BYTES:
+            raw = raw[-MAX_STDERR_TAIL_BYTES:]
+            raw = raw[raw.find(b"\n") + 1 :] if b"\n" in raw else raw
+            text = raw.decode("utf-8", "ignore")
+        return b'{"stderr":' + orjson.dumps(text) + b"}"
+
+
+async def drain_stderr(fd: int, log: Any, tail: StderrTail | None = None) -> None:
     """Read the agent's stderr until EOF, one log event per line (StderrMode.LOG).
 
     Reads large chunks and never blocks on anything but the pipe, so a chatty agent cannot
@@ -433,11 +472,15 @@ async def drain_stderr(fd: int, log: Any) -> None:
                 if not dropping:
                     pending += chunk[start : min(nl, start + MAX_STDERR_LINE - len(pending))]
                 _log_stderr_line(log, bytes(pending), truncated=dropping)
+                if tail is not None:
+                    tail.add(bytes(pending))
                 pending.clear()
                 dropping = False
                 start = nl + 1
         if pending:
             _log_stderr_line(log, bytes(pending), truncated=dropping)
+            if tail is not None:
+                tail.add(bytes(pending))
     finally:
         await stream.aclose()
 

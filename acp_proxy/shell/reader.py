@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from acp_proxy.shell.budget import READ_SIZE, BufferBudget
+from acp_proxy.shell.budget import READ_SIZE, BufferBudget, Share
 from acp_proxy.shell.outbox import Outbox
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED, STREAM_ERRORS
 from acp_proxy.wire.chain import Direction
@@ -60,7 +60,7 @@ class Reader:
         connection: Connection,
         forward: Outbox,
         back: Outbox,
-        budget: BufferBudget,
+        budget: BufferBudget | Share,
         dispatch: Dispatch,
         account: Callable[[], None],
     ) -> None:
@@ -84,7 +84,7 @@ class Reader:
             # scan finds the lines that need the per-line path; the runs between them are
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
             # queue is split into its lines there, so coalescing still merges them
-            # (``coalesce._lines_of``). Going line by line under backlog made a proxy that fell
+            # (the queue's merge pass). Going line by line under backlog made a proxy that fell
             # behind slower still (0.27x the line relay on small chunks).
             events: list[Any] | bool
             if line is not None:  # the interactive case, one line a read: fewer steps

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import RecordError, is_header, parse_header, read_line
 

@@ -15,6 +15,7 @@ same lifecycle rules as stdio.
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -31,6 +32,7 @@ from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     AgentProcess,
+    StderrTail,
     describe_status,
     drain_stderr,
     exit_code_of,
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from acp_proxy.shell.recorder import Recorder
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# After the agent died, how long the errors owed to the client wait for its last stderr lines.
+STDERR_TAIL_WAIT_S = 0.5
 
 
 async def shutdown_on_signals(
@@ -104,7 +108,12 @@ async def run_proxy(
         except SpawnError as exc:
             if recorder is not None:
                 recorder.finish(None)
-            return spawn_error_exit(exc)
+            code = spawn_error_exit(exc)
+            from acp_proxy.shell.startfail import answer_start_failure
+
+            client = client_stream if client_stream is not None else stdio_stream()
+            await answer_start_failure(client, str(exc), log)
+            return code
         log = log.bind(agent_pid=agent.pid)
         client = client_stream if client_stream is not None else stdio_stream()
         started = time.monotonic()
@@ -175,10 +184,26 @@ async def run_agent_session(
     input_closed = anyio.Event()
     shutdown_requested = anyio.Event()
 
+    # The last lines of the agent's stderr (when it is logged) go with the errors that answer
+    # its requests when it dies: what the editor shows a user whose agent failed at start.
+    tail = StderrTail() if agent.stderr_fd is not None else None
+    stderr_done = anyio.Event()
+
     async def exit_reason() -> str:
         shutdown_requested.set()
         rc = await agent.wait()
+        if tail is not None:
+            with anyio.move_on_after(STDERR_TAIL_WAIT_S):
+                await stderr_done.wait()  # its last lines, unless a leftover holds the pipe
         return f"agent {describe_status(rc)}"
+
+    def exit_data() -> bytes | None:
+        if tail is None:
+            return None
+        # Imported only when an agent died with stderr to show (start-up time).
+        from acp_proxy.shell.framelog import redacted_text
+
+        return tail.data(functools.partial(redacted_text, config.record))
 
     session = PumpSession(
         config,
@@ -188,6 +213,7 @@ async def run_agent_session(
         agent.stdio,
         log=log,
         agent_exit_reason=exit_reason,
+        agent_exit_data=exit_data,
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
@@ -237,13 +263,12 @@ async def run_agent_session(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ladder)
-            stderr_done = anyio.Event()
             if agent.stderr_fd is not None:
                 stderr_fd, agent.stderr_fd = agent.stderr_fd, None
 
                 async def drain() -> None:
                     try:
-                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"))
+                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"), tail)
                     finally:
                         stderr_done.set()
 

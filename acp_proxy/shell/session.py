@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
+from acp_proxy.base.values import value
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
 from acp_proxy.shell.budget import BufferBudget, process_budget
@@ -36,7 +37,6 @@ from acp_proxy.shell.notelog import NoteLog
 from acp_proxy.shell.outbox import Outbox, SideStats, write_all
 from acp_proxy.shell.reader import Reader
 from acp_proxy.shell.transports import STREAM_ERRORS
-from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.pipeline import Connection, Result
@@ -57,7 +57,8 @@ class PumpSession:
     """One session between a client stream pair and an agent stream pair.
 
     ``agent_exit_reason`` is awaited once the agent's output ended; its text goes into the
-    -32603 errors for client requests still in flight (``Connection.abort_pending``).
+    -32603 errors for client requests still in flight (``Connection.abort_pending``), with
+    what ``agent_exit_data`` returns (encoded JSON) as their ``error.data``.
     ``on_agent_input_closed`` is called once the agent's input was flushed and closed (client
     EOF or ``stop_client_input``): the process layer starts its shutdown ladder there.
     ``budget`` is the buffer budget shared with other sessions (default: ``process_budget``).
@@ -73,6 +74,7 @@ class PumpSession:
         *,
         log: Any = None,
         agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
+        agent_exit_data: Callable[[], bytes | None] | None = None,
         on_agent_input_closed: Callable[[], None] | None = None,
         connection: Connection | None = None,
         budget: BufferBudget | None = None,
@@ -103,6 +105,7 @@ class PumpSession:
         self._client_rx = client_rx
         self._agent_rx = agent_rx
         self._agent_exit_reason = agent_exit_reason
+        self._agent_exit_data = agent_exit_data
         self._on_agent_input_closed = on_agent_input_closed
         self.stats = SessionStats()
         self.to_agent = Outbox(
@@ -113,7 +116,8 @@ class PumpSession:
         self.to_client = Outbox(
             OutboundQueue(config.coalesce, coalesce=True), client_tx, self.stats.to_client
         )
-        self.budget = budget if budget is not None else process_budget(config)
+        # This session's part of the budget shared with the others (its floor, then the pool).
+        self.budget = (budget if budget is not None else process_budget(config)).share()
         self._held = 0  # what this session counts in the budget
         self.from_client = Reader(Direction.CLIENT_TO_AGENT, config.max_frame_bytes)
         self.from_agent = Reader(Direction.AGENT_TO_CLIENT, config.max_frame_bytes)
@@ -167,6 +171,7 @@ class PumpSession:
             # Whatever is left is garbage once the session ends: give the budget back.
             self.budget.add(-self._held)
             self._held = 0
+            self.budget.close()
             if self.observers:
                 now = time.monotonic()
                 for observer in self.observers:
@@ -274,7 +279,8 @@ class PumpSession:
         if count:
             self.log.warning("answering requests left in flight", count=count, reason=reason)
             self._aborts_left = count
-            await self._queue_all(self.to_client, self.connection.abort_pending(reason))
+            data = self._agent_exit_data() if self._agent_exit_data is not None else None
+            await self._queue_all(self.to_client, self.connection.abort_pending(reason, data))
         self.to_client.close()
 
     async def _writer(self, outbox: Outbox, to_agent: bool) -> None:
@@ -336,6 +342,7 @@ async def pump_session(
     *,
     log: Any = None,
     agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
+    agent_exit_data: Callable[[], bytes | None] | None = None,
     on_agent_input_closed: Callable[[], None] | None = None,
     observers: Sequence[SessionObserver] = (),
 ) -> PumpSession:
@@ -348,6 +355,7 @@ async def pump_session(
         agent_tx,
         log=log,
         agent_exit_reason=agent_exit_reason,
+        agent_exit_data=agent_exit_data,
         on_agent_input_closed=on_agent_input_closed,
         observers=observers,
     )

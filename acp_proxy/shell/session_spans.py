@@ -50,6 +50,10 @@ def _loads(raw: bytes) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _text(value: object) -> str | None:
     """A peer's string, cut to what a span attribute keeps (the SDK cuts too; this keeps the
     whole string from being held by the span until then)."""
@@ -92,6 +96,7 @@ class SessionTracing:
         decision: Decision | None = None,
         *,
         remote: SpanIds | None = None,
+        remote_meta: dict[str, Any] | None = None,
         kind: str = "SERVER",
     ) -> Any:
         from opentelemetry import trace
@@ -106,6 +111,9 @@ class SessionTracing:
             self.tracing.ids.trace_id = ids.trace_id
             remote = decision.parent
             tracestate, baggage = decision.tracestate, decision.baggage
+        elif remote_meta is not None:
+            tracestate = _str(remote_meta.get("tracestate"))
+            baggage = _str(remote_meta.get("baggage"))
         if remote is not None:
             state = TraceState.from_header([tracestate or ""])
             context = trace.set_span_in_context(
@@ -122,7 +130,8 @@ class SessionTracing:
             if baggage:
                 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
-                context = W3CBaggagePropagator().extract({"baggage": baggage}, context)
+                # A header value is a list (a str would be read as its first character).
+                context = W3CBaggagePropagator().extract({"baggage": [baggage]}, context)
         elif parent is not None:
             context = trace.set_span_in_context(parent)
         else:
@@ -245,12 +254,14 @@ class SessionTracing:
         middleware = self._decisions()
         decision = middleware.decided.pop((direction, rid), None) if middleware else None
         remote = None
+        meta: dict[str, Any] | None = None
         parent = None
         if decision is None:
             # The middleware did not run (the version is not known yet, or no traceparent):
             # reading the sender's traceparent is harmless, and keeps the span in its trace.
             meta = params.get("_meta")
-            remote = parse_traceparent(meta.get("traceparent")) if isinstance(meta, dict) else None
+            meta = meta if isinstance(meta, dict) else None
+            remote = parse_traceparent(meta.get("traceparent")) if meta is not None else None
             turn = self.turns.turns.get(session_id) if session_id is not None else None
             if remote is None and direction is _A2C and turn is not None:
                 # The agent asks the client something during a turn: part of that turn.
@@ -264,7 +275,15 @@ class SessionTracing:
             kind = "CLIENT"  # the proxy invokes the agent on the client's behalf
         elif method == "initialize" and direction is _C2A:
             self.initialize_ids.add(rid)
-        span = self._start(name, attributes, parent, decision, remote=remote, kind=kind)
+        span = self._start(
+            name,
+            attributes,
+            parent,
+            decision,
+            remote=remote,
+            remote_meta=meta if remote is not None else None,
+            kind=kind,
+        )
         key = (direction, rid)
         old = self.requests.pop(key, None)
         if old is not None:  # a reused id: the earlier request gets no answer we can match

@@ -29,7 +29,8 @@ import anyio
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 from acp_proxy.record.format import (
     AGENT_TO_CLIENT,
     CLIENT_TO_AGENT,
@@ -39,7 +40,6 @@ from acp_proxy.record.format import (
 )
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder
-from acp_proxy.values import value
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.notes import Observed, VersionNegotiated
 

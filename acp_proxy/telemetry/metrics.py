@@ -1,4 +1,4 @@
-"""Prometheus metrics of the proxy (issue 12.1), from the pipeline's ``Observed`` notes.
+"""Prometheus metrics of the proxy, from the pipeline's ``Observed`` notes.
 
 Contract: owns the metric names, their labels and the bounds on label values, and the accounting
 behind them: ``Metrics`` (process-wide counters and the live sessions) and ``SessionMetrics`` (a
@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.telemetry import turns
 from acp_proxy.telemetry.families import (
     Histogram,

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from acp_proxy.jsontypes import OMITTED, Field, JsonObject, JsonValue, get_field
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue, get_field
 from acp_proxy.meta.registry import EntityKey, entity_key, find_upsert
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, sent_bytes

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable
 from typing import Final
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, MAGIC, delivered
 from acp_proxy.ui.events import parse_frame
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 from urllib.parse import parse_qs, urlsplit
 
-from acp_proxy.values import value
+from acp_proxy.base.values import value
 
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 

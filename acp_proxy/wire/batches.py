@@ -13,7 +13,7 @@ request tables are the connection's (``acp_proxy.wire.host.Host``).
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutFrame

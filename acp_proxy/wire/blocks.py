@@ -57,7 +57,7 @@ class Blocks:
         Frames that pass untouched and unparsed (the hot path) are collected without a
         ``Result`` each; with ``join``, each run of them becomes ONE ``OutFrame`` (the frames
         joined with ``b"\\n"``, ``message=None``). The outbound queue splits such a frame into
-        its lines when it has to wait (``coalesce._lines_of``), so coalescing still sees every
+        its lines when it has to wait (its merge pass), so coalescing still sees every
         line.
         """
         forward: list[OutFrame] = []

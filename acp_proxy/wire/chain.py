@@ -5,7 +5,7 @@ return) and the fold of an ordered list of middleware into one chain. It never d
 logs: a middleware that raises becomes a ``MiddlewareFailure`` value in the outcome, and the shell
 decides how to report it (style.md, habits 1 and 3; mitmproxy's isolated addons).
 
-Writing a middleware (see README "Middleware interface")::
+Writing a middleware (see docs/middleware.md)::
 
     class Tag(BaseMiddleware):
         needles = (b'"session/update"',)       # optional byte prefilter, see below
@@ -46,8 +46,8 @@ from collections.abc import Sequence
 from dataclasses import Field
 from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 
 
 class Direction(enum.StrEnum):

@@ -1,81 +1,66 @@
 """The outbound queue toward one side: bounded, ordered, and coalescing under backpressure.
 
-Contract: owns what waits to be written to a peer and in which order, and how waiting
+Contract: owns what waits to be written to a peer and in which order, when waiting
 ``session/update`` notifications are combined so that the client ends in exactly the state the
-unmerged stream would have produced (issue 4). Pure: no I/O, no clock (``now`` is passed in, in
-seconds, from a monotonic clock), never mutates the caller's JSON; a frame that was not merged
-leaves as the exact bytes that came in (style.md habit 4).
+unmerged stream would have produced, and how much it holds in memory. Pure: no I/O, no clock
+(``now`` is passed in, in seconds, from a monotonic clock), never mutates the caller's JSON; a
+frame that was not merged leaves as the exact bytes that came in (style.md habit 4). How two
+updates combine is ``coalesce_merge``; what a line is (kind, entity), ``coalesce_keys``.
 
 How it works:
 
 * The shell pushes frames while ``has_room()`` and takes everything ready whenever the peer can
-  accept a write. A consumer that keeps up therefore sees every frame unmerged and undelayed:
-  merging only happens among frames that are *still waiting* (backpressure).
-* A frame holding several lines (the shell joins runs of untouched lines) is split into its
-  lines only when it has to wait behind something (lines stay byte-exact either way).
-* The queue is a sequence of entries. An entry is either a **barrier** (a request, a response, any
-  notification other than a mergeable ``session/update``, a batch, a frame that is not JSON, a
-  ``session/update`` of a kind that is never merged, or any frame of an unknown protocol version)
-  or a **member** of a *run* of consecutive mergeable ``session/update`` notifications.
-* A new member is merged only into the **last** waiting entry of the same entity in the **tail**
-  run (the run after the last barrier), so nothing ever moves across a barrier and, per entity,
-  updates keep their order (digest §3.3: clients apply updates "in the order they are received for
-  each" id). Entities of different kinds that share an id (a tool call and its content chunks, a
-  message and its chunks, a terminal and its output chunks) are one entity.
-* Merge rules (only when the two notifications are equal apart from ``params.update``: same
-  ``sessionId``, same or absent ``params._meta``, which is notification data, not a patch; RFD
-  "Does this change `params._meta`": no):
+  accept a write. Pushing costs no parse: a frame (the shell joins runs of untouched lines into
+  one) waits as it came. A consumer that keeps up therefore sees every frame unmerged and
+  undelayed, at the cost of a plain FIFO.
+* Merging happens only among frames that are *still waiting* when the writer takes them, or when
+  the queue reaches its bound: then the frames pushed since the last merge pass are split into
+  lines, each line is parsed once and classified (kind, entity), and a mergeable one is merged
+  into the **last** waiting entry of the same entity in the **tail run** (the run after the last
+  barrier), found through a per-entity index. Nothing is compared against the rest of the
+  queue, nothing moves across a barrier, and per entity updates keep their order (digest 3.3:
+  clients apply updates "in the order they are received for each" id).
+* It pays for itself or it stops: a merge pass in which fewer than one line in eight merged
+  makes the queue skip merging for the next lines (as many as the pass looked at, doubling while
+  nothing merges), so a stream that does not merge costs a FIFO again; and while the writer makes
+  no progress (a paused client) the proxy reads at most ``PAUSE_INPUT_FACTOR`` times the bound
+  before ``has_room`` says no, however well the frames merge: a paused client does not make the
+  proxy burn CPU merging an endless stream.
+* The byte bound counts what the queue holds in memory: the frames' bytes, a fixed overhead per
+  waiting line and index entry, and the parsed objects a merged group keeps (an upper estimate).
 
-  - upserts: ``updates.merge_updates``, which may return a clear followed by an object (RFD:
-    "Intermediaries that combine updates MUST keep removals and clears. Replacing a clear followed
-    by an object with just that object is wrong"); the extra frame is counted in ``stats.split``;
-  - chunks: concatenated only where the client cannot tell the difference (plain text blocks
-    without ``_meta`` or annotations, equal apart from the text; terminal output bytes decoded,
-    joined and re-encoded);
-  - whole snapshots (``plan_update`` per plan, ``state_update``, ``usage_update``,
-    ``available_commands_update``, ``config_option_update``, v1 ``plan`` and
-    ``current_mode_update``): the later replaces the earlier in place, keeping its exact bytes;
-  - everything else is never merged.
-
-* Rate limit (``min_interval_ms`` > 0, off by default): an entry of the tail run whose entity was
-  written less than ``min_interval`` ago is *held*; later updates of that entity merge into it,
-  and ``take`` returns a deadline. Only the tail run can be held: pushing a barrier releases every
-  held entry before it at the next ``take``, so requests and responses are never delayed by the
-  rate limit and nothing crosses a barrier. Cost: an entity's latest state may reach the client
-  up to ``min_interval_ms`` late, and other entities' updates may overtake a held one within its
-  run (the same freedom merging already uses; per-entity order is kept).
+* Rate limit (``min_interval_ms`` > 0, off by default): every frame is classified when pushed.
+  An entry of the tail run whose entity was written less than ``min_interval`` ago is *held*;
+  later updates of that entity merge into it, and ``take`` returns a deadline. Only the tail run
+  can be held: pushing a barrier releases every held entry before it at the next ``take``, so
+  requests and responses are never delayed by the rate limit and nothing crosses a barrier.
+  Cost: an entity's latest state may reach the client up to ``min_interval_ms`` late, and other
+  entities' updates may overtake a held one within its run (per-entity order is kept).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import enum
-from collections import deque
-
 import orjson
 
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.values import value
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.jsontypes import JsonObject
-from acp_proxy.meta.registry import (
-    CHUNK_KINDS,
-    SESSION_UPDATE,
-    SNAPSHOT_KINDS,
-    SUPPORTED_VERSIONS,
-    UPSERT_KINDS,
-    ChunkKind,
-    MetaRule,
-    entity_key,
-    upsert_entity_key,
-)
-from acp_proxy.meta.updates import merge_updates
-from acp_proxy.values import value
-from acp_proxy.wire import rawjson, rawscan, rawsplice
+from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify, table_of
+from acp_proxy.wire.coalesce_merge import Group
 
 _NEEDLE = b'"session/update"'
-# An estimate of a re-encoded entry's size may drift up to this factor (plus slack) from its last
-# exact size before the entry is re-encoded to measure it: amortized O(input bytes) encoding.
-_SLACK_BYTES = 512
+# Memory a waiting frame takes beyond its bytes: the bytes object, its tuple and list slots.
+FRAME_OVERHEAD = 128
+# A line split out of a frame: its bytes object and list slot.
+LINE_OVERHEAD = 48
+# One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.
+INDEX_OVERHEAD = 400
+# While the writer makes no progress, at most this many times the bound is read.
+PAUSE_INPUT_FACTOR = 2
+# A merge pass that merged fewer than one line in this many makes the next lines skip merging.
+_YIELD = 8
+_MIN_PASS = 64  # a pass over fewer lines says nothing about the stream
+_MAX_SKIP = 1 << 16
 
 
 @value
@@ -83,8 +68,9 @@ class OutFrame:
     """One frame to write: its bytes *without* the trailing newline."""
 
     raw: bytes
-    # The decoded message when the pipeline already parsed it (a single message, not a batch),
-    # so the queue does not parse twice. ``None``: not parsed (or a batch / non-JSON line).
+    # The decoded message when the pipeline already parsed it (a single message, not a batch).
+    # The queue does not keep it (its bound counts bytes it holds): a line is parsed again only
+    # if it has to wait and may merge.
     message: JsonObject | None = None
     # The protocol version negotiated when the frame was produced.
     version: int | None = None
@@ -97,240 +83,13 @@ class QueueStats:
     written: int = 0  # messages handed out by take()
     merged: int = 0  # frames absorbed into a pending frame
     split: int = 0  # extra frames created by clear-then-object splits (counted when written)
+    passes: int = 0  # merge passes run
+    skipped: int = 0  # lines that waited but skipped merging (it did not pay)
 
 
-class _Class(enum.Enum):
-    """How a waiting entry may combine with a later one of the same entity."""
-
-    UNCLASSIFIED = "unclassified"  # pushed into an empty queue; classified only if needed
-    BARRIER = "barrier"
-    UPSERT = "upsert"  # merge_updates
-    TEXT_CHUNK = "text_chunk"  # plain text blocks concatenate
-    B64_CHUNK = "b64_chunk"  # terminal output bytes concatenate
-    SNAPSHOT = "snapshot"  # the later replaces the earlier
-    OPAQUE = "opaque"  # a run member with a known entity that never merges
-
-
-def _chunk_class(chunk: ChunkKind) -> _Class:
-    if chunk.value_field == "data":
-        return _Class.B64_CHUNK  # terminal_output_chunk: bytes appended to a byte stream
-    if chunk.entity == "tool_call":
-        # A tool_call_content_chunk appends one ToolCallContent *item*: two items are not one.
-        return _Class.OPAQUE
-    return _Class.TEXT_CHUNK  # one ContentBlock appended to a message / summary
-
-
-# v1 message chunks may omit messageId, and a change of kind or messageId starts a new message,
-# so every v1 message chunk of a session belongs to one stream entity: nothing reorders among them.
-_V1_STREAM = "v1_message_stream"
-_V1_STREAM_KINDS = frozenset({"user_message_chunk", "agent_message_chunk", "agent_thought_chunk"})
-
-# The queue's entity key: the version, then the registry's entity key.
-EntityKey = tuple[object, ...]
-
-
-@value
-class _Info:
-    """A classified mergeable ``session/update``."""
-
-    cls: _Class
-    key: EntityKey
-    kind: str
-    message: JsonObject
-
-
-def _classify(message: object, version: int | None) -> _Info | None:
-    """The merge class and entity of a single ``session/update`` notification, else ``None``.
-
-    ``None`` (a barrier) for everything else: other messages, unknown versions, unknown kinds
-    ("unknown kinds are never merged"), removals and events (``plan_removed``, ``notice``), and
-    malformed known kinds (missing ids).
-    """
-    if version not in SUPPORTED_VERSIONS or not isinstance(message, dict):
-        return None
-    if message.get("method") != SESSION_UPDATE or "id" in message:
-        return None
-    if message.get("jsonrpc") != "2.0":
-        return None
-    params = message.get("params")
-    if not isinstance(params, dict):
-        return None
-    session_id = params.get("sessionId")
-    update = params.get("update")
-    if not isinstance(session_id, str) or not isinstance(update, dict):
-        return None
-    kind = update.get("sessionUpdate")
-    if not isinstance(kind, str):
-        return None
-    assert version is not None
-    key: tuple[str | None, ...] | None = None
-    upsert = UPSERT_KINDS[version].get(kind)
-    if upsert is not None:
-        key = upsert_entity_key(upsert, session_id, update)
-        # v1 tool_call (re)creates the entity: a run member that never merges.
-        cls = _Class.OPAQUE if upsert.meta_rule is MetaRule.CREATE else _Class.UPSERT
-    elif (chunk := CHUNK_KINDS[version].get(kind)) is not None:
-        cls = _chunk_class(chunk)
-        if version == 1 and kind in _V1_STREAM_KINDS:
-            key = (_V1_STREAM, session_id)
-        else:
-            key = entity_key(message, version)
-    elif kind in SNAPSHOT_KINDS[version]:
-        cls = _Class.SNAPSHOT
-        key = entity_key(message, version)
-    if key is None:
-        return None
-    return _Info(cls, (version, *key), kind, message)
-
-
-def _equal_except(a: JsonObject, b: JsonObject, skip: str) -> bool:
-    """``a`` and ``b`` are JSON-equal apart from the key ``skip``."""
-    if a.keys() != b.keys():
-        return False
-    return all(k == skip or rawjson.json_equal(v, b[k]) for k, v in a.items())
-
-
-def _same_envelope(a: JsonObject, b: JsonObject) -> bool:
-    """Two notifications equal apart from ``params.update`` (``params._meta`` is kept exactly)."""
-    pa, pb = a["params"], b["params"]
-    assert isinstance(pa, dict) and isinstance(pb, dict)
-    return _equal_except(a, b, "params") and _equal_except(pa, pb, "update")
-
-
-def _no_meta(update: JsonObject) -> bool:
-    """A chunk whose `_meta` is absent or null ("Omitted and null are equivalent" for chunks)."""
-    return update.get("_meta") is None
-
-
-# A chunk that carries anything else (an unknown field) is never concatenated.
-_CHUNK_KEYS = frozenset(
-    {"sessionUpdate", "messageId", "compactionId", "terminalId", "content", "data", "_meta"}
-)
-
-
-def _plain_text(update: JsonObject) -> str | None:
-    """The text of a chunk whose content is exactly ``{"type": "text", "text": ...}``.
-
-    No `_meta` on the chunk and none (nor ``annotations``) on the block: a client may show or
-    keep those per chunk, so only bare text is provably the same once joined.
-    """
-    if not _CHUNK_KEYS.issuperset(update):
-        return None
-    content = update.get("content")
-    if not isinstance(content, dict) or content.keys() != {"type", "text"}:
-        return None
-    text = content["text"]
-    if content["type"] != "text" or not isinstance(text, str) or not _no_meta(update):
-        return None
-    return text
-
-
-def _b64_bytes(update: JsonObject) -> bytes | None:
-    """The decoded bytes of a terminal output chunk, ``None`` unless strictly valid base64."""
-    data = update.get("data")
-    if not _CHUNK_KEYS.issuperset(update) or not isinstance(data, str) or not _no_meta(update):
-        return None
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _with_update(message: JsonObject, update: JsonObject) -> JsonObject:
-    params = message["params"]
-    assert isinstance(params, dict)
-    return {**message, "params": {**params, "update": update}}
-
-
-def _dumps(message: JsonObject) -> bytes:
-    return orjson.dumps(message) + b"\n"
-
-
-class _Entry:
-    """One waiting frame, or a group of merged frames (mutable: owned by the queue only)."""
-
-    __slots__ = (
-        "base",
-        "cls",
-        "encoded",
-        "exact",
-        "key",
-        "kind",
-        "lines",
-        "message",
-        "nbytes",
-        "pieces",
-        "raw",
-        "texts",
-        "updates",
-        "version",
-    )
-
-    def __init__(self, raw: bytes, message: JsonObject | None, version: int | None) -> None:
-        self.raw = raw  # the exact bytes while nothing was merged into the entry
-        self.message = message
-        # The last frame merged in, as (bytes, parse): merged frames are its bytes with only the
-        # merged members replaced (lossless rewriting, ``rawsplice.splice``).
-        self.base: tuple[bytes, JsonObject] | None = None
-        self.version = version
-        self.cls = _Class.UNCLASSIFIED
-        self.key: EntityKey | None = None
-        self.kind = ""
-        self.updates: list[JsonObject] = []  # UPSERT: 1 or more (a clear, then an object)
-        self.texts: list[str] = []  # text chunks: the texts to join
-        self.pieces: list[bytes] = []  # terminal output chunks: the bytes to join
-        self.encoded: list[bytes] | None = None  # cached frames once merged (None: dirty)
-        self.nbytes = len(raw) + 1
-        self.exact = self.nbytes  # last measured size
-        # The shell may hand over several lines as one frame (joined by ``\n``): each counts.
-        self.lines = raw.count(b"\n") + 1
-
-    def classify(self, info: _Info | None) -> None:
-        if info is None:
-            self.cls = _Class.BARRIER
-            return
-        self.cls, self.key, self.kind, self.message = info.cls, info.key, info.kind, info.message
-
-    def frame_count(self) -> int:
-        return len(self.updates) if self.updates else self.lines
-
-    def frames(self) -> list[bytes]:
-        """The bytes to write, each ending in ``\\n``."""
-        if not (self.updates or self.texts or self.pieces):
-            return [self.raw + b"\n"]
-        if self.encoded is None:
-            self.encoded = self._encode()
-        return self.encoded
-
-    def _encode(self) -> list[bytes]:
-        message = self.message
-        assert message is not None
-        if self.updates:
-            return [self._splice(_with_update(message, u)) for u in self.updates]
-        params = message["params"]
-        assert isinstance(params, dict)
-        update = params["update"]
-        assert isinstance(update, dict)
-        if self.cls is _Class.TEXT_CHUNK:
-            content = update["content"]
-            assert isinstance(content, dict)
-            merged: JsonObject = {**update, "content": {**content, "text": "".join(self.texts)}}
-        else:
-            data = base64.b64encode(b"".join(self.pieces)).decode("ascii")
-            merged = {**update, "data": data}
-        return [self._splice(_with_update(message, merged))]
-
-    def _splice(self, message: JsonObject) -> bytes:
-        """``message`` (a merge) as the bytes of the last frame merged in, with only the members
-        that differ from it encoded. Every merged frame passed ``rawscan.reencodes_exactly``, so
-        the members encoded from earlier frames keep their values exactly too."""
-        raw, base = self.base if self.base is not None else (self.raw, self.message)
-        assert base is not None
-        envelope = {**base, "params": message["params"]}  # the envelopes are equal
-        try:
-            return rawsplice.splice(raw, base, envelope) + b"\n"
-        except (rawjson.Unencodable, rawjson.Unparseable):  # pragma: no cover - defensive
-            return _dumps(message)
+# A waiting entry: a frame or line as it came (bytes, possibly several lines joined by ``\n``
+# when it is not a merge candidate), or a group of one entity's lines.
+_Entry = bytes | Group
 
 
 class OutboundQueue:
@@ -340,12 +99,21 @@ class OutboundQueue:
         "_bytes",
         "_config",
         "_count",
-        "_entries",
+        "_done",
+        "_fresh",
+        "_fresh_bytes",
+        "_fresh_first",
+        "_groups",
+        "_in_bytes",
+        "_in_lines",
+        "_index",
         "_interval",
         "_last_written",
         "_merge",
         "_prune_at",
-        "_tail",
+        "_skip",
+        "_skip_until",
+        "_version",
         "stats",
     )
 
@@ -353,13 +121,22 @@ class OutboundQueue:
         self._config = config
         self._merge = coalesce and config.enabled
         self._interval = config.min_interval_ms / 1000.0 if self._merge else 0.0
-        self._entries: deque[_Entry] = deque()
-        # The tail run: entity -> its last waiting entry after the last barrier.
-        self._tail: dict[EntityKey, _Entry] = {}
+        # Looked at by a merge pass, in order; the tail run is indexed.
+        self._done: list[_Entry] = []
+        self._fresh: list[tuple[bytes, int | None]] = []  # pushed since the last pass
+        self._fresh_bytes = 0
+        self._fresh_first = 0  # ``stats.pushed`` before the first of them
+        # The tail run: entity -> (position in ``_done`` of its last waiting entry, its spec).
+        self._index: dict[EntityKey, tuple[int, Spec]] = {}
+        self._version: int | None = None  # the version the index was built for
+        self._groups = 0  # entries of ``_done`` that are groups
         self._last_written: dict[EntityKey, float] = {}  # rate limit only
         self._prune_at = 1024
-        self._bytes = 0
-        self._count = 0
+        self._bytes = 0  # held in memory (without the index, counted by its length)
+        self._count = 0  # frames it will write
+        self._in_lines = self._in_bytes = 0  # read since the writer last took something
+        self._skip = 0  # merging does not pay: the next pass waits this many lines
+        self._skip_until = 0  # ... until ``stats.pushed`` reaches this
         self.stats = QueueStats()
 
     @property
@@ -373,211 +150,213 @@ class OutboundQueue:
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes waiting (for merged groups: an upper estimate, re-measured as it grows)."""
-        return self._bytes
+        """What the waiting frames hold in memory: their bytes, the parsed objects kept for
+        merging (an upper estimate) and the fixed overhead per frame, line and index entry."""
+        return self._bytes + INDEX_OVERHEAD * len(self._index)
 
     def has_room(self) -> bool:
-        """True while below both bounds; the shell stops reading from the producer otherwise."""
+        """True while below both bounds; the shell stops reading from the producer otherwise.
+
+        At the bound, the frames pushed since the last merge pass are merged first (when merging
+        pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
+        is read, however well it merges."""
+        config = self._config
+        if self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes:
+            return True
+        if not self._fresh or not self._merge or not self._pays():
+            return False
+        if (
+            self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
+            or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
+        ):
+            return False
+        self._pass()
         return (
-            self._count < self._config.max_queue_messages
-            and self._bytes < self._config.max_queue_bytes
+            self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes
         )
 
     # -- push -----------------------------------------------------------------------------
 
     def push(self, frame: OutFrame, now: float) -> None:
-        """Append ``frame``, or merge it into a waiting frame of the same entity.
+        """Append ``frame`` (merged, if at all, when it has to wait).
 
         The caller has checked ``has_room`` (or must push regardless, e.g. a reply it owes).
         """
-        entry = _Entry(frame.raw, frame.message, frame.version)
-        self.stats.pushed += entry.lines
+        raw = frame.raw
+        lines = raw.count(b"\n") + 1
+        size = len(raw) + 1
+        self.stats.pushed += lines
+        self._count += lines
+        self._in_lines += lines
+        self._in_bytes += size
         if not self._merge:
-            entry.cls = _Class.BARRIER
-            self._append(entry)
+            self._done.append(raw)
+            self._bytes += size + FRAME_OVERHEAD
             return
-        if not self._entries and self._interval == 0.0:
-            # Nothing to merge with: do not even parse (the entry is classified if another frame
-            # arrives while it still waits).
-            self._append(entry)
-            return
-        if self._entries and self._entries[-1].cls is _Class.UNCLASSIFIED:
-            # The only entry, pushed into an empty queue: it opens the tail run if mergeable.
-            head = self._entries.pop()
-            self._count -= head.lines
-            self._bytes -= head.nbytes
-            for line in _lines_of(head):
-                self._add(line)
-        for line in _lines_of(entry):
-            self._add(line)
+        if not self._fresh:
+            self._fresh_first = self.stats.pushed - lines
+        self._fresh.append((raw, frame.version))
+        self._fresh_bytes += size + FRAME_OVERHEAD
+        self._bytes += size + FRAME_OVERHEAD
+        if self._interval:
+            self._pass()  # the rate limit needs every entry's entity at once
 
-    def _add(self, entry: _Entry) -> None:
-        """Classify one single-line entry and merge it into the tail run, or append it."""
-        self._classify_entry(entry)
-        if entry.cls is _Class.BARRIER:
-            self._tail.clear()  # a barrier closes the run: nothing merges across it
-            self._append(entry)
-            return
-        assert entry.key is not None
-        target = self._tail.get(entry.key)
-        if target is not None and self._merge_into(target, entry):
-            self.stats.merged += 1
-            return
-        self._append(entry)
-        self._tail[entry.key] = entry
+    # -- merge pass -----------------------------------------------------------------------
 
-    def _append(self, entry: _Entry) -> None:
-        self._entries.append(entry)
-        self._count += entry.lines
-        self._bytes += entry.nbytes
+    def _pays(self) -> bool:
+        """Whether the waiting frames are past the lines that skip merging."""
+        return self._fresh_first >= self._skip_until or self._interval != 0.0
 
-    def _classify_entry(self, entry: _Entry) -> None:
-        info: _Info | None = None
-        message: object = entry.message
-        if not rawscan.reencodes_exactly(entry.raw):
-            # A number orjson would respell, or a surrogate escape: never merged, so it is
-            # written as it came (orjson would change its numbers).
-            entry.classify(None)
+    def _pass(self) -> None:
+        """Look at the frames pushed since the last pass: merge what merges into the tail run."""
+        fresh = self._fresh
+        self._fresh = []
+        self._bytes -= self._fresh_bytes
+        self._fresh_bytes = 0
+        if not self._pays():
+            self._as_barriers(fresh)
             return
-        if message is None and _NEEDLE in entry.raw:
+        self.stats.passes += 1
+        merged_before = self.stats.merged
+        looked = 0
+        for raw, version in fresh:
+            if version != self._version:
+                self._index.clear()  # a new index for each version
+                self._version = version
+            table = table_of(version)
+            if table is None:
+                self._done.append(raw)  # nothing merges before the version is known
+                self._bytes += len(raw) + 1 + LINE_OVERHEAD
+                continue
+            lines = raw.split(b"\n") if b"\n" in raw else (raw,)
+            looked += len(lines)
+            for line in lines:
+                self._add(line, table)
+        if looked >= _MIN_PASS and (self.stats.merged - merged_before) * _YIELD < looked:
+            # Merging did not pay on these lines: skip it for as many (doubling), so a stream
+            # that does not merge costs a FIFO again.
+            self._skip = min(max(looked, 2 * self._skip), _MAX_SKIP)
+            self._skip_until = self.stats.pushed + self._skip
+        elif looked >= _MIN_PASS:
+            self._skip = 0
+
+    def _as_barriers(self, fresh: list[tuple[bytes, int | None]]) -> None:
+        """Frames that skip merging: waiting as they came, closing the tail run (nothing may
+        merge across a line that was not looked at)."""
+        self._index.clear()
+        done = self._done
+        for raw, _version in fresh:
+            done.append(raw)
+            self._bytes += len(raw) + 1 + FRAME_OVERHEAD
+            self.stats.skipped += raw.count(b"\n") + 1
+
+    def _add(self, line: bytes, table: Table) -> None:
+        """One line: merged into its entity's last waiting entry of the tail run, or appended."""
+        done = self._done
+        message: object = None
+        if _NEEDLE in line:
             try:
-                message = orjson.loads(entry.raw)
+                message = orjson.loads(line)
             except orjson.JSONDecodeError:
                 message = None
-        if message is not None:
-            info = _classify(message, entry.version)
-        entry.classify(info)
-
-    # -- merging --------------------------------------------------------------------------
-
-    def _merge_into(self, target: _Entry, new: _Entry) -> bool:
-        """Merge ``new`` into ``target`` (the entity's last waiting entry); False: keep both."""
-        if target.cls is not new.cls or target.kind != new.kind or target.cls is _Class.OPAQUE:
-            return False
-        tm, nm = target.message, new.message
-        assert tm is not None and nm is not None
-        if not _same_envelope(tm, nm):
-            return False
-        new_update = _update_of(new)
-        if target.cls is _Class.TEXT_CHUNK:
-            if not self._concat_text(target, new_update):
-                return False
-        elif target.cls is _Class.B64_CHUNK:
-            if not self._concat_bytes(target, new_update):
-                return False
+        found = classify(message, table) if message is not None else None
+        if found is None:
+            if self._index:
+                self._index.clear()  # a barrier closes the run: nothing merges across it
+            done.append(line)
+            self._bytes += len(line) + 1 + LINE_OVERHEAD
+            return
+        spec, key = found
+        hit = self._index.get(key)
+        if hit is not None and hit[1] is spec and spec.cls is not Class.OPAQUE:
+            pos = hit[0]
+            target = done[pos]
+            if isinstance(target, bytes):
+                target = Group(target, spec, key)
+                done[pos] = target
+                self._groups += 1
+                self._bytes += target.charge - (len(target.first) + 1 + LINE_OVERHEAD)
+            lines = target.lines
+            assert isinstance(message, dict)
+            delta = target.absorb(line, message)
+            if delta is not None:
+                self.stats.merged += 1
+                self._bytes += delta
+                self._count += target.lines - lines - 1
+                return
+        self._index[key] = (len(done), spec)
+        if self._interval:
+            group = Group(line, spec, key)  # the rate limit holds entries by entity
+            done.append(group)
+            self._groups += 1
+            self._bytes += group.charge
         else:
-            return self._merge_core(target, new, new_update)
-        target.base = (new.raw, nm)
-        self._grew(target, new.nbytes)
-        return True
-
-    def _merge_core(self, target: _Entry, new: _Entry, new_update: JsonObject) -> bool:
-        """Upserts and snapshots: ``updates.merge_updates`` decides (one or two updates)."""
-        version = target.version
-        assert isinstance(version, int)
-        updates = target.updates or [_update_of(target)]
-        last = updates[-1]
-        result = merge_updates(last, new_update, version)
-        if len(result) == 2 and result[0] is last and result[1] is new_update:
-            return False  # not combinable: the new frame waits behind it
-        if len(updates) == 1 and len(result) == 1 and result[0] is new_update:
-            # The later update replaces the earlier whole (a snapshot): keep its exact bytes.
-            target.raw, target.message, target.updates, target.encoded = (
-                new.raw,
-                new.message,
-                [],
-                None,
-            )
-            target.base = None
-            self._bytes += new.nbytes - target.nbytes
-            target.nbytes = target.exact = new.nbytes
-            return True
-        merged = [*updates[:-1], *result]
-        # A clear kept from an earlier merge may now be absorbed by a later clear.
-        while len(merged) >= 2:
-            combined = merge_updates(merged[-2], merged[-1], version)
-            if len(combined) != 1:
-                break
-            merged[-2:] = list(combined)
-        self._count += len(merged) - target.frame_count()
-        target.updates = merged
-        assert new.message is not None
-        target.base = (new.raw, new.message)
-        self._grew(target, new.nbytes)
-        return True
-
-    def _concat_text(self, target: _Entry, new_update: JsonObject) -> bool:
-        text = _plain_text(new_update)
-        if text is None or not _equal_except(_update_of(target), new_update, "content"):
-            return False
-        if not target.texts:
-            first = _plain_text(_update_of(target))
-            if first is None:
-                return False
-            target.texts.append(first)
-        target.texts.append(text)
-        return True
-
-    def _concat_bytes(self, target: _Entry, new_update: JsonObject) -> bool:
-        data = _b64_bytes(new_update)
-        if data is None or not _equal_except(_update_of(target), new_update, "data"):
-            return False
-        if not target.pieces:
-            first = _b64_bytes(_update_of(target))
-            if first is None:
-                return False
-            target.pieces.append(first)
-        target.pieces.append(data)
-        return True
-
-    def _grew(self, target: _Entry, added: int) -> None:
-        """Account for bytes merged into ``target``; re-measure once the estimate doubles."""
-        target.encoded = None
-        target.nbytes += added
-        self._bytes += added
-        if target.nbytes > 2 * target.exact + _SLACK_BYTES:
-            exact = sum(len(f) for f in target.frames())
-            self._bytes += exact - target.nbytes
-            target.nbytes = target.exact = exact
+            done.append(line)
+            self._bytes += len(line) + 1 + LINE_OVERHEAD
 
     # -- take -----------------------------------------------------------------------------
 
     def take(self, now: float) -> tuple[list[bytes], float | None]:
-        """Everything ready to write now, each frame ending in ``\\n``, and when to call again.
+        """Everything ready to write now, and when to call again.
 
-        The deadline (same clock as ``now``) is set when frames are held back by the rate limit;
-        ``None`` means "call again when something is pushed".
+        The frames come as one or more byte strings, each a run of whole lines ending in
+        ``\\n``. The deadline (same clock as ``now``) is set when frames are held back by the
+        rate limit; ``None`` means "call again when something is pushed".
         """
-        if self._interval == 0.0:
-            out: list[bytes] = []
-            for entry in self._entries:
-                out.extend(self._written(entry))
-            self._entries.clear()
-            self._tail.clear()
-            self.stats.written += self._count
-            self._bytes = self._count = 0
-            return out, None
-        return self._take_limited(now)
+        self._in_lines = self._in_bytes = 0
+        if self._interval != 0.0:
+            return self._take_limited(now)
+        if self._fresh:
+            if self._done or len(self._fresh) > 1:
+                self._pass()
+            else:  # one frame alone (one read): it waited behind nothing, so it is not parsed
+                self._done.append(self._fresh.pop()[0])
+                self._fresh_bytes = 0
+        done = self._done
+        if not done:
+            return [], None
+        if self._groups:
+            parts: list[bytes] = []
+            for entry in done:
+                if isinstance(entry, bytes):
+                    parts.append(entry)
+                else:
+                    parts.extend(self._written(entry))
+        else:
+            parts = done  # type: ignore[assignment]
+        out = [parts[0] + b"\n" if len(parts) == 1 else b"\n".join(parts) + b"\n"]
+        self._done = []
+        self._index.clear()
+        self._groups = 0
+        self.stats.written += self._count
+        self._bytes = self._count = 0
+        return out, None
 
-    def _written(self, entry: _Entry) -> list[bytes]:
-        frames = entry.frames()
+    def _written(self, group: Group) -> list[bytes]:
+        frames = group.frames()
         if len(frames) > 1:
             self.stats.split += len(frames) - 1
         return frames
 
     def _take_limited(self, now: float) -> tuple[list[bytes], float | None]:
         # Entries up to the last barrier are due regardless: a barrier releases what precedes it.
+        done = self._done
         last_barrier = -1
-        for i, entry in enumerate(self._entries):
-            if entry.cls is _Class.BARRIER:
+        for i, entry in enumerate(done):
+            if type(entry) is bytes:
                 last_barrier = i
-        out: list[bytes] = []
+        parts: list[bytes] = []
         written = 0
-        held: deque[_Entry] = deque()
+        held: list[_Entry] = []
         deadline: float | None = None
-        for i, entry in enumerate(self._entries):
+        for i, entry in enumerate(done):
+            if type(entry) is bytes:
+                parts.append(entry)
+                written += entry.count(b"\n") + 1
+                continue
+            assert isinstance(entry, Group)
             key = entry.key
-            if i > last_barrier and key is not None:
+            if i > last_barrier:
                 written_at = self._last_written.get(key)
                 # Compare with the very deadline returned, so taking at it always releases.
                 due = written_at + self._interval if written_at is not None else now
@@ -585,17 +364,20 @@ class OutboundQueue:
                     held.append(entry)
                     deadline = due if deadline is None else min(deadline, due)
                     continue
-            out.extend(self._written(entry))
-            written += entry.frame_count()
-            if key is not None:
-                self._last_written[key] = now
-        self._entries = held
-        self._tail = {e.key: e for e in held if e.key is not None}
-        self._count = sum(e.frame_count() for e in held)
-        self._bytes = sum(e.nbytes for e in held)
+            parts.extend(self._written(entry))
+            written += entry.lines
+            self._last_written[key] = now
+        self._done = held
+        self._index = {}
+        for i, entry in enumerate(held):
+            assert isinstance(entry, Group)
+            self._index[entry.key] = (i, entry.spec)
+        self._groups = len(held)
+        self._count = sum(e.lines for e in held if isinstance(e, Group))
+        self._bytes = sum(e.charge for e in held if isinstance(e, Group))
         self.stats.written += written
         self._prune(now)
-        return out, deadline
+        return ([b"\n".join(parts) + b"\n"] if parts else []), deadline
 
     def _prune(self, now: float) -> None:
         """Forget entities written longer than the interval ago (they can no longer be held)."""
@@ -604,20 +386,3 @@ class OutboundQueue:
         horizon = now - self._interval
         self._last_written = {k: t for k, t in self._last_written.items() if t > horizon}
         self._prune_at = max(1024, 2 * len(self._last_written))
-
-
-def _lines_of(entry: _Entry) -> list[_Entry]:
-    """``entry`` as single-line entries (the shell may join a run of untouched lines)."""
-    if entry.lines == 1:
-        return [entry]
-    return [_Entry(line, None, entry.version) for line in entry.raw.split(b"\n")]
-
-
-def _update_of(entry: _Entry) -> JsonObject:
-    message = entry.message
-    assert message is not None
-    params = message["params"]
-    assert isinstance(params, dict)
-    update = params["update"]
-    assert isinstance(update, dict)
-    return update

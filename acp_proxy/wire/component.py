@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import enum
 
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.wire.envelope import (
     ENVELOPE_METHODS,
     EXPECTED,
@@ -231,9 +231,7 @@ class Link:
 
 
 def _cancelled_id(msg: Message) -> JsonValue:
-    params = msg.bytes_of("params")
-    inner = scan(params) if params is not None else None
-    return inner.id_key("requestId") if inner is not None else None
+    return msg.id_key("requestId", within="params")
 
 
 __all__ = ["CANCEL", "DEFAULT_MAX_IN_FLIGHT", "Link", "Routed", "Sent", "Side"]

@@ -34,10 +34,11 @@ import enum
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
-from acp_proxy.wire.rawjson import Unparseable
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
+from acp_proxy.wire.rawjson import Unparseable, exact_loads
 from acp_proxy.wire.rawscan import object_members, value_start
+from acp_proxy.wire.rawsplice import member_span
 
 
 class Dialect(enum.Enum):
@@ -86,30 +87,39 @@ EXPECTED = (
     "initialize with params._meta.proxy = true (@thinkwell/conductor 0.5)"
 )
 
-# One member of a scanned object: where its value starts and ends.
+# Where a member's value starts and ends in a line.
 Span = tuple[int, int]
 
 
-@value
 class Message:
-    """The top-level members of one JSON-RPC object line (value spans into ``raw``)."""
+    """One JSON-RPC object line: its exact bytes and its parse (orjson; the exact parser for
+    what orjson refuses). Byte spans are looked up only where a value is cut out or replaced,
+    by the C scanner when it is built (``rawjson.member_span``), so the large ``params`` of an
+    update is skipped at C speed, never decoded twice."""
 
-    raw: bytes
-    members: dict[str, Span]
+    __slots__ = ("obj", "raw")
+
+    def __init__(self, raw: bytes, obj: dict[str, JsonValue]) -> None:
+        self.raw = raw
+        self.obj = obj
 
     def has(self, key: str) -> bool:
-        return key in self.members
+        return key in self.obj
 
-    def bytes_of(self, key: str) -> bytes | None:
-        span = self.members.get(key)
+    def span(self, key: str, path: tuple[str, ...] = ()) -> Span | None:
+        """Where member ``key`` of the object at ``path`` sits in ``raw`` (None: absent)."""
+        got = member_span(self.raw, _path_bytes(path), key.encode())
+        if got is None:  # a key with an escape, or given twice: the full walk
+            return _span_py(self.raw, path, key)
+        return None if got[2] < 0 else (got[2], got[3])
+
+    def bytes_of(self, key: str, path: tuple[str, ...] = ()) -> bytes | None:
+        span = self.span(key, path)
         return None if span is None else self.raw[span[0] : span[1]]
 
     def string(self, key: str) -> str | None:
         """The member's value when it is a JSON string, else None."""
-        data = self.bytes_of(key)
-        if data is None or data[:1] != b'"':
-            return None
-        got = orjson.loads(data) if b"\\" in data else data[1:-1].decode("utf-8", "replace")
+        got = self.obj.get(key)
         return got if isinstance(got, str) else None
 
     @property
@@ -118,42 +128,68 @@ class Message:
 
     @property
     def is_request(self) -> bool:
-        return "method" in self.members and "id" in self.members
+        return "method" in self.obj and "id" in self.obj
 
     @property
     def is_notification(self) -> bool:
-        return "method" in self.members and "id" not in self.members
+        return "method" in self.obj and "id" not in self.obj
 
     @property
     def is_response(self) -> bool:
-        return "method" not in self.members and "id" in self.members
+        return "method" not in self.obj and "id" in self.obj
 
-    def id_key(self, key: str = "id") -> JsonValue:
-        """The id (or the id-valued member ``key``) as a value to look up in a table (two
-        spellings of one id are one key)."""
-        data = self.bytes_of(key)
-        return None if data is None else _id_key(data)
+    def id_key(self, key: str = "id", within: str | None = None) -> JsonValue:
+        """The id (or the id-valued member ``key`` of the object member ``within``) as a value
+        to look up in a table: two spellings of one id are one key."""
+        obj = self.obj.get(within) if within is not None else self.obj
+        got = obj.get(key) if isinstance(obj, dict) else None
+        if isinstance(got, (dict, list)):  # not an id JSON-RPC allows: its encoding
+            return orjson.dumps(got).decode()
+        return got
 
 
-def _id_key(data: bytes) -> JsonValue:
-    try:
-        return orjson.loads(data)  # type: ignore[no-any-return]
-    except orjson.JSONDecodeError:
-        return data.decode("utf-8", "replace")  # an id beyond orjson (huge integer): its digits
+_PATHS: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
+def _path_bytes(path: tuple[str, ...]) -> tuple[bytes, ...]:
+    got = _PATHS.get(path)
+    if got is None:
+        got = tuple(step.encode() for step in path)
+        if len(_PATHS) < 16:  # this module uses three
+            _PATHS[path] = got
+    return got
+
+
+def _span_py(raw: bytes, path: tuple[str, ...], key: str) -> Span | None:
+    """``Message.span`` by a full walk (the last of repeated keys wins, as in the parse)."""
+    i = value_start(raw)
+    for step in (*path, key):
+        if i >= len(raw) or raw[i] != ord("{"):
+            return None
+        found = None
+        for name, _ks, vs, ve in object_members(raw, i)[0]:
+            if name == step:
+                found = (vs, ve)
+        if found is None:
+            return None
+        i = found[0]
+    return found
 
 
 def scan(raw: bytes) -> Message | None:
-    """The top-level members of the JSON object ``raw`` (one line, no newline), or None when
-    it is not an object (a batch array, garbage). The last of repeated keys wins, as in a
-    parse. Never raises."""
+    """The JSON object line ``raw`` (no newline) with its parse, or None when it is not an
+    object (a batch array, garbage). Never raises."""
     start = value_start(raw)
     if start >= len(raw) or raw[start] != ord("{"):
         return None
     try:
-        members, _close = object_members(raw, start)
-    except (Unparseable, IndexError):
-        return None
-    return Message(raw, {key: (vs, ve) for key, _ks, vs, ve in members})
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            obj = exact_loads(raw)
+        except Unparseable:
+            return None
+    return Message(raw, obj) if isinstance(obj, dict) else None
 
 
 def detect(msg: Message) -> Dialect | None:
@@ -165,17 +201,15 @@ def detect(msg: Message) -> Dialect | None:
         return Dialect.OFFICIAL
     if method == "_proxy/initialize":
         return Dialect.SACP
-    if method == "initialize" and _proxy_flag(msg.bytes_of("params")):
+    if method == "initialize" and _proxy_flag(msg.obj.get("params")):
         return Dialect.THINKWELL
     return None
 
 
-def _proxy_flag(params: bytes | None) -> bool:
+def _proxy_flag(params: JsonValue) -> bool:
     """``params._meta.proxy`` is ``true`` (the TypeScript conductor's offer)."""
-    inner = scan(params) if params else None
-    meta = inner.bytes_of("_meta") if inner is not None else None
-    flag = scan(meta) if meta else None
-    return flag is not None and flag.bytes_of("proxy") == b"true"
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return isinstance(meta, dict) and meta.get("proxy") is True
 
 
 @value
@@ -198,23 +232,26 @@ def unwrap(msg: Message, dialect: Dialect) -> Unwrapped:
     are equivalent"). Raises ``NotAnEnvelope`` when the params are not an object with a string
     ``method`` (an array is a batch, which no conductor defines inside an envelope).
     """
-    params = msg.bytes_of("params")
-    inner = scan(params) if params is not None else None
-    if inner is None or inner.string("method") is None:
+    params = msg.obj.get("params")
+    if not isinstance(params, dict) or not isinstance(params.get("method"), str):
         raise NotAnEnvelope("the envelope's params must be an object with a string method")
     parts = [b'{"jsonrpc":"2.0"']
-    ident = msg.bytes_of("id")
+    ident = msg.bytes_of("id") if msg.has("id") else None
     if ident is not None:
         parts += (b',"id":', ident)
-    parts += (b',"method":', inner.bytes_of("method") or b'""')
-    inner_params = inner.bytes_of("params")
-    if inner_params is not None and inner_params != b"null":
-        parts += (b',"params":', inner_params)
+    parts += (b',"method":', msg.bytes_of("method", _PARAMS) or b'""')
+    if params.get("params") is not None:
+        parts += (b',"params":', msg.bytes_of("params", _PARAMS) or b"null")
     parts.append(b"}")
-    hop = inner.bytes_of("_meta")
-    if hop is None and dialect is Dialect.SACP:
-        hop = inner.bytes_of("meta")
+    hop = None
+    if params.get("_meta") is not None:
+        hop = msg.bytes_of("_meta", _PARAMS)
+    elif dialect is Dialect.SACP and params.get("meta") is not None:
+        hop = msg.bytes_of("meta", _PARAMS)
     return Unwrapped(b"".join(parts), hop)
+
+
+_PARAMS = ("params",)
 
 
 def wrap(msg: Message, dialect: Dialect, *, hop_meta: bytes | None = None) -> bytes:
@@ -224,14 +261,14 @@ def wrap(msg: Message, dialect: Dialect, *, hop_meta: bytes | None = None) -> by
     the envelope's own ``_meta`` (official and Rust 2.x dialects; the TypeScript conductor reads
     none). Top-level members other than ``jsonrpc``, ``id``, ``method`` and ``params`` have no
     place in an envelope and are not carried."""
-    ident = msg.bytes_of("id")
+    ident = msg.bytes_of("id") if msg.has("id") else None
     envelope = dialect.envelope_method(request=ident is not None)
     parts = [b'{"jsonrpc":"2.0"']
     if ident is not None:
         parts += (b',"id":', ident)
     parts += (b',"method":"', envelope.encode(), b'","params":{"method":')
     parts.append(msg.bytes_of("method") or b'""')
-    params = msg.bytes_of("params")
+    params = msg.bytes_of("params") if msg.has("params") else None
     if params is not None:
         parts += (b',"params":', params)
     if hop_meta is not None and dialect is not Dialect.THINKWELL:
@@ -243,8 +280,9 @@ def wrap(msg: Message, dialect: Dialect, *, hop_meta: bytes | None = None) -> by
 def replace_method(msg: Message, method: str) -> bytes:
     """``msg``'s bytes with the value of its ``method`` member replaced (``proxy/initialize``
     seen by the chain as the ``initialize`` it carries); everything else as it came."""
-    start, end = msg.members["method"]
-    return msg.raw[:start] + orjson.dumps(method) + msg.raw[end:]
+    span = msg.span("method")
+    assert span is not None
+    return msg.raw[: span[0]] + orjson.dumps(method) + msg.raw[span[1] :]
 
 
 def accept_proxy(msg: Message) -> bytes:
@@ -252,35 +290,34 @@ def accept_proxy(msg: Message) -> bytes:
     TypeScript conductor refuses a component whose answer lacks it), spliced into the exact
     bytes: an existing ``_meta`` keeps its other members; one that already says ``true`` is
     left alone. An error response, or a result that is not an object, is returned unchanged."""
-    span = msg.members.get("result")
-    result = scan(msg.raw[span[0] : span[1]]) if span is not None else None
-    if span is None or result is None:
-        return msg.raw
-    meta_span = result.members.get("_meta")
-    meta = scan(result.raw[meta_span[0] : meta_span[1]]) if meta_span is not None else None
-    if meta is not None:
-        assert meta_span is not None
-        if meta.bytes_of("proxy") == b"true":
-            return msg.raw
-        new_meta = _set_member(meta, "proxy", b"true")
-        at = span[0] + meta_span[0]
-        return msg.raw[:at] + new_meta + msg.raw[span[0] + meta_span[1] :]
-    if meta_span is not None:  # ``_meta`` that is not an object (null): replaced
-        at = span[0] + meta_span[0]
-        return msg.raw[:at] + b'{"proxy":true}' + msg.raw[span[0] + meta_span[1] :]
-    return msg.raw[: span[0]] + _set_member(result, "_meta", b'{"proxy":true}') + msg.raw[span[1] :]
+    raw = msg.raw
+    result = msg.obj.get("result")
+    if not isinstance(result, dict):
+        return raw
+    meta = result.get("_meta")
+    if isinstance(meta, dict):
+        if meta.get("proxy") is True:
+            return raw
+        flag = msg.span("proxy", ("result", "_meta"))
+        if flag is not None:
+            return raw[: flag[0]] + b"true" + raw[flag[1] :]
+        where = msg.span("_meta", ("result",))
+        assert where is not None
+        return _add_member(raw, where, b'"proxy":true')
+    if "_meta" in result:  # a ``_meta`` that is not an object (null): replaced
+        where = msg.span("_meta", ("result",))
+        assert where is not None
+        return raw[: where[0]] + b'{"proxy":true}' + raw[where[1] :]
+    where = msg.span("result")
+    assert where is not None
+    return _add_member(raw, where, b'"_meta":{"proxy":true}')
 
 
-def _set_member(obj: Message, key: str, data: bytes) -> bytes:
-    """The object ``obj`` with member ``key`` set to the encoded ``data``: replaced in place
-    when present, else added last."""
-    span = obj.members.get(key)
-    if span is not None:
-        return obj.raw[: span[0]] + data + obj.raw[span[1] :]
-    close = obj.raw.rstrip().rfind(b"}")
-    body = obj.raw[1:close].strip()
-    member = orjson.dumps(key) + b":" + data
-    return obj.raw[:close] + (b"," if body else b"") + member + obj.raw[close:]
+def _add_member(raw: bytes, where: Span, member: bytes) -> bytes:
+    """``raw`` with ``member`` (``"key":value``) added last to the object at ``where``."""
+    close = where[1] - 1  # the object's ``}``
+    empty = not raw[where[0] + 1 : close].strip()
+    return raw[:close] + (b"" if empty else b",") + member + raw[close:]
 
 
 def error_response(ident: bytes | None, code: int, message: str) -> bytes:

@@ -9,7 +9,7 @@ Rules:
 
 * A frame is everything between two ``\\n`` bytes, byte for byte: a trailing ``\\r`` (CRLF
   writers), invalid UTF-8 and whitespace inside the line are kept, because a frame no middleware
-  touches must leave the proxy as the exact bytes that came in (issue 3, "Byte-exact pass-through").
+  touches must leave the proxy as the exact bytes that came in (byte-exact pass-through).
 * Lines that are empty or whitespace only carry no message and are dropped.
 * Bounded (style.md habit 6): a line longer than ``max_frame_bytes`` is never held whole. Once
   it crosses the limit its bytes are discarded up to the next ``\\n`` and one ``Oversize`` event
@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import re
 
+from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
-from acp_proxy.jsontypes import JsonValue
-from acp_proxy.values import value
 
 # How much of an oversize line is kept for ``read_request_id``.
 HEAD_BYTES = 4096
@@ -64,7 +64,7 @@ class Block:
     @property
     def count(self) -> int:
         # Computed on demand: the pipeline's block scan counts the lines in its own pass, and a
-        # ``bytes.count`` per 64 KiB read cost 0.3 us per message of pass-through (issue 13).
+        # ``bytes.count`` per 64 KiB read cost 0.3 us per message of pass-through.
         return self.raw.count(b"\n") + 1
 
     def lines(self) -> list[Line]:
@@ -128,8 +128,8 @@ class LineSplitter:
         """``data``'s one line when ``data`` is exactly one complete, non-blank line within the
         limit and nothing is pending (interactive traffic: a request, its response); the
         splitter is then unchanged, as ``feed`` would leave it. ``None`` otherwise (nothing
-        consumed: feed ``data`` as usual). Issue 13: the round trip's reads are almost all of
-        this shape, and the event list, the ``Block`` and its scan cost more than the line."""
+        consumed: feed ``data`` as usual). The round trip's reads are almost all of this
+        shape, and the event list, the ``Block`` and its scan cost more than the line."""
         n = len(data)
         # The first newline is the last byte: one line, complete (one ``memchr``).
         if n < 2 or n > self._max or self._parts or self._discarding or data.find(b"\n") != n - 1:
@@ -144,8 +144,8 @@ class LineSplitter:
         then every further complete line of ``data`` as one ``Block`` (when ``data`` is not
         longer than the limit, so no line in it can be oversize; otherwise as ``feed`` does).
         Writing ``Block.raw + b"\\n"`` reproduces those input bytes exactly, so a consumer that
-        has nothing to do with any line of it forwards it without splitting (issue 6: "one write
-        per batch of ready frames").
+        has nothing to do with any line of it forwards it without splitting (one write per batch of
+        ready frames).
         """
         if not data:
             return []

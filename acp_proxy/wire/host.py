@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
-from acp_proxy.values import value
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.values import value
 from acp_proxy.wire.chain import Chain, Direction, MessageContext
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import Line, Oversize

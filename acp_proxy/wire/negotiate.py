@@ -7,14 +7,17 @@ negotiates nothing). The connection owns the negotiated state (``Connection._neg
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.notes import Note, UnusualVersion
 from acp_proxy.wire.rewrite import encode
 
 
-def negotiated_version(response: JsonObject, notes: list[Note]) -> int | None:
+def negotiated_version(
+    response: JsonObject, notes: list[Note], current: int | None = None
+) -> int | None:
     """The version ``response`` negotiates, ``None`` for none; an ``UnusualVersion`` note in
-    ``notes`` when its value is not a plain positive integer."""
+    ``notes`` when its value is not a plain positive integer, or when the session negotiated
+    ``current`` already."""
     result = response.get("result")
     if not isinstance(result, dict) or "protocolVersion" not in result:
         return None
@@ -31,6 +34,18 @@ def negotiated_version(response: JsonObject, notes: list[Note]) -> int | None:
             UnusualVersion(
                 _json_text(version),
                 "not a positive integer: no rule runs on this session, frames pass untouched",
+            )
+        )
+        return None
+    if current is not None:
+        # A second initialize (a client bug, or a client that starts over) is forwarded and
+        # answered as the agent decides, but the session's version stays the one the first
+        # negotiated: the rules and patches of one protocol never switch to another mid-session.
+        notes.append(
+            UnusualVersion(
+                str(version),
+                f"a second initialize answered: the session keeps version {current}, "
+                "negotiated first",
             )
         )
         return None

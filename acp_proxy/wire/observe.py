@@ -7,7 +7,7 @@ frame became, only describe it (the frame's ``FrameInfo`` notes go into its ``Ob
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.framing import Line, Oversize
 from acp_proxy.wire.notes import FrameInfo, NonJson, NotParsed, Observed, Result

@@ -41,8 +41,8 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
@@ -310,34 +310,37 @@ class Connection:
             self.stats.client_to_agent_in += n
             self.stats.client_to_agent_out += n
 
-    def abort_pending(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
-        """One -32603 error response (``message``) per client request still awaiting the agent.
+    def abort_pending(
+        self, message: str, data: bytes | None = None
+    ) -> Iterator[tuple[OutFrame, ...]]:
+        """One -32603 error response (``message`` " during " the request's method, ``data`` as
+        its ``error.data``) per client request still awaiting the agent.
 
         For when the agent is gone: every client request still awaiting a response gets a
-        JSON-RPC error response (code -32603, ``message`` naming the exit status). The requests
+        JSON-RPC error response (code -32603, ``message`` naming the exit status, e.g. "agent
+        exited with status 1 during initialize"). The requests
         are no longer tracked from the call on; their responses are built lazily, in chunks of
         ``ABORT_CHUNK`` in arrival order, as the caller iterates (bounded memory: 400,000
         responses built at once took 1.9 GB), so the shell writes each chunk before the next.
         """
-        return self._abort(_C2A, message)
+        return self._abort(_C2A, message, data)
 
     def abort_agent_requests(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response per agent request still awaiting the client (client gone),
         lazily in chunks like ``abort_pending``."""
-        return self._abort(_A2C, message)
+        return self._abort(_A2C, message, name_method=False)
 
-    def _abort(self, direction: Direction, message: str) -> Iterator[tuple[OutFrame, ...]]:
-        chunks = self._tracker.abort(direction, message)  # detached now, built lazily
-        version, stats = self.version, self.stats
-
-        def frames() -> Iterator[tuple[OutFrame, ...]]:
-            for chunk, n in chunks:
-                stats.errors_replied += n
-                # Only the bytes (no decoded message): an error response is a barrier for the
-                # outbound queue, which never needs to parse it.
-                yield tuple(OutFrame(data, None, version) for data in chunk)
-
-        return frames()
+    def _abort(
+        self,
+        direction: Direction,
+        message: str,
+        data: bytes | None = None,
+        *,
+        name_method: bool = True,
+    ) -> Iterator[tuple[OutFrame, ...]]:
+        # Detached now, built lazily.
+        chunks = self._tracker.abort(direction, message, data, name_method=name_method)
+        return _frames(chunks, self.version, self.stats)
 
     # --- agent -> client ----------------------------------------------------------------------
 
@@ -529,7 +532,7 @@ class Connection:
         if not self._tracker.full(direction):
             return None
         rid = message["id"]
-        if not is_id(rid) or self._tracker.knows(direction, rid):
+        if not is_id(rid):  # a repeated id needs room too: it waits beside the first
             return None
         try:
             id_bytes = rawscan.id_bytes(raw) or b"null"
@@ -538,7 +541,7 @@ class Connection:
         return self._full_reply(id_bytes)
 
     def _negotiate(self, response: JsonObject, notes: list[Note]) -> None:
-        version = negotiated_version(response, notes)
+        version = negotiated_version(response, notes, self.version)
         if version is not None and version != self.version:
             self.version = version
             self._set_contexts()
@@ -550,6 +553,17 @@ class Connection:
         self._ctx_c2a = MessageContext(_C2A, self.version, False)
         self._bctx_a2c = MessageContext(_A2C, self.version, True)
         self._bctx_c2a = MessageContext(_C2A, self.version, True)
+
+
+def _frames(
+    chunks: Iterator[tuple[tuple[bytes, ...], int]], version: int | None, stats: PipelineStats
+) -> Iterator[tuple[OutFrame, ...]]:
+    """The error frames of ``chunks`` (``RequestTracker.abort``), counted as they are built."""
+    for chunk, n in chunks:
+        stats.errors_replied += n
+        # Only the bytes (no decoded message): an error response is a barrier for the outbound
+        # queue, which never needs to parse it.
+        yield tuple(OutFrame(data, None, version) for data in chunk)
 
 
 # The notes live in ``acp_proxy.wire.notes``; importing them from here keeps working.

@@ -28,7 +28,7 @@ import math
 
 import orjson
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 
 
 class Unparseable(ValueError):

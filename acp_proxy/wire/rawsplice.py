@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import orjson
 
-from acp_proxy.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire import scan
 from acp_proxy.wire.rawjson import Unencodable, Unparseable, encode_value, json_equal
 from acp_proxy.wire.rawscan import (
@@ -93,6 +93,16 @@ def member_span_py(
                 return None
             i = vs
     return start, close, vs, ve, last
+
+
+def member_span(
+    raw: bytes, path: tuple[bytes, ...], key: bytes
+) -> tuple[int, int, int, int, int] | None:
+    """``member_span_py``, in C when the accelerator is there (the proxy-chain envelopes take
+    their members apart with it: ``wire.envelope``)."""
+    if _member_span_c is not None:
+        return _member_span_c(raw, path, key)  # type: ignore[return-value]
+    return member_span_py(raw, path, key)
 
 
 def splice_member(

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from acp_proxy.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawsplice
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (

@@ -10,7 +10,7 @@ be answered with its id, so it is not). Pure, no I/O.
 
 from __future__ import annotations
 
-from acp_proxy.jsontypes import JsonValue
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.wire import rawjson
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutFrame

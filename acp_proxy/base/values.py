@@ -11,7 +11,7 @@ copying and pickling, and the ``dataclasses`` functions (``fields``, ``replace``
 ``is_dataclass``). Not supported (refused): ``init=False`` fields, ``InitVar``, ``__post_init__``,
 inheritance between value classes.
 
-Why (issue 13, start-up): ``dataclasses`` compiles six generated methods per class with
+Why (start-up time): ``dataclasses`` compiles six generated methods per class with
 ``exec``, about a millisecond per class, paid at every start for dozens of classes most sessions
 never instantiate. Here the shared methods are plain functions and only ``__init__`` is
 generated, once the class has been instantiated a few times (the first instances bind their

@@ -1,0 +1,95 @@
+"""An agent that cannot be started still answers the editor: each request gets an error.
+
+Contract: owns what the client hears when the agent command cannot be started (not found, not
+executable): every request it sends is answered with a JSON-RPC ``-32603`` error naming the
+failure and the request's method ("agent could not be started (x: command not found) during
+initialize"), echoing the request's id bytes, until the client closes its side, sends nothing
+for ``LINGER_S`` after an answer, or sends no request within ``FIRST_WAIT_S``. Editors show
+that message; before, the proxy exited 127 with nothing on stdout and left the editor waiting.
+It never starts anything and reads at most ``MAX_LINE`` bytes of a line (longer ones skipped).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import orjson
+
+from acp_proxy.wire import rawscan
+from acp_proxy.wire.chain import INTERNAL_ERROR
+from acp_proxy.wire.rawjson import Unparseable
+from acp_proxy.wire.tracking import error_frame_bytes, is_id
+
+# The longest wait for the client's first request (an editor sends ``initialize`` at once).
+FIRST_WAIT_S = 5.0
+# After an answer, how long more requests are answered while the client stays silent.
+LINGER_S = 0.5
+# The longest line read; a longer one is skipped up to its newline.
+MAX_LINE = 1024 * 1024
+
+
+async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: Any) -> int:
+    """Answer each request read from ``client`` with ``agent could not be started (REASON)
+    during METHOD``; returns how many were answered."""
+    answered = 0
+    pending = bytearray()
+    skipping = False
+    deadline = time.monotonic() + FIRST_WAIT_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        chunk = b""
+        with anyio.move_on_after(left):
+            try:
+                chunk = await client.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                break
+        if not chunk:
+            continue  # timed out: the deadline check ends the loop
+        lines = chunk.split(b"\n")
+        for i, piece in enumerate(lines):
+            last = i == len(lines) - 1
+            if not skipping:
+                pending += piece
+            if len(pending) > MAX_LINE:
+                pending.clear()
+                skipping = True
+            if last:
+                break
+            if not skipping:
+                frame = _error_for(bytes(pending), reason)
+                if frame is not None:
+                    try:
+                        await client.send(frame + b"\n")
+                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        return answered
+                    answered += 1
+                    deadline = time.monotonic() + LINGER_S
+            pending.clear()
+            skipping = False
+    if answered:
+        log.info("requests answered: the agent could not be started", count=answered)
+    return answered
+
+
+def _error_for(raw: bytes, reason: str) -> bytes | None:
+    """The error owed for the request ``raw``, or None when it is not a request."""
+    try:
+        message = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    method = message.get("method")
+    if not isinstance(method, str) or "id" not in message or not is_id(message["id"]):
+        return None
+    try:
+        id_bytes = rawscan.id_bytes(raw.strip()) or b"null"
+    except Unparseable:
+        return None
+    text = f"agent could not be started ({reason}) during {method}"
+    return error_frame_bytes(id_bytes, INTERNAL_ERROR, text)

@@ -1,0 +1,319 @@
+"""How waiting updates of one entity combine: the merged group and its rules.
+
+Contract: owns a ``Group`` (one waiting line, or several lines of one entity merged into one, or
+a clear then an object) and the rules for absorbing a later line of the same entity and kind.
+A group keeps the bytes of its lines and only what a merge must read again (the parsed updates
+of an upsert, the texts or bytes of a chunk stream), and says what it holds in memory
+(``charge``) so the queue's byte bound counts it. Merging looks only at the members of the two
+updates (``updates.merge_updates``), never at the rest of the queue, and never re-encodes a
+member it did not change: the written frame is the last line's bytes with only the merged
+members replaced (``rawsplice.splice``). Pure: no I/O; never mutates a parsed message it was given.
+
+Rules (only when the two notifications are equal apart from ``params.update``: same
+``sessionId``, same or absent ``params._meta``, which is notification data, not a patch; RFD
+"Does this change `params._meta`": no):
+
+* upserts: ``updates.merge_updates``, which may return a clear followed by an object (RFD:
+  "Intermediaries that combine updates MUST keep removals and clears. Replacing a clear followed
+  by an object with just that object is wrong");
+* text chunks: concatenated only where the client cannot tell the difference (plain text blocks
+  without ``_meta`` or annotations, equal apart from the text); terminal output bytes decoded,
+  joined and re-encoded;
+* whole snapshots: the later replaces the earlier and keeps its exact bytes (``usage_update``
+  keeps an omitted ``cost``: ``merge_updates`` decides);
+* a line whose numbers orjson would respell, or that holds a surrogate escape
+  (``rawscan.reencodes_exactly``), never merges: it is written as it came.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import sys
+
+import orjson
+
+from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.meta.updates import merge_updates
+from acp_proxy.wire import rawjson, rawscan, rawsplice
+from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, plain_envelope
+
+# What a group holds beyond its bytes, per parsed update kept: Python objects take several times
+# the bytes they were parsed from (``test_coalesce_bound.py`` measures it with tracemalloc).
+PARSED_FACTOR = 6
+PARSED_BASE = 512
+GROUP_OVERHEAD = 256  # the group object, its lists, its slot in the queue
+
+
+def update_of(message: JsonObject) -> JsonObject:
+    params = message["params"]
+    assert isinstance(params, dict)
+    update = params["update"]
+    assert isinstance(update, dict)
+    return update
+
+
+def _equal_except(a: JsonObject, b: JsonObject, skip: str) -> bool:
+    """``a`` and ``b`` are JSON-equal apart from the key ``skip``."""
+    if a.keys() != b.keys():
+        return False
+    return all(k == skip or rawjson.json_equal(v, b[k]) for k, v in a.items())
+
+
+def same_envelope(a: JsonObject, b: JsonObject) -> bool:
+    """Two notifications equal apart from ``params.update`` (``params._meta`` is kept exactly)."""
+    if plain_envelope(a) and plain_envelope(b):
+        return True  # classified alike: one session, nothing else in the envelope
+    pa, pb = a["params"], b["params"]
+    assert isinstance(pa, dict) and isinstance(pb, dict)
+    return _equal_except(a, b, "params") and _equal_except(pa, pb, "update")
+
+
+# A chunk that carries anything else (an unknown field) is never concatenated.
+_CHUNK_KEYS = frozenset(
+    {"sessionUpdate", "messageId", "compactionId", "terminalId", "content", "data", "_meta"}
+)
+
+
+def plain_text(update: JsonObject) -> str | None:
+    """The text of a chunk whose content is exactly ``{"type": "text", "text": ...}``.
+
+    No `_meta` on the chunk ("Omitted and null are equivalent" for chunks) and none (nor
+    ``annotations``) on the block: a client may show or keep those per chunk, so only bare text
+    is provably the same once joined.
+    """
+    if not _CHUNK_KEYS.issuperset(update):
+        return None
+    content = update.get("content")
+    if not isinstance(content, dict) or content.keys() != {"type", "text"}:
+        return None
+    text = content["text"]
+    if content["type"] != "text" or not isinstance(text, str) or update.get("_meta") is not None:
+        return None
+    return text
+
+
+def b64_bytes(update: JsonObject) -> bytes | None:
+    """The decoded bytes of a terminal output chunk, ``None`` unless strictly valid base64."""
+    data = update.get("data")
+    if not _CHUNK_KEYS.issuperset(update) or not isinstance(data, str):
+        return None
+    if update.get("_meta") is not None:
+        return None
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+class Group:
+    """One waiting line of a mergeable kind and what was merged into it (owned by the queue)."""
+
+    __slots__ = (
+        "charge",
+        "first",
+        "head",
+        "key",
+        "last",
+        "lines",
+        "parsed",
+        "pieces",
+        "plain",
+        "sizes",
+        "spec",
+        "state",
+        "texts",
+        "updates",
+    )
+
+    def __init__(self, raw: bytes, spec: Spec, key: EntityKey) -> None:
+        self.spec = spec
+        self.key = key
+        self.first = raw  # the exact bytes while nothing was merged in
+        # The last line merged in: merged frames are its bytes with only the merged members
+        # replaced. ``None``: nothing merged, ``first`` is written as it came.
+        self.last: bytes | None = None
+        self.head: JsonObject | None = None  # chunks: the first line's update (the template)
+        self.updates: list[JsonObject] = []  # upserts: 1 or 2 (a clear, then an object)
+        # Upserts: the encoded size of each member of the last update (a merge measures only
+        # the members it takes from the new line, so its work follows the changed members).
+        self.sizes: dict[str, int] = {}
+        self.texts: list[str] = []  # text chunks: the texts to join
+        self.pieces: list[bytes] = []  # terminal output chunks: the bytes to join
+        self.lines = 1  # frames it will write
+        # None: not looked at yet; False: never merges (numbers, malformed); True: merging.
+        self.state: bool | None = None
+        self.plain = False  # the envelope is exactly jsonrpc, method, params{sessionId, update}
+        self.parsed = 0  # what the parsed objects it keeps take (an upper estimate)
+        self.charge = len(raw) + 1 + GROUP_OVERHEAD
+
+    def _recharge(self) -> int:
+        """Recompute ``charge``; returns its change."""
+        before = self.charge
+        held = len(self.first) + (len(self.last) if self.last is not None else 0) + 1
+        self.charge = GROUP_OVERHEAD + held + self.parsed
+        return self.charge - before
+
+    # -- merging --------------------------------------------------------------------------
+
+    def absorb(self, raw: bytes, message: JsonObject) -> int | None:
+        """Merge the later line ``raw`` (parsed: ``message``, same entity and kind) into this
+        group. Returns the change of ``charge`` (``lines`` may change too), or ``None`` when
+        the two must stay apart (the caller queues ``raw`` behind this group)."""
+        if self.state is None:
+            self.state = self._open()
+        if not self.state or not rawscan.reencodes_exactly(raw):
+            return None
+        if not (self.plain and plain_envelope(message)):
+            written = self.last if self.last is not None else self.first
+            if not same_envelope(orjson.loads(written), message):
+                return None
+        update = update_of(message)
+        cls = self.spec.cls
+        if cls is Class.TEXT_CHUNK:
+            text = plain_text(update)
+            assert self.head is not None
+            if text is None or not _equal_except(self.head, update, "content"):
+                return None
+            self.texts.append(text)
+            self.parsed += sys.getsizeof(text) + 8
+        elif cls is Class.B64_CHUNK:
+            data = b64_bytes(update)
+            assert self.head is not None
+            if data is None or not _equal_except(self.head, update, "data"):
+                return None
+            self.pieces.append(data)
+            self.parsed += len(data) + 41
+        elif not self._merge_upsert(raw, update):
+            return None
+        else:
+            return self._recharge()
+        if self.last is None:
+            self.first = b""  # the chunk's first text or bytes are kept, its line is not
+        self.last = raw
+        return self._recharge()
+
+    def _open(self) -> bool:
+        """Parse the first line before the first merge: False when it never merges."""
+        if self.spec.cls is Class.OPAQUE or not rawscan.reencodes_exactly(self.first):
+            return False
+        message = orjson.loads(self.first)
+        self.plain = plain_envelope(message)
+        update = update_of(message)
+        cls = self.spec.cls
+        if cls is Class.TEXT_CHUNK:
+            text = plain_text(update)
+            if text is None:
+                return False
+            self.texts.append(text)
+            self.parsed += sys.getsizeof(text) + 8
+        elif cls is Class.B64_CHUNK:
+            data = b64_bytes(update)
+            if data is None:
+                return False
+            self.pieces.append(data)
+            self.parsed += len(data) + 41
+        else:
+            self.updates.append(update)
+            self.sizes = _sizes(update)
+            self.parsed = _parsed_charge(self.sizes)
+            self._recharge()
+            return True
+        self.head = update
+        self.parsed += PARSED_FACTOR * len(self.first) + PARSED_BASE
+        self._recharge()
+        return True
+
+    def _merge_upsert(self, raw: bytes, update: JsonObject) -> bool:
+        """Upserts and snapshots: ``updates.merge_updates`` decides (one or two updates)."""
+        version = self.spec.version
+        updates = self.updates
+        last = updates[-1]
+        result = merge_updates(last, update, version)
+        if len(result) == 2 and result[0] is last and result[1] is update:
+            return False  # not combinable: the new line waits behind this group
+        if len(updates) == 1 and len(result) == 1 and result[0] is update:
+            # The later update replaces the earlier whole (a snapshot): keep its exact bytes.
+            self.first, self.last = raw, None
+            updates[0] = update
+            self.sizes = _sizes(update)
+            self.parsed = _parsed_charge(self.sizes)
+            return True
+        merged = [*updates[:-1], *result]
+        # A clear kept from an earlier merge may now be absorbed by a later clear.
+        while len(merged) >= 2:
+            combined = merge_updates(merged[-2], merged[-1], version)
+            if len(combined) != 1:
+                break
+            merged[-2:] = list(combined)
+        if len(merged) == 1:
+            self.sizes = _merged_sizes(merged[0], last, self.sizes, update)
+            self.parsed = _parsed_charge(self.sizes)
+        else:  # a clear then an object (rare): measured whole
+            self.sizes = _sizes(merged[-1])
+            self.parsed = sum(_parsed_charge(_sizes(u)) for u in merged)
+        self.updates = merged
+        self.lines = len(merged)
+        self.first, self.last = b"", raw
+        return True
+
+    # -- writing --------------------------------------------------------------------------
+
+    def frames(self) -> list[bytes]:
+        """The frames to write, without their newlines."""
+        last = self.last
+        if last is None:
+            return [self.first]
+        base = orjson.loads(last)
+        if self.updates:
+            return [_splice(last, base, u) for u in self.updates]
+        head = self.head
+        assert head is not None
+        if self.spec.cls is Class.TEXT_CHUNK:
+            content = head["content"]
+            assert isinstance(content, dict)
+            merged: JsonObject = {**head, "content": {**content, "text": "".join(self.texts)}}
+        else:
+            data = base64.b64encode(b"".join(self.pieces)).decode("ascii")
+            merged = {**head, "data": data}
+        return [_splice(last, base, merged)]
+
+
+def _sizes(update: JsonObject) -> dict[str, int]:
+    """The encoded size of each member of ``update``."""
+    dumps = orjson.dumps
+    return {k: len(k) + 4 + len(dumps(v)) for k, v in update.items()}
+
+
+def _merged_sizes(
+    merged: JsonObject, last: JsonObject, sizes: dict[str, int], update: JsonObject
+) -> dict[str, int]:
+    """The member sizes of ``merged`` (``last`` then ``update``): members taken whole from
+    ``update`` or kept from ``last`` are not measured again; only the changed ones are."""
+    dumps = orjson.dumps
+    out: dict[str, int] = {}
+    for k, v in merged.items():
+        if update.get(k, update) is v:
+            out[k] = len(k) + 4 + len(dumps(v))
+        elif last.get(k, last) is v and k in sizes:
+            out[k] = sizes[k]
+        else:  # composed (`_meta`, a sticky field)
+            out[k] = len(k) + 4 + len(dumps(v))
+    return out
+
+
+def _parsed_charge(sizes: dict[str, int]) -> int:
+    return PARSED_FACTOR * sum(sizes.values()) + PARSED_BASE
+
+
+def _splice(raw: bytes, base: JsonObject, update: JsonObject) -> bytes:
+    """``base`` (the parse of ``raw``) with ``update`` as its ``params.update``, as ``raw``'s bytes
+    with only the members that differ encoded. Every merged line passed
+    ``rawscan.reencodes_exactly``, so members encoded from earlier lines keep their values too."""
+    params = base["params"]
+    assert isinstance(params, dict)
+    message = {**base, "params": {**params, "update": update}}
+    try:
+        return rawsplice.splice(raw, base, message)
+    except (rawjson.Unencodable, rawjson.Unparseable):  # pragma: no cover - defensive
+        return orjson.dumps(message)

@@ -1,0 +1,92 @@
+"""Start-up failures the editor can show: the pending request is answered with what happened.
+
+- An agent that exits before answering: its requests get ``agent exited with status 1 during
+  initialize``, with the tail of the agent's stderr (bounded, redacted) in ``error.data`` when
+  the proxy reads that stderr (``agent.stderr: log``; with ``passthrough`` the agent writes to
+  the editor's stderr itself).
+- An agent command that cannot be started: the client's requests get ``agent could not be
+  started (...) during initialize`` before the proxy exits 127 (it used to exit without a word
+  on stdout, leaving the editor waiting).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from proxy_harness import request, run, write_config
+
+from acp_proxy.shell.process import MAX_STDERR_TAIL_BYTES
+
+pytestmark = pytest.mark.anyio
+
+PROXY = [sys.executable, "-m", "acp_proxy", "--log-format", "json"]
+LOGGED = "agent:\n  stderr: log\n"
+
+
+async def test_an_agent_that_dies_at_start_says_why_in_the_error(tmp_path: Path) -> None:
+    script = (
+        "cat >/dev/null & "  # reads its input, as an agent does, then dies
+        "echo 'starting agent' >&2; "
+        "echo 'error: no API key (token sk-ant-api03-abcdefghijklmnopqrstuvwxyz)' >&2; "
+        "sleep 0.2; exit 1"
+    )
+    config = write_config(tmp_path / "c.yaml", LOGGED)
+    cmd = [*PROXY, "--config", config, "--", "sh", "-c", script]
+    ran = await run(cmd, request(1, "initialize", {}))
+    assert ran.rc == 1
+    [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
+    assert answer == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {
+            "code": -32603,
+            "message": "agent exited with status 1 during initialize",
+            "data": {"stderr": "starting agent\nerror: no API key (token [REDACTED])"},
+        },
+    }
+
+
+async def test_the_stderr_tail_is_bounded(tmp_path: Path) -> None:
+    script = (
+        "cat >/dev/null & "
+        "i=0; while [ $i -lt 400 ]; do echo \"line $i: $(printf 'x%.0s' $(seq 40))\" >&2; "
+        "i=$((i+1)); done; sleep 0.2; exit 3"
+    )
+    config = write_config(tmp_path / "c.yaml", LOGGED)
+    cmd = [*PROXY, "--config", config, "--", "sh", "-c", script]
+    ran = await run(cmd, request(7, "initialize", {}))
+    [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
+    error = answer["error"]
+    assert error["message"] == "agent exited with status 3 during initialize"
+    tail = error["data"]["stderr"]
+    assert len(tail.encode()) <= MAX_STDERR_TAIL_BYTES
+    assert tail.endswith("line 399: " + "x" * 40)  # the last lines, whole
+
+
+async def test_a_missing_agent_command_answers_initialize() -> None:
+    frames = request(1, "initialize", {}) + b'{"jsonrpc":"2.0","id":"two","method":"x"}\n'
+    ran = await run([*PROXY, "--", "no-such-agent-for-acp-proxy"], frames)
+    assert ran.rc == 127
+    reason = "agent could not be started (no-such-agent-for-acp-proxy: command not found)"
+    assert ran.stdout == (
+        b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"'
+        + reason.encode()
+        + b' during initialize"}}\n'
+        b'{"jsonrpc":"2.0","id":"two","error":{"code":-32603,"message":"'
+        + reason.encode()
+        + b' during x"}}\n'
+    )
+    assert b"acp-proxy: no-such-agent-for-acp-proxy: command not found\n" in ran.stderr
+
+
+async def test_with_passthrough_the_error_has_no_data() -> None:
+    script = "cat >/dev/null & echo 'to the editor' >&2; sleep 0.2; exit 1"
+    ran = await run([*PROXY, "--", "sh", "-c", script], request(1, "initialize", {}))
+    assert ran.stdout == (
+        b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,'
+        b'"message":"agent exited with status 1 during initialize"}}\n'
+    )
+    assert b"to the editor\n" in ran.stderr
