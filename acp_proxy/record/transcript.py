@@ -1,4 +1,4 @@
-"""``acp-proxy show``: a record read back as a transcript (issue 11).
+"""``acp-proxy show``: a record read back as a transcript.
 
 Contract: pure. ``Transcript`` is fed a record's parsed lines one at a time (so ``--follow`` can
 feed it as the file grows) and returns ``Row`` values: what each frame was (time, direction,

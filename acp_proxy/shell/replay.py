@@ -1,4 +1,4 @@
-"""``acp-proxy replay FILE``: the recorded agent, on stdio (issue 11).
+"""``acp-proxy replay FILE``: the recorded agent, on stdio.
 
 Contract: owns the replay's I/O: reads the client's lines on stdin, writes the recorded agent's
 frames on stdout (timed by ``--speed``), reports divergence on stderr and in the exit status
