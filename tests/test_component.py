@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import jsonschema
 import orjson
 import pytest
 from proxy_harness import FAKE_AGENT, REPO, TIMEOUT, Lines, proxy_env, run
@@ -309,6 +310,9 @@ async def test_successor_that_exits_answers_in_flight_requests_with_errors() -> 
         assert await process.wait() == 0
 
 
+_STANDALONE: dict[Path, object] = {}
+
+
 def _demo_session(argv: list[str]) -> object:
     from acp_proxy import demo
     from acp_proxy.demo.session import run_session
@@ -345,7 +349,9 @@ async def test_chain_gives_the_client_what_standalone_gives_it(
 
     agent = [sys.executable, "-m", "acp_proxy.demo.agent", "--pace-ms", "2"]
     standalone = [*COMPONENT[:3], "--config", str(config), "--", *agent]
-    alone = await anyio.to_thread.run_sync(_demo_session, standalone)
+    if config not in _STANDALONE:  # the same for every chain with this config: run once
+        _STANDALONE[config] = await anyio.to_thread.run_sync(_demo_session, standalone)
+    alone = _STANDALONE[config]
     chain = _chain(dialect, components, agent, config=config)
     chained = await anyio.to_thread.run_sync(_demo_session, chain)
     assert isinstance(alone, SessionRecord) and isinstance(chained, SessionRecord)
@@ -438,6 +444,9 @@ async def test_record_marks_the_conductor_and_hop_metadata(tmp_path: Path) -> No
     rc, _ = await comp.close()
     assert rc == 0
     entries = [orjson.loads(line) for line in record.read_bytes().splitlines()]
+    schema = json.loads((REPO / "config" / "record.schema.json").read_text(encoding="utf-8"))
+    for entry in entries:  # the record format's schema knows the component's events
+        jsonschema.validate(entry, schema)
     assert entries[0]["connect"] == "conductor"
     events = [e for e in entries if "event" in e]
     conductor = next(e for e in events if e["event"] == "conductor")
@@ -447,7 +456,7 @@ async def test_record_marks_the_conductor_and_hop_metadata(tmp_path: Path) -> No
         {
             "t": hops[0]["t"],
             "event": "hop",
-            "dir": "agent_to_client",
+            "direction": "agent_to_client",
             "envelope": "proxy/successor",
             "hop_meta": orjson.loads(hop),
         }
@@ -570,3 +579,72 @@ async def test_chunks_reach_a_parked_reader_through_its_consumer_in_order() -> N
                 await anyio.wait_all_tasks_blocked()
                 await side.deliver(b"6\n")
         assert [str(e) for e in caught.value.exceptions] == ["boom"]
+
+
+async def test_traces_cover_the_inner_requests(tmp_path: Path) -> None:
+    """Tracing in a component: the inner requests get their spans (the client's traceparent
+    their parent), as standalone; the envelope the request travels on carries the proxy's
+    traceparent inside the inner params, where the standalone proxy puts it."""
+    pytest.importorskip("opentelemetry.sdk")
+    from telemetry_harness import running_receiver
+
+    trace, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    config = tmp_path / "traced.yaml"
+    config.write_text("tracing: {enabled: true}\n", encoding="utf-8")
+    with running_receiver() as receiver:
+        env = proxy_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="50")
+        process = await anyio.open_process(
+            [*COMPONENT, "--config", str(config)], env=env, cwd=str(REPO)
+        )
+        comp = Component(process)
+        await handshake(comp, "official")
+        meta = b'{"traceparent":"00-' + trace.encode() + b"-" + parent.encode() + b'-01"}'
+        await comp.send(
+            b'{"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd":"/","mcpServers":[],'
+            b'"_meta":' + meta + b"}}"
+        )
+        envelope = orjson.loads(await comp.line())
+        assert envelope["method"] == "proxy/successor"
+        forwarded = envelope["params"]["params"]["_meta"]["traceparent"]
+        assert forwarded.startswith(f"00-{trace}-") and parent not in forwarded
+        await comp.send(b'{"jsonrpc":"2.0","id":3,"result":{"sessionId":"s"}}')
+        await comp.line()
+        rc, _ = await comp.close()
+        assert rc == 0
+        with receiver.lock:
+            spans = {s.name: s for _, s in receiver.spans}
+    new = spans["session/new"]
+    assert (new.trace_id.hex(), new.parent_span_id.hex()) == (trace, parent)
+    assert forwarded == f"00-{trace}-{new.span_id.hex()}-01"
+
+
+async def test_cancellation_crosses_the_chain_hop_by_hop(tmp_path: Path) -> None:
+    """Through the spec conductor: the client cancels its request; each hop cancels the request
+    it sent with its own connection's id, so the agent hears of the one it was sent."""
+    got = tmp_path / "agent-got.txt"
+    agent = [sys.executable, str(FAKE_AGENT), "--protocol", "1", "--silent-after", "1"]
+    agent += ["--record", str(got)]
+    process = await anyio.open_process(_chain("official", 1, agent), env=proxy_env(), cwd=str(REPO))
+    assert process.stdin is not None and process.stdout is not None
+    out = Lines(process.stdout)
+    with anyio.fail_after(TIMEOUT):
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
+        )
+        await out.line()
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{}}\n'
+        )
+        await process.stdin.send(
+            b'{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":1}}\n'
+        )
+        while b"$/cancel_request" not in (got.read_bytes() if got.exists() else b""):
+            await anyio.sleep(0.02)  # (the agent writes what it read to the file)
+        await process.stdin.aclose()
+        await out.rest()
+        assert await process.wait() == 0
+    received = [orjson.loads(line) for line in got.read_bytes().splitlines()]
+    prompt = next(m for m in received if m.get("method") == "session/prompt")
+    cancel = next(m for m in received if m.get("method") == "$/cancel_request")
+    # the agent's connection numbers requests itself (--id-base): the cancel names its own id
+    assert cancel["params"] == {"requestId": prompt["id"]} and prompt["id"] != 1

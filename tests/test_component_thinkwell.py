@@ -73,6 +73,17 @@ def _session(argv: list[str], module: Path | None = None) -> object:
     return demo_session.run_session(argv, env, TIMEOUT)
 
 
+# The runs without the conductor are the same for every test: made once.
+_RUNS: dict[tuple[str, ...], object] = {}
+
+
+async def _once(argv: list[str]) -> object:
+    key = tuple(argv)
+    if key not in _RUNS:
+        _RUNS[key] = await anyio.to_thread.run_sync(_session, argv)
+    return _RUNS[key]
+
+
 def _state(record: object) -> object:
     from acp_proxy.demo import session as demo_session
     from acp_proxy.meta.state import ClientModel
@@ -94,8 +105,8 @@ async def test_thinkwell_chain_reaches_the_standalone_client_state(
 
     chain = ["node", str(DRIVER), *[json.dumps(LOGGED)] * components, json.dumps(AGENT)]
     standalone = [*COMPONENT[:3], "--config", str(EXACT), "--", *AGENT]
-    direct = await anyio.to_thread.run_sync(_session, AGENT)
-    alone = await anyio.to_thread.run_sync(_session, standalone)
+    direct = await _once(AGENT)
+    alone = await _once(standalone)
     chained = await anyio.to_thread.run_sync(_session, chain, conductor)
     for record in (direct, alone, chained):
         assert isinstance(record, demo_session.SessionRecord)

@@ -11,12 +11,14 @@ from typing import Any
 import orjson
 import pytest
 
+from acp_proxy.meta.state import ClientModel
 from acp_proxy.record.format import (
     UNREADABLE,
     RecordError,
     Redactor,
     delivered,
     event_line,
+    frame_bytes,
     frame_line,
     parse_header,
     parse_line,
@@ -187,3 +189,39 @@ def test_a_frame_nested_too_deep_to_walk_is_redacted_whole() -> None:
     raw = b'{"apiKey":"sk-live","d":' + b"[" * 2000 + b"]" * 2000 + b"}"
     assert redactor.frame(raw) == (UNREADABLE, True)
     assert json.loads(UNREADABLE).startswith("[REDACTED")
+
+
+def test_final_state_streams_chunks_into_the_model_without_copies() -> None:
+    # show --state feeds the client model line by line; chunks append in place (a copy per
+    # chunk was quadratic) and the final state is the model's own, equal to its deep copy.
+    def chunk(i: int) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {
+                "sessionId": "s",
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "messageId": "m",
+                    "content": {"type": "text", "text": f"part {i}"},
+                },
+            },
+        }
+
+    transcript = Transcript()
+    model = ClientModel(2)
+    transcript.feed({"t": 0.0, "event": "version", "protocolVersion": 2})
+    for i in range(3):
+        transcript.feed(_frame(0.1, A, chunk(i)))
+        model.apply(chunk(i))
+    state = transcript.final_state()
+    assert state == model.snapshot()
+    [entity] = state["entities"].values()
+    assert [c["text"] for c in entity["fields"]["content"]] == ["part 0", "part 1", "part 2"]
+
+
+def test_frame_bytes_never_raises_on_a_bad_field() -> None:
+    # For readers that take parse_line's objects as they are (read_line says what is wrong).
+    assert frame_bytes({"raw_b64": "%%%not base64"}) == b""
+    assert frame_bytes({"raw": {"not": "a string"}}) == b""
+    assert delivered({"sent": [{"b64": "x"}, 3, "ok"]}) == [b"", b"", b"ok"]

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,23 @@ def test_dev_zero_and_a_directory_are_refused_not_read_into_memory() -> None:
             f"acp-proxy {cmd}: /dev/zero: not a record: the first line is longer than a header "
             "can be\n"
         )
+
+
+def test_replay_of_a_record_from_a_pipe(tmp_path: Path) -> None:
+    # replay reads the record once per side: one given as a FIFO (`<(cat rec)`) is copied first.
+    fifo = tmp_path / "record.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(session())
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    done = run_cli("replay", "--speed", "0", str(fifo), stdin=client_lines(INIT, WRITE_OK))
+    writer.join(TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(x) for x in done.stdout.splitlines()] == [INIT_OK, WRITE]
 
 
 # --- terminal escaping ---------------------------------------------------------------------------

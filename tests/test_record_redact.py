@@ -5,7 +5,6 @@ catastrophic user patterns refused when the config is read.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -176,9 +175,6 @@ def test_the_built_in_patterns_still_find_their_tokens() -> None:
 def test_catastrophic_user_patterns_are_recognised(pattern: str, why: str) -> None:
     risk = backtracking_risk(pattern)
     assert risk is not None and risk.startswith(why), risk
-    text = "a" * 26  # what makes the exponential ones take seconds
-    if pattern in ("(a+)+$",):
-        assert re.compile(pattern).search(text + "!") is None
 
 
 @pytest.mark.parametrize(

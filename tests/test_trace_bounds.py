@@ -112,3 +112,33 @@ async def test_sdk_warnings_go_through_the_proxys_logging_rate_limited(
     assert sdk[0]["logger"].startswith("opentelemetry.baggage")
     assert sdk[0]["level"] == "warning"
     assert orjson.loads(ran.stdout.splitlines()[1])["id"] == 1
+
+
+@pytest.mark.anyio
+async def test_tracing_passes_nothing_to_the_agent_and_keeps_the_users_otel_variables(
+    tmp_path: Path,
+) -> None:
+    """The agent's environment is the same with tracing on as off (the SDK is configured in
+    the proxy's process, never through variables the agent inherits); the user's ``OTEL_*``
+    reach it unchanged, and only ``agent.env`` adds to it."""
+    dump = (
+        "import json, os, sys; "
+        "open(sys.argv[1], 'w').write(json.dumps(dict(os.environ), sort_keys=True))"
+    )
+    user = {"OTEL_SERVICE_NAME": "users-own", "OTEL_EXPORTER_OTLP_HEADERS": "k=v"}
+    envs: list[dict[str, str]] = []
+    for config in ("{}\n", "tracing: {enabled: true, inject: true}\n", "agent: {env: {X: y}}\n"):
+        (tmp_path / "proxy.yaml").write_text(config)
+        out = tmp_path / f"env{len(envs)}.json"
+        cmd = [*PROXY, "--config", str(tmp_path / "proxy.yaml"), "--", sys.executable, "-c", dump]
+        ran = await run(
+            [*cmd, str(out)], b"", env=proxy_env(OTEL_TRACES_EXPORTER="none", **user), timeout=60
+        )
+        assert ran.rc == 0, ran.stderr
+        env = json.loads(out.read_text())
+        del env["ACP_PROXY_SESSION"]  # the proxy's marker for its exit sweep: differs per run
+        envs.append(env)
+    plain, traced, configured = envs
+    assert traced == plain
+    assert {k: plain[k] for k in user} == user
+    assert configured == {**plain, "X": "y"}

@@ -162,7 +162,7 @@ async def test_fifty_observers_one_stuck() -> None:
     request = f"GET /events?since=now&token=t HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
     last = hub.builder.head + EVENTS
     received: list[list[int]] = [[] for _ in range(OBSERVERS - 1)]
-    peak = 0
+    peak = peak_lag = 0
 
     async def reader(i: int) -> None:
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
@@ -193,6 +193,7 @@ async def test_fifty_observers_one_stuck() -> None:
             for n in range(EVENTS):
                 hub.add_line(conn, {"t": n, "dir": "agent_to_client", "raw": PAYLOAD})
                 peak = max(peak, hub.held_bytes())
+                peak_lag = max(peak_lag, hub.lag_bytes())
                 if n % 25 == 0:
                     await anyio.sleep(0.005)  # a fast session: about 10 MB/s of events
             while any(not r or r[-1] < last for r in received):
@@ -207,5 +208,54 @@ async def test_fifty_observers_one_stuck() -> None:
     assert len(server.cut_off) == 1
     assert "fell more than 1048576 bytes behind the session" in server.cut_off[0]
     assert peak <= hub.bound_bytes()
-    assert peak <= limits.history_bytes + OBSERVERS * limits.observer_bytes
+    # An observer's backlog is checked every 64 events: at most its bound and 64 events more.
+    assert peak_lag <= limits.observer_bytes + 64 * (len(PAYLOAD) + 200)
     assert server.refused == 0
+
+
+@pytest.mark.anyio
+async def test_a_slow_observer_is_told_why_it_was_cut_off() -> None:
+    limits = HubLimits(history_bytes=8 * 1024 * 1024, observer_bytes=256 * 1024, max_observers=4)
+    hub = UiHub(mode="records", limits=limits)
+    conn = hub.open_session({"acp-proxy-record": 1})
+    listener = await open_listener(
+        parse_address("tcp://127.0.0.1:0", listen=True), allow_remote=False, log=None
+    )
+    port = listener.address.port
+    server = UiServer(hub, token="t", port=port, names=["127.0.0.1"], allow_remote=False)
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    received = b""
+    async with anyio.create_task_group() as tg:
+        for sock in listener.sockets:
+            tg.start_soon(server.serve, sock)
+        slow.connect(("127.0.0.1", port))
+        slow.sendall(
+            f"GET /events?since=now&token=t HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        )
+        with anyio.fail_after(10):
+            while not hub.observers:
+                await anyio.sleep(0.01)
+            n = 0
+            while not server.cut_off:  # it does not read meanwhile: the buffers fill up
+                hub.add_line(conn, {"t": n, "dir": "agent_to_client", "raw": PAYLOAD})
+                n += 1
+                if n % 25 == 0:
+                    await anyio.sleep(0.001)
+        slow.setblocking(False)
+        with anyio.fail_after(10):  # now it reads: what was queued, then why, then EOF
+            while True:
+                await anyio.wait_readable(slow)
+                chunk = slow.recv(1 << 20)
+                if not chunk:
+                    break
+                received += chunk
+        tg.cancel_scope.cancel()
+    slow.close()
+    listener.close()
+    last = received.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    assert last.startswith(b"data: ")
+    notice = orjson.loads(last[6:])
+    assert notice["event"] == "cutoff"
+    assert "fell more than 262144 bytes behind the session" in notice["reason"]
+    assert hub.observers == set()

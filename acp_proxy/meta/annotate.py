@@ -365,7 +365,7 @@ def annotate_message(
     return _annotate_v1(message, site, annotation, v1_mode, v1_store)
 
 
-# --- The fused v2 path (issue 13) ----------------------------------------------------------------
+# --- The fused v2 path ----------------------------------------------------------------------------
 
 # ``v2_meta_after``'s answer when an annotation would split the update (a clear followed by the
 # annotation): the general path (``annotate_message``) must handle it.
@@ -389,7 +389,7 @@ def v2_meta_after(
     changed = False
     for annotation in annotations:
         sets, removes = annotation.split
-        # ``as_patch(current)``, inline (issue 13: one call less per annotated frame).
+        # ``as_patch(current)``, inline (one call less per annotated frame).
         patch = (
             current
             if current is OMITTED or current is None or type(current) is dict

@@ -54,6 +54,9 @@ class _Entity:
     meta: JsonObject | None = None
     # Appended values for targets that are not a list field (terminal output chunks).
     appended: dict[str, list[JsonValue]] = field(default_factory=dict)
+    # The lists of ``fields`` this model built from chunks (so the next chunk appends in
+    # place: a copy per chunk made a long message cost time quadratic in its chunks).
+    chunks: dict[str, list[JsonValue]] = field(default_factory=dict)
 
 
 class ClientModel:
@@ -95,8 +98,11 @@ class ClientModel:
                 entity.appended.setdefault("output", []).append(value)
             else:
                 current = entity.fields.get(chunk.target)
-                base = current if isinstance(current, list) else []
-                entity.fields[chunk.target] = [*base, value]
+                if current is not None and current is entity.chunks.get(chunk.target):
+                    current.append(value)  # its own list: appended in place, never copied
+                else:
+                    base = current if isinstance(current, list) else []
+                    entity.fields[chunk.target] = entity.chunks[chunk.target] = [*base, value]
         elif snapshot is not None:
             stored: JsonObject = {k: v for k, v in update.items() if k != "sessionUpdate"}
             previous: JsonObject = self._snapshots.get(key, {})
@@ -135,12 +141,13 @@ class ClientModel:
         entity = self._entities.get(key)
         return None if entity is None else copy.deepcopy(entity.meta)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The whole state as a plain, comparable value (deep-copied)."""
+    def snapshot(self, *, copied: bool = True) -> dict[str, Any]:
+        """The whole state as a plain, comparable value: deep-copied, or with ``copied=False``
+        the model's own values (read only; for a reader that prints the state once, where a
+        copy would double the memory of a long session)."""
         entities = {
             key: {"fields": e.fields, "meta": e.meta, "appended": e.appended}
             for key, e in self._entities.items()
         }
-        return copy.deepcopy(
-            {"entities": entities, "snapshots": self._snapshots, "events": self._events}
-        )
+        state = {"entities": entities, "snapshots": self._snapshots, "events": self._events}
+        return copy.deepcopy(state) if copied else state

@@ -1,4 +1,4 @@
-"""Session records (issue 11): the versioned JSON Lines format, redaction, transcripts, replay.
+"""Session records: the versioned JSON Lines format, redaction, transcripts, replay.
 
 Contract: pure. This package builds and reads record lines (``format``), renders them as a
 transcript (``transcript``) and plans a replay (``replay``); it never opens a file, reads a

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, Final
 
 # C0 (with TAB, LF and CR: a record's string never spans terminal lines), DEL, C1; the bidi
@@ -50,3 +51,10 @@ def safe_json(value: Any, **kwargs: Any) -> str:
     """
     text = json.dumps(value, ensure_ascii=False, **kwargs)
     return _UNSAFE_IN_JSON.sub(_json_escape, text) if _UNSAFE_IN_JSON.search(text) else text
+
+
+def safe_json_chunks(value: Any, **kwargs: Any) -> Iterator[str]:
+    """``safe_json`` in pieces, for writing a large value without building its whole text."""
+    encoder = json.JSONEncoder(ensure_ascii=False, **kwargs)
+    for chunk in encoder.iterencode(value):
+        yield _UNSAFE_IN_JSON.sub(_json_escape, chunk) if _UNSAFE_IN_JSON.search(chunk) else chunk

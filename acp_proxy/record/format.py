@@ -288,20 +288,30 @@ def parse_line(line: bytes | str) -> JsonObject | None:
 
 
 def frame_bytes(entry: Mapping[str, JsonValue]) -> bytes:
-    """The frame a frame line holds (as recorded, i.e. after redaction)."""
+    """The frame a frame line holds (as recorded, i.e. after redaction); never raises (a field
+    of the wrong type or invalid base64 gives ``b""``: use ``read_line`` to be told)."""
     raw = entry.get("raw")
     if isinstance(raw, str):
-        return raw.encode("utf-8")
-    b64 = entry.get("raw_b64")
-    return base64.b64decode(b64) if isinstance(b64, str) else b""
+        return raw.encode("utf-8", "surrogatepass")
+    return _b64(entry.get("raw_b64"))
+
+
+def _b64(text: JsonValue) -> bytes:
+    """The bytes of a base64 field; ``b""`` when it is not valid (``entry_problem`` says so)."""
+    if not isinstance(text, str):
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def sent_bytes(item: JsonValue) -> bytes:
     """One entry of a frame line's ``sent`` list."""
     if isinstance(item, str):
-        return item.encode("utf-8")
-    if isinstance(item, dict) and isinstance(item.get("b64"), str):
-        return base64.b64decode(str(item["b64"]))
+        return item.encode("utf-8", "surrogatepass")
+    if isinstance(item, dict):
+        return _b64(item.get("b64"))
     return b""
 
 

@@ -1,4 +1,4 @@
-"""``acp-proxy replay FILE``: act as the agent of a record (issue 11). The pure script.
+"""``acp-proxy replay FILE``: act as the agent of a record. The pure script.
 
 Contract: pure. ``Replayer`` turns a record into a script of steps in recorded order: the
 client's messages (as the client wrote them) and the messages the client received (what the

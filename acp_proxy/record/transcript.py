@@ -1,4 +1,4 @@
-"""``acp-proxy show``: a record read back as a transcript (issue 11).
+"""``acp-proxy show``: a record read back as a transcript.
 
 Contract: pure. ``Transcript`` is fed a record's parsed lines one at a time (so ``--follow`` can
 feed it as the file grows) and returns ``Row`` values: what each frame was (time, direction,
@@ -402,11 +402,12 @@ class Transcript:
         return out
 
     def final_state(self) -> dict[str, Any]:
-        """What a client stores from everything it received (``ClientModel.snapshot()``)."""
+        """What a client stores from everything it received (``ClientModel.snapshot``: the
+        model's own values, not a copy; read only)."""
         if self._model is None:
             self._start_model()
         assert self._model is not None
-        return self._model.snapshot()
+        return self._model.snapshot(copied=False)
 
 
 def _too_deep(raw: bytes) -> bool:

@@ -1,4 +1,4 @@
-"""The debug log's per-frame lines (issue 11, "a debug log that debugs").
+"""The debug log's per-frame lines.
 
 Contract: owns what ``--log-level debug`` says about each frame beyond its method: a response's
 request method and latency, the frames the proxy inserted or generated, the v1 ``safe`` skips

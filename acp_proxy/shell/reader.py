@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from acp_proxy.shell.budget import READ_SIZE, BufferBudget
+from acp_proxy.shell.budget import READ_SIZE, BufferBudget, Share
 from acp_proxy.shell.outbox import Outbox
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED, STREAM_ERRORS
 from acp_proxy.wire.chain import Direction
@@ -60,7 +60,7 @@ class Reader:
         connection: Connection,
         forward: Outbox,
         back: Outbox,
-        budget: BufferBudget,
+        budget: BufferBudget | Share,
         dispatch: Dispatch,
         account: Callable[[], None],
     ) -> None:
@@ -80,7 +80,7 @@ class Reader:
         def handle(chunk: bytes, line: bytes | None) -> None:
             """One chunk through the core and out (synchronous); ``line``: what
             ``single_line(chunk)`` gave."""
-            # The complete lines of the chunk travel as one block (``Connection._block``: one
+            # The complete lines of the chunk travel as one block (``acp_proxy.wire.blocks``: one
             # scan finds the lines that need the per-line path; the runs between them are
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
             # queue is split into its lines there, so coalescing still merges them

@@ -1,4 +1,4 @@
-"""``acp-proxy replay FILE``: the recorded agent, on stdio (issue 11).
+"""``acp-proxy replay FILE``: the recorded agent, on stdio.
 
 Contract: owns the replay's I/O: reads the client's lines on stdin, writes the recorded agent's
 frames on stdout (timed by ``--speed``), reports divergence on stderr and in the exit status
@@ -11,8 +11,12 @@ reported once and skipped. Everything it prints from the record is made visible.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 
@@ -71,13 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count_sessions(path: str) -> int | str:
-    """How many sessions the record holds (every unusable line reported here, once), or why
-    it is not a record."""
+def _count_sessions(path: str, name: str) -> int | str:
+    """How many sessions the record at ``path`` holds (every unusable line reported here,
+    once, as in ``name``), or why it is not a record."""
     stream = open_record(path, follow=False, prog=PROG)
     if isinstance(stream, str):
         return stream
-    problems = Problems(path, PROG)
+    problems = Problems(name, PROG)
     with stream:
         record = read_record(stream, follow=False, problems=problems)
         if isinstance(record, str):
@@ -137,7 +141,29 @@ def main(argv: Sequence[str]) -> int:
     if args.speed < 0:
         print("acp-proxy replay: --speed must be >= 0", file=sys.stderr)
         return EXIT_USAGE
-    sessions = _count_sessions(args.file)
+    with contextlib.ExitStack() as stack:
+        path = _rereadable(args.file, stack)
+        return _replay(args, agent_argv, path)
+
+
+def _rereadable(path: str, stack: contextlib.ExitStack) -> str:
+    """``path``, or a private temporary copy of it when it cannot be read more than once (a
+    pipe, ``<(...)``): the replay reads the record once per side."""
+    try:
+        fifo = stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return path  # reported by the first read
+    if not fifo:
+        return path
+    directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="acp-proxy-replay-"))
+    copy = os.path.join(directory, "record.jsonl")
+    with open(path, "rb") as source, open(copy, "xb") as target:
+        shutil.copyfileobj(source, target, 1 << 20)
+    return copy
+
+
+def _replay(args: argparse.Namespace, agent_argv: list[str], path: str) -> int:
+    sessions = _count_sessions(path, args.file)
     if isinstance(sessions, str):
         print(f"{PROG}: {visible(args.file)}: {sessions}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +180,7 @@ def main(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    entries = _Session(args.file, args.session or 1)
+    entries = _Session(path, args.session or 1)
     if args.as_client:
         import anyio
 

@@ -116,10 +116,13 @@ class PumpSession:
         self.to_client = Outbox(
             OutboundQueue(config.coalesce, coalesce=True), client_tx, self.stats.to_client
         )
-        self.budget = budget if budget is not None else process_budget(config)
+        # This session's part of the budget shared with the others (its floor, then the pool).
+        self.budget = (budget if budget is not None else process_budget(config)).share()
         self._held = 0  # what this session counts in the budget
         self.from_client = Reader(Direction.CLIENT_TO_AGENT, config.max_frame_bytes)
         self.from_agent = Reader(Direction.AGENT_TO_CLIENT, config.max_frame_bytes)
+        # A line one of them parks can be refused when another session waits for the budget.
+        self.budget.watch((self.from_client, self.from_agent), self._account)
         self.agent_output_ended = False  # the agent reader stopped (EOF or stop_agent_output)
         self._aborts_left = 0  # -32603 errors owed to the client and not queued yet
 
@@ -170,6 +173,7 @@ class PumpSession:
             # Whatever is left is garbage once the session ends: give the budget back.
             self.budget.add(-self._held)
             self._held = 0
+            self.budget.close()
             if self.observers:
                 now = time.monotonic()
                 for observer in self.observers:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.record.escape import safe_json, visible
+from acp_proxy.record.escape import safe_json, safe_json_chunks, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
 from acp_proxy.record.transcript import Filters, Row, Transcript, render
 from acp_proxy.shell.recordread import Problems, SessionInfo, open_record, read_record
@@ -197,5 +197,7 @@ def main(argv: Sequence[str]) -> int:
             )
             return 2
         if args.state:
-            out.write(safe_json(_state(transcript, args.entity), indent=2) + "\n")
+            for chunk in safe_json_chunks(_state(transcript, args.entity), indent=2):
+                out.write(chunk)
+            out.write("\n")
     return 0

@@ -1,4 +1,4 @@
-"""The live view's hub: the session tap, the event history and the observers' bounded queues.
+"""The live view's hub: the session tap, the event history and the observers' cursors.
 
 Contract: owns what the ``--ui`` server publishes. ``UiHub`` is a ``hooks.ProcessObserver``:
 each session gets a ``UiTap`` (a ``SessionObserver``), which only copies references to the
@@ -6,16 +6,20 @@ frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``
 are counted as lost, never waited for) and returns: the session never waits for the view. The
 hub's own task turns them into record lines (``acp_proxy.record.format``, redaction included),
 stream events (``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``), keeps the
-last ``history_bytes`` of events for replay, and fans each event out to every observer's queue.
+last ``history_bytes`` of events for replay and for every observer.
 
-An observer's queue holds at most ``observer_bytes``: an observer that falls that far behind is
-cut off (its queue dropped, a last ``cutoff`` event saying why, its connection closed). A stuck
-observer therefore costs at most its bound, and the session and the other observers never wait
-for it. All of it runs on the proxy's event loop.
+An observer is a cursor into that one shared history, not a copy: publishing an event costs the
+same with 50 observers as with none, and each observer's writer takes its backlog from the
+history in batches. Its queue is that backlog, at most ``observer_bytes``: an observer that
+falls that far behind is cut off (its write cancelled, a last ``cutoff`` event saying why, its
+connection closed). A stuck observer therefore pins nothing the history does not already hold,
+and the session and the other observers never wait for it. All of it runs on the proxy's event
+loop.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -46,6 +50,8 @@ MAX_OBSERVERS: Final = 64  # subscriptions at once; more are refused (503)
 INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet turned into events
 MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ended go first)
 PUBLISH_INTERVAL_S: Final = 0.02  # the hub publishes in batches, at most this often
+DRAIN_SLICE: Final = 256  # frames turned into events between two yields to the loop
+LAG_CHECK_EVERY: Final = 64  # events between two checks of the observers' backlogs
 
 _DIR: Final = {
     Direction.CLIENT_TO_AGENT: CLIENT_TO_AGENT,
@@ -73,50 +79,28 @@ def sse_chunk(seq: int | None, data: bytes) -> bytes:
 
 
 class Observer:
-    """One subscription's queue (see the module docstring)."""
+    """One subscription: how far it has read of the hub's history (see the module docstring).
 
-    __slots__ = ("bound", "cut", "queue", "queued", "scope", "wake")
+    It holds no copy of anything: what it has not yet received is the part of the shared
+    history after its cursor, and its lag (``hub.end - offset``) is what its queue would hold.
+    """
 
-    def __init__(self, bound: int) -> None:
+    __slots__ = ("bound", "cut", "offset", "scope", "seq")
+
+    def __init__(self, bound: int, seq: int, offset: int) -> None:
         self.bound = bound
+        self.seq = seq  # the last event it was given
+        self.offset = offset  # the history's byte count through that event
         # The scope of the subscription's writes: a cut-off cancels a write the observer is
         # not reading, so its connection ends now rather than when the write times out.
         self.scope: anyio.CancelScope | None = None
-        self.queue: deque[bytes] = deque()
-        self.queued = 0
         self.cut: str | None = None
-        self.wake = anyio.Event()
-
-    def put(self, chunk: bytes) -> None:
-        if self.cut is not None:
-            return
-        if self.queued + len(chunk) > self.bound:
-            self.cut_off(
-                f"this observer fell more than {self.bound} bytes behind the session "
-                "(it reads too slowly); reconnect to resume from the last event it received"
-            )
-            return
-        self.queue.append(chunk)
-        self.queued += len(chunk)
-        if not self.wake.is_set():
-            self.wake.set()
 
     def cut_off(self, reason: str) -> None:
         if self.cut is None:
             self.cut = reason
-            self.queue.clear()
-            self.queued = 0
             if self.scope is not None:
                 self.scope.cancel()
-        self.wake.set()
-
-    def take(self) -> bytes:
-        data = b"".join(self.queue)
-        self.queue.clear()
-        self.queued = 0
-        if self.wake.is_set():
-            self.wake = anyio.Event()
-        return data
 
 
 class _Session:
@@ -146,9 +130,11 @@ class UiHub:
         self.observer_bytes = limits.observer_bytes
         self.max_observers = limits.max_observers
         self.builder = StreamBuilder()
-        # (seq, conn, chunk, offset of the JSON in the chunk)
-        self.history: deque[tuple[int, int, bytes, int]] = deque()
+        # (seq, conn, chunk, offset of the JSON in the chunk, bytes published through it)
+        self.history: deque[tuple[int, int, bytes, int, int]] = deque()
         self.history_held = 0
+        self.end = 0  # bytes published so far (an observer's lag is ``end - its offset``)
+        self._published = anyio.Event()  # set when events were published since the last wait
         self.history_dropped = 0  # events no longer held (the oldest)
         self.observers: set[Observer] = set()
         self.sessions: dict[int, _Session] = {}
@@ -157,16 +143,23 @@ class UiHub:
         self.ingest_held = 0
         self.ingest_lost = 0
         self._ingest_ready = anyio.Event()
+        self._newest: UiTap | None = None
 
     # -- accounting -----------------------------------------------------------------------------
 
     def bound_bytes(self) -> int:
-        """The most the hub holds: history, ingest and every observer's queue at its bound."""
-        return self.history_bytes + INGEST_BYTES + self.max_observers * self.observer_bytes
+        """The most the hub holds: its history and the ingest queue. Observers add no copy:
+        each one's backlog is part of the history (and at most ``observer_bytes``)."""
+        return self.history_bytes + INGEST_BYTES
 
     def held_bytes(self) -> int:
-        """What the hub holds now (each queued event counted once per queue holding it)."""
-        return self.history_held + self.ingest_held + sum(o.queued for o in self.observers)
+        """What the hub holds now: the history (which holds every observer's backlog) and the
+        frames tapped, not yet published."""
+        return self.history_held + self.ingest_held
+
+    def lag_bytes(self) -> int:
+        """The largest backlog of an observer still served (at most its bound after a batch)."""
+        return max((self.end - o.offset for o in self.observers if o.cut is None), default=0)
 
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
@@ -181,7 +174,15 @@ class UiHub:
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header)
-        return UiTap(self, conn)
+        self._newest = UiTap(self, conn)
+        return self._newest
+
+    def agent_stderr(self, line: bytes) -> None:
+        """A line of an agent's stderr: shown in the newest session (the only one on stdio)."""
+        tap = self._newest
+        if tap is not None:
+            t = time.monotonic() - tap.start
+            self.ingest((tap.conn, t, "stderr", line, len(line)), len(line))
 
     def agent_exited(self, returncode: int) -> None:
         pass
@@ -215,30 +216,74 @@ class UiHub:
         self.publish(event)
 
     def publish(self, event: JsonObject) -> None:
+        """Add one event to the history (observers take it from there: O(1) per event, however
+        many observers there are)."""
         data = orjson.dumps(event)
         seq = event.get("seq")
         assert isinstance(seq, int)
         chunk = sse_chunk(seq, data)
         conn = event.get("conn")
+        self.end += len(chunk)
         self.history.append(
-            (seq, conn if isinstance(conn, int) else 0, chunk, len(chunk) - len(data) - 2)
+            (seq, conn if isinstance(conn, int) else 0, chunk, len(chunk) - len(data) - 2, self.end)
         )
         self.history_held += len(chunk)
         while self.history_held > self.history_bytes and len(self.history) > 1:
             self.history_held -= len(self.history.popleft()[2])
             self.history_dropped += 1
+        if not self._published.is_set():
+            self._published.set()
+        if seq % LAG_CHECK_EVERY == 0 and self.observers:
+            self.check_lag()
+
+    def check_lag(self) -> None:
+        """Cut off every observer more than its bound behind (run after each batch)."""
         for observer in self.observers:
-            observer.put(chunk)
+            if observer.cut is None and self.end - observer.offset > observer.bound:
+                observer.cut_off(
+                    f"this observer fell more than {observer.bound} bytes behind the session "
+                    "(it reads too slowly); reconnect to resume from the last event it received"
+                )
+
+    async def wait_published(self, observer: Observer) -> None:
+        """Return once there is something after ``observer``'s cursor (or it was cut off)."""
+        while observer.cut is None and observer.seq >= self.builder.head:
+            if self._published.is_set():
+                self._published = anyio.Event()
+            await self._published.wait()
+
+    def take(self, observer: Observer, max_bytes: int) -> list[bytes]:
+        """The next events after ``observer``'s cursor, up to about ``max_bytes``; moves the
+        cursor. An observer whose next event is no longer held is cut off."""
+        if not self.history:
+            return []
+        first = self.history[0][0]
+        if observer.seq + 1 < first:
+            observer.cut_off(
+                "the events after the last one this observer received are no longer held"
+            )
+            return []
+        lag = self.builder.head - observer.seq
+        out: list[bytes] = []
+        size = 0
+        # The newest ``lag`` entries, oldest first: O(lag), not O(history).
+        for entry in reversed(list(itertools.islice(reversed(self.history), lag))):
+            out.append(entry[2])
+            size += len(entry[2])
+            observer.seq, observer.offset = entry[0], entry[4]
+            if size >= max_bytes:
+                break
+        return out
 
     def events(self, conn: int | None = None) -> Iterator[JsonObject]:
         """The events held, oldest first (``conn``: of one session only)."""
-        for _seq, c, chunk, offset in list(self.history):
+        for _seq, c, chunk, offset, _end in list(self.history):
             if conn is None or c == conn:
                 yield orjson.loads(chunk[offset:-2])
 
     def replay(self, since: int) -> tuple[list[bytes], int]:
         """The chunks of the events after ``since`` still held, and how many were not."""
-        chunks = [chunk for seq, _c, chunk, _o in list(self.history) if seq > since]
+        chunks = [entry[2] for entry in list(self.history) if entry[0] > since]
         first_held = self.history[0][0] if self.history else self.builder.head + 1
         missing = max(0, first_held - since - 1)
         return chunks, missing
@@ -246,9 +291,10 @@ class UiHub:
     # -- observers ------------------------------------------------------------------------------
 
     def subscribe(self) -> Observer | None:
+        """A new observer whose cursor is the newest event (the replay is sent before it)."""
         if len(self.observers) >= self.max_observers:
             return None
-        observer = Observer(self.observer_bytes)
+        observer = Observer(self.observer_bytes, self.builder.head, self.end)
         self.observers.add(observer)
         return observer
 
@@ -258,6 +304,7 @@ class UiHub:
     def close(self, reason: str) -> None:
         for observer in self.observers:
             observer.cut_off(reason)
+        self._published.set()
 
     # -- the live tap -----------------------------------------------------------------------------
 
@@ -275,13 +322,21 @@ class UiHub:
         while True:
             await self._ingest_ready.wait()
             self._ingest_ready = anyio.Event()
-            self.drain()
+            # In slices, so the sessions and the observers' writers run in between.
+            while self.drain(DRAIN_SLICE):
+                self.check_lag()
+                await anyio.sleep(0)
+            self.check_lag()
             await anyio.sleep(PUBLISH_INTERVAL_S)
 
-    def drain(self) -> None:
-        """Publish everything tapped so far."""
+    def drain(self, limit: int | None = None) -> bool:
+        """Publish what was tapped so far (at most ``limit`` frames); whether more is left."""
         redactor = self.redactor
+        count = 0
         while self._ingest:
+            if limit is not None and count >= limit:
+                return True
+            count += 1
             item = self._ingest.popleft()
             self.ingest_held -= item[-1]
             if self.ingest_lost:
@@ -301,8 +356,13 @@ class UiHub:
                     generated=generated,
                 )
                 self.add_line(conn, orjson.loads(line))
+            elif what == "stderr":
+                cleaned, _ = redactor.frame(item[3])
+                text = cleaned.rstrip(b"\r").decode("utf-8", "replace")
+                self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
             else:
                 self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
+        return False
 
 
 class UiTap:

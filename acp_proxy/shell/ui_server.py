@@ -40,7 +40,7 @@ from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_address
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
-from acp_proxy.shell.ui_hub import HubLimits, Observer, UiHub, sse_chunk
+from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.ui import events, export, security
 
 MAX_HEAD: Final = 8 * 1024
@@ -50,6 +50,9 @@ KEEPALIVE_S: Final = 15.0  # an SSE comment this often: a dead observer is notic
 FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)
 CUTOFF_SEND_S: Final = 1.0  # how long a cut-off observer gets to read why
 SEND_TIMEOUT_S: Final = 30.0  # a write that makes no progress this long ends the observer
+BATCH_BYTES: Final = 4 * 1024 * 1024  # an observer is given at most this much per write
+CATCH_UP_S: Final = 2.0  # at exit, how long observers may take to receive the last events
+IOV_SLICE: Final = 512  # buffers per sendmsg (below IOV_MAX)
 
 # What a non-loopback live view exposes, and its own consent (refusal's advice).
 UI_EXPOSURE: Final = (
@@ -215,20 +218,21 @@ class UiServer:
         )
 
     async def _stream(self, stream: SocketStream, observer: Observer, first: list[bytes]) -> None:
-        """The head, the replay (in slices, never one huge buffer), then each new batch, until
-        the observer is cut off (which cancels this) or goes away."""
-        for i in range(0, len(first), 512):
-            with anyio.fail_after(SEND_TIMEOUT_S):
-                await stream.send(b"".join(first[i : i + 512]))
+        """The head and the replay, then each new batch from the history, until the observer
+        is cut off (which cancels this) or goes away. Chunks go out with one ``sendmsg`` per
+        slice (no copy of the events per observer)."""
+        await _send_all(stream, first)
+        hub = self.hub
         while observer.cut is None:
             with anyio.move_on_after(KEEPALIVE_S):
-                await observer.wake.wait()
+                await hub.wait_published(observer)
             if observer.cut is not None:
                 return
-            data = observer.take() or b": keepalive\n\n"
+            chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
             with anyio.fail_after(SEND_TIMEOUT_S):
-                await stream.send(data)
-            await anyio.sleep(FLUSH_INTERVAL_S)
+                await _send_all(stream, chunks)
+            if observer.seq >= hub.builder.head:
+                await anyio.sleep(FLUSH_INTERVAL_S)  # caught up: batch what comes next
 
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
@@ -262,6 +266,29 @@ class UiServer:
             pass
         finally:
             hub.unsubscribe(observer)
+
+
+async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
+    """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call)."""
+    sock = stream.sock
+    first = 0  # chunks[:first] are sent
+    head: memoryview | None = None  # what is left of chunks[first] after a partial write
+    while first < len(chunks):
+        buffers: list[bytes | memoryview] = [head if head is not None else chunks[first]]
+        buffers += chunks[first + 1 : first + IOV_SLICE]
+        try:
+            sent = sock.sendmsg(buffers)
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+            continue
+        for buffer in buffers:
+            if sent < len(buffer):
+                head = memoryview(buffer)[sent:]
+                break
+            sent -= len(buffer)
+            first += 1
+            head = None
+        await anyio.lowlevel.checkpoint()
 
 
 def _data(chunk: bytes) -> bytes:
@@ -334,19 +361,26 @@ async def run_with_ui(
         return made
     listener, server = made
     hooks.install(hub)
+    hooks.install_stderr(hub.agent_stderr)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(hub.run)
             for sock in listener.sockets:
                 tg.start_soon(server.serve, sock)
             code = await main(*args)
-            hub.drain()
+            while hub.drain(DRAIN_SLICE):  # in slices: the observers take their share between
+                await anyio.sleep(0)
+            # The observers get what the session produced (briefly), then the reason they end.
+            with anyio.move_on_after(CATCH_UP_S):
+                while any(o.cut is None and o.seq < hub.builder.head for o in hub.observers):
+                    await anyio.sleep(0.01)
             hub.close("the proxy is exiting")
             with anyio.move_on_after(CUTOFF_SEND_S):
                 while hub.observers:
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     finally:
+        hooks.uninstall_stderr(hub.agent_stderr)
         hooks.uninstall(hub)
         listener.close()
     return code

@@ -1,4 +1,4 @@
-"""Telemetry (issue 12): what the proxy reports about itself, computed without I/O.
+"""Telemetry: what the proxy reports about itself, computed without I/O.
 
 Contract: ``metrics`` turns the pipeline's ``Observed`` notes into Prometheus counters, gauges
 and a request-duration histogram; ``propagation`` is the W3C trace-context rewrite of

@@ -1,0 +1,218 @@
+"""The live view under load: a session's throughput with 50 observers, one of them stuck.
+
+Contract: a short, self-contained measure (not part of ``bench/run.py``'s table). One run plays
+the same stdio session several times, interleaved, through ``acp-proxy`` with the bundled rules
+and ``bench/echo_agent.py``: N pipelined requests from the client, each answered at once, so the
+proxy relays 2N frames (half of them through the rules). Three variants:
+
+- ``off``: no ``--ui`` (the hot path as it is);
+- ``ui``: ``--ui``, no observer attached;
+- ``ui+50``: ``--ui`` with 50 observers on ``/events``: 49 read everything (one thread with a
+  selector, so the readers cost the machine little), one never reads (a 4 KiB receive buffer).
+
+It prints the median wall time of each variant and the ratios ``ui+50 / ui`` (what observers
+cost a session: the issue's "within 10 % of no observer") and ``ui / off`` (what the view itself
+costs), plus the proxy's peak RSS per variant. Never a timed assertion: the numbers depend on
+the machine (say how loaded it was when you quote them).
+
+Usage: ``python bench/ui_observers.py [--requests N] [--repeat R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = REPO / "acp_proxy" / "data" / "default.yaml"
+URL = re.compile(rb"live view at (http://\S+)")
+
+
+def _requests(n: int) -> bytes:
+    lines = [
+        b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2}}',
+    ]
+    lines += [
+        b'{"jsonrpc":"2.0","id":%d,"method":"_bench/echo","params":{"n":%d,"text":"%s"}}'
+        % (i, i, b"payload " * 8)
+        for i in range(1, n + 1)
+    ]
+    return b"\n".join(lines) + b"\n"
+
+
+class Observers:
+    """49 readers on one selector thread, and one socket that never reads."""
+
+    def __init__(self, url: str, count: int) -> None:
+        host_port, _, rest = url.removeprefix("http://").partition("/")
+        host, _, port = host_port.rpartition(":")
+        self.request = (
+            f"GET /events?since=now&{rest.split('?', 1)[1]} HTTP/1.1\r\nHost: {host_port}\r\n\r\n"
+        ).encode()
+        self.bytes = 0
+        self.selector = selectors.DefaultSelector()
+        self.socks = []
+        for _ in range(count - 1):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(self.request)
+            sock.setblocking(False)
+            self.selector.register(sock, selectors.EVENT_READ)
+            self.socks.append(sock)
+        self.stuck = socket.socket()
+        self.stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.stuck.connect((host, int(port)))
+        self.stuck.sendall(self.request)
+        self.stop = False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self.stop:
+            for key, _ in self.selector.select(0.1):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    data = sock.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    self.selector.unregister(sock)
+                    continue
+                self.bytes += len(data)
+
+    def close(self) -> None:
+        self.stop = True
+        self.thread.join()
+        for sock in [*self.socks, self.stuck]:
+            sock.close()
+
+
+def observe(url: str) -> int:
+    """The observers' process: subscribe 50, say "ready", read until the proxy closes them,
+    print the bytes the 49 readers received."""
+    observers = Observers(url, 50)
+    time.sleep(0.3)  # every subscription answered
+    print("ready", flush=True)
+    while observers.selector.get_map():
+        time.sleep(0.05)
+    observers.close()
+    print(observers.bytes, flush=True)
+    return 0
+
+
+def _peak_rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run_once(variant: str, requests: bytes, n: int) -> tuple[float, float, int, int]:
+    """(wall seconds from the first request to the last response, the proxy's CPU seconds,
+    its peak RSS KiB, bytes the reading observers got)."""
+    argv = [sys.executable, "-m", "acp_proxy", "--config", str(RULES)]
+    if variant != "off":
+        argv += ["--ui", "tcp://127.0.0.1:0"]
+    argv += ["--", sys.executable, str(REPO / "bench" / "echo_agent.py")]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stderr: IO[bytes] = proc.stderr
+    observers: subprocess.Popen[bytes] | None = None
+    if variant != "off":
+        line = stderr.readline()
+        while not URL.search(line):
+            line = stderr.readline()
+            assert line, "the proxy exited before serving the live view"
+        found = URL.search(line)
+        assert found is not None
+        if variant == "ui+50":
+            # In a process of its own: the readers must not share the client's interpreter.
+            observers = subprocess.Popen(
+                [sys.executable, __file__, "--observe", found.group(1).decode()],
+                stdout=subprocess.PIPE,
+            )
+            assert observers.stdout is not None
+            assert observers.stdout.readline().strip() == b"ready"
+    threading.Thread(target=lambda: [stderr.read()], daemon=True).start()
+    start = time.perf_counter()
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(requests)
+        proc.stdin.flush()
+
+    threading.Thread(target=feed, daemon=True).start()
+    for _ in range(n + 1):
+        assert proc.stdout.readline(), "the proxy closed its output early"
+    wall = time.perf_counter() - start
+    rss = _peak_rss_kib(proc.pid)
+    proc.stdin.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
+    got = 0
+    if observers is not None:
+        assert observers.stdout is not None
+        got = int(observers.stdout.readline() or 0)  # its reading ends with the proxy
+        observers.wait(timeout=30)
+    return wall, cpu, rss, got
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.observe:
+        return observe(args.observe)
+    requests = _requests(args.requests)
+    walls: dict[str, list[float]] = {"off": [], "ui": [], "ui+50": []}
+    cpus: dict[str, list[float]] = {v: [] for v in walls}
+    rss: dict[str, int] = dict.fromkeys(walls, 0)
+    observed = 0
+    for _ in range(args.repeat):
+        for variant, times in walls.items():  # interleaved: drift hits every variant alike
+            wall, cpu, peak, got = run_once(variant, requests, args.requests)
+            times.append(wall)
+            cpus[variant].append(cpu)
+            rss[variant] = max(rss[variant], peak)
+            observed = max(observed, got)
+    median = {v: statistics.median(w) for v, w in walls.items()}
+    cpu_median = {v: statistics.median(c) for v, c in cpus.items()}
+    frames = 2 * (args.requests + 1)
+    print(f"{args.requests} requests ({frames} frames relayed), {args.repeat} runs each")
+    for variant, value in median.items():
+        print(
+            f"  {variant:6} median {value:.3f} s  {frames / value:,.0f} frames/s  "
+            f"proxy CPU {cpu_median[variant]:.2f} s  peak RSS {rss[variant] / 1024:.1f} MiB"
+        )
+    for name, a, b in (("ui+50 / ui ", "ui+50", "ui"), ("ui / off   ", "ui", "off")):
+        print(
+            f"  {name} wall {median[a] / median[b]:.3f}  proxy CPU "
+            f"{cpu_median[a] / cpu_median[b]:.3f}"
+        )
+    print(f"  bytes each reading observer received (mean, largest run): {observed / 49:,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
