@@ -1,4 +1,4 @@
-"""Metrics and health endpoints (issue 12.1): the real CLI as a subprocess, scraped over HTTP
+"""Metrics and health endpoints: the real CLI as a subprocess, scraped over HTTP
 during and after a scripted session, parsed with ``prometheus_client.parser``. Counts are exact:
 each equals what the script sent."""
 
