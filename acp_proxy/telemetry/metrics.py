@@ -1,10 +1,11 @@
 """Prometheus metrics of the proxy, from the pipeline's ``Observed`` notes.
 
 Contract: owns the request- and frame-level metric names and the accounting behind them (the
-turn-level ones are ``turn_metrics``'s, fed from here): ``Metrics`` (process-wide counters and the live sessions) and ``SessionMetrics`` (a
-``SessionObserver`` per session: joins each request with its response to time it). Pure: the
-clock is the ``now`` the shell passes in, nothing here reads a socket or logs; ``collect`` hands
-``prometheus_client`` metric families to the shell's HTTP responder at scrape time.
+turn-level ones are ``turn_metrics``'s, fed from here): ``Metrics`` (process-wide counters and
+the live sessions) and ``SessionMetrics`` (a ``SessionObserver`` per session: joins each request
+with its response to time it). Pure: the clock is the ``now`` the shell passes in, nothing here
+reads a socket or logs; ``collect`` hands ``prometheus_client`` metric families to the shell's
+HTTP responder at scrape time.
 
 Why plain dicts and a collector instead of ``prometheus_client.Counter`` objects: the observer
 runs on the session's task for every frame, and a client-library counter takes a lock per
