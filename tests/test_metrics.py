@@ -717,7 +717,7 @@ def test_hostile_peers_leave_a_bounded_number_of_series() -> None:
         stats = SimpleNamespace(to_client=side, to_agent=side)
 
     metrics = Metrics(max_pending=100)
-    observer = metrics.session(Session())  # type: ignore[arg-type]
+    observer = metrics.session(Session())
     c2a, a2c = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
 
     def feed(direction: Direction, message: dict[str, Any]) -> None:
@@ -751,7 +751,7 @@ def test_hostile_peers_leave_a_bounded_number_of_series() -> None:
         for sample in family.samples
     }
     assert len(series) < 400, len(series)
-    labels = {
+    labels: dict[str, set[str]] = {
         k: set() for k in ("method", "error_code", "kind", "status", "stop_reason", "currency")
     }
     for _, pairs in series:
