@@ -22,6 +22,8 @@ import pytest
 from proxy_harness import Lines, request, write_config
 from test_sockets import listening
 
+from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
+
 pytestmark = pytest.mark.anyio
 
 # An agent that answers every request, and after a ``stream`` request writes notifications
@@ -118,3 +120,72 @@ async def test_parked_partial_lines_do_not_starve_a_new_client(tmp_path: Path) -
             await parker.aclose()
         proxy.terminate()
     assert max(times) < 2.0, times
+
+
+async def test_a_parked_line_over_its_share_is_refused_for_its_connection_only(
+    tmp_path: Path,
+) -> None:
+    """Parked lines fill the pool and one holds the reserve: a client with a big legal frame
+    would wait for them forever. A line that has not grown for ``PARKED_S`` while another
+    session waits, and that holds more than its session's fair share of the pool, is refused:
+    the waiting client gets its answer, and the parker gets an error once its line ends."""
+    config = write_config(
+        tmp_path / "c.yaml",
+        "max_buffer_bytes: 24MiB\nmax_frame_bytes: 8MiB\nmax_connections: 8\n",
+    )
+    args = ("--config", config, "--listen", f"unix://{tmp_path}/s")
+    part = b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"t":"' + b"p" * (7 * 1024 * 1024)
+    big = request(5, "x", {"t": "b" * (6 * 1024 * 1024)})
+    async with listening(*args, agent=[sys.executable, "-c", AGENT]) as proxy:
+        parkers = [await proxy.connect() for _ in range(3)]
+
+        async def park(stream: anyio.abc.ByteStream) -> None:
+            await stream.send(request(0, "initialize", {}))
+            await stream.send(part)  # may block while the proxy stops reading it
+
+        async with anyio.create_task_group() as tg:
+            for parker in parkers:
+                tg.start_soon(park, parker)
+            await anyio.sleep(1)  # parked
+            client = await proxy.connect()
+            lines = Lines(client)
+            with anyio.fail_after(30):
+                await client.send(request(0, "initialize", {}))
+                await lines.line()
+                await client.send(big)
+                answer = await lines.line()
+            assert answer == b'{"jsonrpc": "2.0", "id": 5, "result": {}}\n'
+            await client.aclose()
+            # A refused parker ends its line: it gets an error for its request, nothing else.
+            refused = [
+                e for e in proxy.events if e["event"] == "frame over the size limit discarded"
+            ]
+            tg.cancel_scope.cancel()
+        errors = []
+        for parker in parkers:
+            with anyio.move_on_after(5):
+                await parker.send(b'"}}\n')
+                plines = Lines(parker)
+                assert (
+                    await plines.line()
+                    == b'{"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 2}}\n'
+                )
+                errors.append(await plines.line())
+            await parker.aclose()
+        proxy.terminate()
+    assert refused == []  # nothing refused before the lines ended
+    assert len([e for e in errors if b'"error":{"code":-32600' in e]) >= 1, errors
+
+
+def test_a_refused_line_is_reported_at_its_newline_with_the_share() -> None:
+    splitter = LineSplitter(100_000)
+    assert splitter.refuse(100) is False  # no pending line
+    assert splitter.feed(b'{"id":3,"method":"m","params":"' + b"x" * 30_000) == []
+    assert splitter.refuse(100) is True
+    assert splitter.buffered == HEAD_BYTES  # only its head is kept
+    assert splitter.refuse(100) is False  # refused already
+    head = b'{"id":3,"method":"m","params":"' + b"x" * 30_000
+    assert splitter.feed(b'xx"}\n{"id":4}\n') == [
+        Oversize(len(head) + 4, (head + b'xx"}')[:HEAD_BYTES], 100),
+        Line(b'{"id":4}'),
+    ]

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 import orjson
+import pytest
 from proxy_harness import REPO, proxy_env
 from test_ui_server import http
 
@@ -126,3 +128,32 @@ def test_each_connection_of_a_listener_is_a_session() -> None:
         assert sorted(by_conn.values()) == [1, 2]
         for client in clients:
             client.close()
+
+
+@pytest.mark.anyio
+async def test_component_mode_serves_the_live_view() -> None:
+    from test_component import handshake, start
+
+    comp = await start("--ui", "tcp://127.0.0.1:0")
+    assert comp.process.stderr is not None
+    err = b""
+    with anyio.fail_after(30):
+        while (found := UI_URL.search(err.decode(errors="replace"))) is None:
+            err += await comp.process.stderr.receive()
+    await handshake(comp, "official")
+    url = found.group(1)
+
+    def initialize() -> list[Any]:
+        return [
+            e
+            for e in _history(url)
+            if e.get("dir")
+            and (e["info"].get("method") or e["info"].get("answers")) == "initialize"
+        ]
+
+    shown = await anyio.to_thread.run_sync(
+        lambda: _until(lambda: len(found := initialize()) >= 2 and found)
+    )
+    assert [e["info"]["type"] for e in shown] == ["request", "response"]
+    rc, _ = await comp.close()
+    assert rc == 0

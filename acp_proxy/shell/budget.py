@@ -11,10 +11,18 @@ Fairness (``--listen``): each session's ``Share`` has a floor of the budget of i
 whatever the others hold; only what a session holds beyond its floor comes from the pool shared
 by all. Clients that never read while their agents stream, or that park unfinished lines, fill
 the pool and then wait, while a well-behaved session (a few small frames and its two reserved
-reads) stays within its floor and is never held up by them.
+reads) stays within its floor and is never held up by them. A session waiting for the pool
+does not wait forever on lines parked by others: a partial line that has not grown for
+``PARKED_S`` and holds more than its session's fair share of the pool (the pool divided by the
+sessions) is refused, for that connection only (dropped up to its newline, then answered like
+a frame over the size limit), and its bytes go back to the pool.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import anyio
 
@@ -23,6 +31,27 @@ from acp_proxy.config import Config
 READ_SIZE = 256 * 1024  # one read of a session's reader, reserved in the budget before it reads
 # Each session's own part of the budget: its two readers' reads and a few small frames.
 FLOOR_BYTES = 1024 * 1024
+# A partial line that has not grown for this long while another session waits for the budget
+# is refused when it holds more than its session's fair share of the pool (a parked line).
+PARKED_S = 5.0
+
+
+class _Splitter(Protocol):
+    @property
+    def buffered(self) -> int: ...
+
+    def refuse(self, limit: int) -> bool: ...
+
+
+class Watched(Protocol):
+    """What the budget sees of a session's reader: its line splitter, and since when it has
+    been waiting for input (None: not waiting)."""
+
+    @property
+    def splitter(self) -> _Splitter: ...
+
+    @property
+    def receiving(self) -> float | None: ...
 
 
 class BufferBudget:
@@ -51,8 +80,10 @@ class BufferBudget:
         "floor",
         "held",
         "limit",
+        "open",
         "peak",
         "pool_used",
+        "refused",
         "reserve",
         "shares",
         "waits",
@@ -69,6 +100,8 @@ class BufferBudget:
         self.reserve = reserve
         self.floor = floor
         self.shares = 0  # open shares, each with its floor
+        self.open: set[Share] = set()  # those whose readers are watched for parked lines
+        self.refused = 0  # parked partial lines refused
         self.held = 0  # bytes held and reserved right now, by all sessions
         self.pool_used = 0  # the part of ``held`` beyond the shares' floors
         self.peak = 0  # the largest ``held`` seen
@@ -122,15 +155,43 @@ class BufferBudget:
             return True
         return False
 
-    async def _wait(self) -> None:
+    async def _wait(self, timeout: float = float("inf")) -> None:
         event = anyio.Event()
         self._waiters.append(event)
         self.waits += 1
         try:
-            await event.wait()
+            with anyio.move_on_after(timeout):
+                await event.wait()
         finally:
             if event in self._waiters:
                 self._waiters.remove(event)
+
+    def relieve(self, waiter: Share | None) -> int:
+        """Refuse the partial lines parked by other sessions (see the module docstring);
+        returns how many."""
+        now = time.monotonic()
+        fair = max(self.pool // max(self.shares, 1), self.floor)
+        refused = 0
+        for share in list(self.open):
+            if share is waiter:
+                continue
+            for reader in share.readers:
+                since = reader.receiving
+                splitter = reader.splitter
+                if (
+                    since is not None
+                    and now - since >= PARKED_S
+                    and splitter.buffered > fair
+                    and splitter.refuse(fair)
+                ):
+                    refused += 1
+                    if self._owner is splitter:
+                        self._owner = None
+                    share.recount()
+        if refused:
+            self.refused += refused
+            self._wake()
+        return refused
 
     async def reserve_read(self, reader: object, partial: int) -> int:
         """Wait until ``reader`` may read, reserve one read (``READ_SIZE``) and return it.
@@ -174,12 +235,21 @@ class Share:
     """One session's part of a ``BufferBudget``: the same calls as the budget, counted against
     the session's floor first and the shared pool beyond it (see the module docstring)."""
 
-    __slots__ = ("budget", "closed", "held")
+    __slots__ = ("budget", "closed", "held", "readers", "recount")
 
     def __init__(self, budget: BufferBudget) -> None:
         self.budget = budget
         self.held = 0  # what this session holds and has reserved
         self.closed = False
+        self.readers: Sequence[Watched] = ()
+        self.recount: Callable[[], None] = _nothing
+
+    def watch(self, readers: Sequence[Watched], recount: Callable[[], None]) -> None:
+        """Let the budget refuse the lines these readers park (``BufferBudget.relieve``);
+        ``recount`` re-counts what the session holds once one was refused."""
+        self.readers = readers
+        self.recount = recount
+        self.budget.open.add(self)
 
     @property
     def limit(self) -> int:
@@ -211,7 +281,9 @@ class Share:
         """``BufferBudget.reserve_read`` for one of this session's readers."""
         budget = self.budget
         while not budget._may_read(reader, partial, self):
-            await budget._wait()
+            await budget._wait(PARKED_S)
+            if not budget._may_read(reader, partial, self):
+                budget.relieve(self)
         self.add(READ_SIZE)
         return READ_SIZE
 
@@ -245,7 +317,12 @@ class Share:
         if self.held:
             self.add(-self.held)
         self.budget.shares -= 1
+        self.budget.open.discard(self)
         self.budget._wake()
+
+
+def _nothing() -> None:
+    pass
 
 
 _BUDGETS: dict[tuple[int, int, int], BufferBudget] = {}

@@ -404,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-frames", action="store_true", help="log each frame's contents")
     parser.add_argument("--record", metavar="PATH", help="record the inner messages to PATH")
     parser.add_argument("--metrics", metavar="URL", help="serve Prometheus metrics at URL")
+    parser.add_argument(
+        "--ui", metavar="URL", help="serve the live view at URL (e.g. tcp://127.0.0.1:0)"
+    )
     parser.add_argument("--max-frame-bytes", type=int, metavar="N")
     return parser
 
@@ -435,6 +438,8 @@ def main(argv: Sequence[str]) -> int:
         changes["record"] = dataclasses.replace(config.record, path=args.record)
     if args.metrics is not None:
         changes["metrics"] = args.metrics
+    if args.ui is not None:
+        changes["ui"] = dataclasses.replace(config.ui, address=args.ui)
     if changes:
         config = dataclasses.replace(config, **changes)
     if config.metrics is not None:
@@ -444,6 +449,14 @@ def main(argv: Sequence[str]) -> int:
             parse_address(config.metrics, listen=True)
         except AddressError as exc:
             parser.error(f"--metrics: {exc}")
+    if config.ui.address is not None:
+        from acp_proxy.shell.sockets.address import AddressError, parse_address
+
+        try:
+            if parse_address(config.ui.address, listen=True).scheme != "tcp":
+                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+        except AddressError as exc:
+            parser.error(f"--ui: {exc}")
     from acp_proxy.shell.logsetup import configure_logging
 
     if args.log_frames:

@@ -121,6 +121,8 @@ class PumpSession:
         self._held = 0  # what this session counts in the budget
         self.from_client = Reader(Direction.CLIENT_TO_AGENT, config.max_frame_bytes)
         self.from_agent = Reader(Direction.AGENT_TO_CLIENT, config.max_frame_bytes)
+        # A line one of them parks can be refused when another session waits for the budget.
+        self.budget.watch((self.from_client, self.from_agent), self._account)
         self.agent_output_ended = False  # the agent reader stopped (EOF or stop_agent_output)
         self._aborts_left = 0  # -32603 errors owed to the client and not queued yet
 

@@ -80,7 +80,7 @@ class LineSplitter:
     costs linear, not quadratic, time.
     """
 
-    __slots__ = ("_discard_size", "_discarding", "_head", "_max", "_parts", "_size")
+    __slots__ = ("_cut", "_discard_size", "_discarding", "_head", "_max", "_parts", "_size")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         """Raises ``ValueError`` if ``max_frame_bytes`` is not positive."""
@@ -92,6 +92,7 @@ class LineSplitter:
         self._discarding = False  # inside an oversize line, waiting for its newline
         self._discard_size = 0  # length of that line so far
         self._head = b""  # its first HEAD_BYTES bytes
+        self._cut = 0  # the limit a refused line was cut at (``refuse``; 0: ``_max``)
 
     @property
     def max_frame_bytes(self) -> int:
@@ -172,7 +173,7 @@ class LineSplitter:
         """At EOF: the final unterminated line, if any (an oversize one as ``Oversize``)."""
         out: list[Line | Oversize] = []
         if self._discarding:
-            out.append(Oversize(self._discard_size, self._head, self._max))
+            out.append(Oversize(self._discard_size, self._head, self._cut or self._max))
         elif self._parts:
             self._emit(b"".join(self._parts), out)
         self._reset()
@@ -184,6 +185,17 @@ class LineSplitter:
         self._discarding = False
         self._discard_size = 0
         self._head = b""
+        self._cut = 0
+
+    def refuse(self, limit: int) -> bool:
+        """Refuse the pending line now, as if it had exceeded ``limit``: its bytes are dropped
+        (its head kept) and the rest is discarded up to its newline, where it is reported as
+        ``Oversize`` with ``limit``. False when there is no pending line to refuse."""
+        if self._discarding or not self._parts:
+            return False
+        self._start_discarding(b"")
+        self._cut = limit
+        return True
 
     def _emit(self, line: bytes, out: list[Line | Oversize]) -> None:
         if len(line) > self._max:
@@ -195,7 +207,8 @@ class LineSplitter:
         """``piece`` ends the pending line (its newline was found)."""
         if self._discarding:
             self._grow_head(piece)
-            out.append(Oversize(self._discard_size + len(piece), self._head, self._max))
+            size = self._discard_size + len(piece)
+            out.append(Oversize(size, self._head, self._cut or self._max))
             self._reset()
             return
         if self._size + len(piece) > self._max:
