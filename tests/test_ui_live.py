@@ -157,3 +157,34 @@ async def test_component_mode_serves_the_live_view() -> None:
     assert [e["info"]["type"] for e in shown] == ["request", "response"]
     rc, _ = await comp.close()
     assert rc == 0
+
+
+def test_the_agents_stderr_is_shown_redacted() -> None:
+    script = f"import sys; sys.stderr.write('booting {SECRET}\\n'); sys.stderr.flush()"
+    agent = ["sh", "-c", f'{sys.executable} -c "{script}"; exec "$@"', "agent", *TINY]
+    argv = [sys.executable, "-m", "acp_proxy", "--ui", "tcp://127.0.0.1:0", "--agent-stderr", "log"]
+    proc = subprocess.Popen(
+        [*argv, "--", *agent],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=proxy_env(),
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while (found := UI_URL.search(line.decode())) is None:
+            line = proc.stderr.readline()
+            assert line
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+
+        def stderr_events() -> list[Any]:
+            return [e for e in _history(found.group(1)) if e.get("event") == "stderr"]
+
+        (event,) = _until(stderr_events)
+        assert event["line"] == "booting [REDACTED]"
+        assert event["conn"] == 1
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=20)

@@ -11,6 +11,7 @@ imported only when enabled. All calls happen on the event loop's thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # types only: importing this module loads nothing of the core
@@ -86,3 +87,23 @@ def agent_exited(returncode: int) -> None:
 def listening(accepting: bool) -> None:
     for p in _INSTALLED:
         p.listening(accepting)
+
+
+# Who reads the agent's stderr lines as they are logged (the live view); empty by default, so
+# logging a line costs one check of an empty list.
+STDERR_READERS: list[Callable[[bytes], None]] = []
+
+
+def install_stderr(reader: Callable[[bytes], None]) -> None:
+    STDERR_READERS.append(reader)
+
+
+def uninstall_stderr(reader: Callable[[bytes], None]) -> None:
+    if reader in STDERR_READERS:
+        STDERR_READERS.remove(reader)
+
+
+def agent_stderr(line: bytes) -> None:
+    """One line of the agent's stderr (``agent.stderr: log``), without its newline."""
+    for reader in STDERR_READERS:
+        reader(line)

@@ -38,6 +38,7 @@ import orjson
 
 from acp_proxy.base.values import value
 from acp_proxy.config import AgentConfig
+from acp_proxy.shell import hooks
 from acp_proxy.shell.spawn import (
     SESSION_ENV,
     SUPERVISION,
@@ -486,6 +487,8 @@ async def drain_stderr(fd: int, log: Any, tail: StderrTail | None = None) -> Non
 
 
 def _log_stderr_line(log: Any, line: bytes, *, truncated: bool) -> None:
+    if hooks.STDERR_READERS:  # the live view shows it too
+        hooks.agent_stderr(line)
     text = line.rstrip(b"\r").decode("utf-8", "replace")
     if truncated:
         log.info("agent stderr", line=text, truncated=True)

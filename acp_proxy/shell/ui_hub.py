@@ -143,6 +143,7 @@ class UiHub:
         self.ingest_held = 0
         self.ingest_lost = 0
         self._ingest_ready = anyio.Event()
+        self._newest: UiTap | None = None
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -173,7 +174,15 @@ class UiHub:
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header)
-        return UiTap(self, conn)
+        self._newest = UiTap(self, conn)
+        return self._newest
+
+    def agent_stderr(self, line: bytes) -> None:
+        """A line of an agent's stderr: shown in the newest session (the only one on stdio)."""
+        tap = self._newest
+        if tap is not None:
+            t = time.monotonic() - tap.start
+            self.ingest((tap.conn, t, "stderr", line, len(line)), len(line))
 
     def agent_exited(self, returncode: int) -> None:
         pass
@@ -347,6 +356,10 @@ class UiHub:
                     generated=generated,
                 )
                 self.add_line(conn, orjson.loads(line))
+            elif what == "stderr":
+                cleaned, _ = redactor.frame(item[3])
+                text = cleaned.rstrip(b"\r").decode("utf-8", "replace")
+                self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
             else:
                 self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
         return False

@@ -361,6 +361,7 @@ async def run_with_ui(
         return made
     listener, server = made
     hooks.install(hub)
+    hooks.install_stderr(hub.agent_stderr)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(hub.run)
@@ -379,6 +380,7 @@ async def run_with_ui(
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     finally:
+        hooks.uninstall_stderr(hub.agent_stderr)
         hooks.uninstall(hub)
         listener.close()
     return code
