@@ -1,4 +1,4 @@
-"""Metrics and health endpoints (issue 12.1): the real CLI as a subprocess, scraped over HTTP
+"""Metrics and health endpoints: the real CLI as a subprocess, scraped over HTTP
 during and after a scripted session, parsed with ``prometheus_client.parser``. Counts are exact:
 each equals what the script sent."""
 
@@ -692,3 +692,75 @@ def test_a_thousand_versions_make_three_series() -> None:
         observer = metrics.session(object())  # type: ignore[arg-type]
         observer.on_notes((VersionNegotiated(version),), 0.0)
     assert metrics.versions == {("other",): 998, ("1",): 1, ("2",): 1}
+
+
+def test_hostile_peers_leave_a_bounded_number_of_series() -> None:
+    """Thousands of distinct methods, error codes, tool kinds and statuses, stop reasons and
+    currencies through a real pipeline: the scrape's series stay a small fixed set."""
+    from acp_proxy.config import Config
+    from acp_proxy.telemetry.metrics import Metrics
+    from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.framing import Line
+    from acp_proxy.wire.pipeline import Connection
+
+    conn = Connection(Config().build_chain(), observe=True)
+
+    from types import SimpleNamespace
+
+    side = SimpleNamespace(bytes=0, discarded=0)
+    queue = SimpleNamespace(stats=SimpleNamespace(merged=0))
+
+    class Session:  # what Metrics reads of a live session at scrape time
+        connection = conn
+        to_client = SimpleNamespace(queue=queue, held=lambda: 0)
+        to_agent = SimpleNamespace(held=lambda: 0)
+        stats = SimpleNamespace(to_client=side, to_agent=side)
+
+    metrics = Metrics(max_pending=100)
+    observer = metrics.session(Session())
+    c2a, a2c = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
+
+    def feed(direction: Direction, message: dict[str, Any]) -> None:
+        raw = orjson.dumps({"jsonrpc": "2.0", **message})
+        observer.on_notes(conn.handle(direction, Line(raw)).notes, 0.0)
+
+    feed(c2a, {"id": 0, "method": "initialize", "params": {"protocolVersion": 2}})
+    feed(a2c, {"id": 0, "result": {"protocolVersion": 2}})
+
+    def update(body: dict[str, Any]) -> dict[str, Any]:
+        return {"method": "session/update", "params": {"sessionId": "s", "update": body}}
+
+    for i in range(2000):
+        feed(c2a, {"id": f"r{i}", "method": f"_x/m{i}", "params": {}})
+        feed(a2c, {"id": f"r{i}", "error": {"code": 1000 + i, "message": "no"}})
+        feed(c2a, {"id": i, "method": "session/prompt", "params": {"sessionId": "s", "prompt": []}})
+        tool = {"sessionUpdate": "tool_call_update", "toolCallId": f"t{i}", "kind": f"k{i}"}
+        feed(a2c, update(tool))
+        feed(
+            a2c,
+            update({"sessionUpdate": "tool_call_update", "toolCallId": f"t{i}", "status": f"s{i}"}),
+        )
+        cost = {"amount": float(i), "currency": f"Q{chr(65 + i % 26)}{chr(65 + i // 26 % 26)}"}
+        feed(a2c, update({"sessionUpdate": "usage_update", "used": 1, "size": 2, "cost": cost}))
+        feed(a2c, update({"sessionUpdate": "state_update", "state": "idle", "stopReason": f"x{i}"}))
+    observer.on_end(None, 1.0)
+    assert metrics.observer_errors == 0
+    series = {
+        (family.name, tuple(sorted(sample.labels.items())))
+        for family in metrics.collect()
+        for sample in family.samples
+    }
+    assert len(series) < 400, len(series)
+    labels: dict[str, set[str]] = {
+        k: set() for k in ("method", "error_code", "kind", "status", "stop_reason", "currency")
+    }
+    for _, pairs in series:
+        for key, val in pairs:
+            if key in labels:
+                labels[key].add(val)
+    assert labels["error_code"] == {"other"}
+    assert "other" in labels["method"] and not any(m.startswith("_x/") for m in labels["method"])
+    assert labels["kind"] == {"other"}
+    assert labels["status"] <= {"other", "unfinished"}
+    assert labels["stop_reason"] == {"other"}
+    assert len(labels["currency"]) == 17  # the first 16, then other

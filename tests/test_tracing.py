@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 12.2): the real CLI with a local OTLP/HTTP receiver (decoded with
+"""OpenTelemetry traces: the real CLI with a local OTLP/HTTP receiver (decoded with
 ``opentelemetry-proto``): spans, parent/child links, attributes, the forwarded ``traceparent``
 (only that member changed), ``tracing.inject``, and a dead collector that changes nothing."""
 

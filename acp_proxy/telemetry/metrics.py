@@ -1,10 +1,11 @@
 """Prometheus metrics of the proxy, from the pipeline's ``Observed`` notes.
 
-Contract: owns the metric names, their labels and the bounds on label values, and the accounting
-behind them: ``Metrics`` (process-wide counters and the live sessions) and ``SessionMetrics`` (a
-``SessionObserver`` per session: joins each request with its response to time it). Pure: the
-clock is the ``now`` the shell passes in, nothing here reads a socket or logs; ``collect`` hands
-``prometheus_client`` metric families to the shell's HTTP responder at scrape time.
+Contract: owns the request- and frame-level metric names and the accounting behind them (the
+turn-level ones are ``turn_metrics``'s, fed from here): ``Metrics`` (process-wide counters and
+the live sessions) and ``SessionMetrics`` (a ``SessionObserver`` per session: joins each request
+with its response to time it). Pure: the clock is the ``now`` the shell passes in, nothing here
+reads a socket or logs; ``collect`` hands ``prometheus_client`` metric families to the shell's
+HTTP responder at scrape time.
 
 Why plain dicts and a collector instead of ``prometheus_client.Counter`` objects: the observer
 runs on the session's task for every frame, and a client-library counter takes a lock per
@@ -13,9 +14,10 @@ nothing else touches the dicts while an observer runs. Gauges (pending requests,
 sessions) are read from the live sessions at scrape time only: they cost nothing per frame.
 
 Label values are bounded (Prometheus: "do not use labels to store dimensions with high
-cardinality"): methods outside the ACP schema are ``other``; error codes outside the JSON-RPC
-and ACP ones are ``other``; rule names come from the config file (a fixed set per process);
-agent exit statuses are an exit code (0-255) or a signal name.
+cardinality"; the sets are ``labels``'s): methods outside the ACP schema, error codes outside
+the JSON-RPC and ACP ones and protocol versions other than 1 and 2 are ``other``; rule names
+come from the config file (a fixed set per process); agent exit statuses are an exit code
+(0-255) or a signal name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""W3C trace context in ACP requests (issue 12.2): parse ``traceparent``, rewrite it as a hop.
+"""W3C trace context in ACP requests: parse ``traceparent``, rewrite it as a hop.
 
 Contract: owns the ``traceparent`` syntax (W3C Trace Context, level 1, section 3.2) and the
 ``TraceContext`` middleware, which gives each forwarded request the proxy span's
