@@ -930,7 +930,7 @@ def test_explain_names_metrics_tracing_and_record_and_counts_in_words() -> None:
     assert lines[1] == "rules (1, applied in this order):"
     assert "  1. rules (built-in, 1 rule); fail-open" in lines
     assert lines[-3:] == [
-        "  metrics: tcp://127.0.0.1:9464",
+        "  metrics: tcp://127.0.0.1:9464, metrics_allow_remote: no",
         "  tracing: enabled (OTLP, configured by OTEL_* variables), inject traceparent: yes",
         "  record: /tmp/r.jsonl, max_bytes 1048576 (1 MiB), redacting also 1 key name and "
         "2 patterns",

@@ -496,8 +496,9 @@ async def test_agent_that_cannot_start_is_reported_to_its_client(tmp_path: Path)
             # The agent is started at the client's first request, not at connect.
             await stream.send(request(1, "initialize", {}))
             assert await Lines(stream).rest() == (
-                b'{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"acp-proxy: '
-                b"cannot start the agent: " + missing.encode() + b': command not found"}}\n'
+                b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"'
+                b"agent could not be started (" + missing.encode() + b": command not found) "
+                b'during initialize"}}\n'
             )
             await stream.aclose()
             await proxy.event("connection closed", conn=1)

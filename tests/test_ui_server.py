@@ -259,3 +259,21 @@ async def test_a_slow_observer_is_told_why_it_was_cut_off() -> None:
     assert notice["event"] == "cutoff"
     assert "fell more than 262144 bytes behind the session" in notice["reason"]
     assert hub.observers == set()
+
+
+def test_check_config_refuses_what_the_run_refuses(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    for body, code, said in (
+        ("ui:\n  address: tcp://0.0.0.0:8765\n", 2, b"ui: 0.0.0.0 is not a loopback address"),
+        ("ui:\n  address: unix:///tmp/ui.sock\n", 2, b"the live view needs a tcp:// address"),
+        ("ui:\n  address: tcp://0.0.0.0:8765\n  allow_remote: true\n", 0, b""),
+    ):
+        config.write_text(body)
+        ran = subprocess.run(
+            [sys.executable, "-m", "acp_proxy", "check-config", str(config)],
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+        assert ran.returncode == code, ran.stderr
+        assert said in ran.stderr

@@ -56,8 +56,8 @@ def run_checks(config: Config) -> list[str]:
         return f"{config.source}:{line}: {key}" if line is not None else f"{config.source}: {key}"
 
     problems: list[str] = []
-    for key, listen in (("listen", True), ("connect", False), ("metrics", True)):
-        url = getattr(config, key)
+    for key, listen in (("listen", True), ("connect", False), ("metrics", True), ("ui", True)):
+        url = config.ui.address if key == "ui" else getattr(config, key)
         if url is None:
             continue
         try:
@@ -70,7 +70,12 @@ def run_checks(config: Config) -> list[str]:
                 f"{where(key)}: the socket path is {len(os.fsencode(address.path))} bytes; "
                 f"Unix socket paths are limited to {_UNIX_PATH_MAX}"
             )
-        consent = config.metrics_allow_remote if key == "metrics" else config.allow_remote
+        if key == "ui" and address.scheme != "tcp":
+            problems.append(f"{where(key)}: the live view needs a tcp:// address")
+            continue
+        consent = {"metrics": config.metrics_allow_remote, "ui": config.ui.allow_remote}.get(
+            key, config.allow_remote
+        )
         if not listen or address.scheme != "tcp" or consent:
             continue
         try:  # the same lookup as the listener's, so names are judged as the run judges them
@@ -89,6 +94,12 @@ def run_checks(config: Config) -> list[str]:
                 "reach it can read the metrics and the health of the proxy); the proxy refuses "
                 "to serve them there unless metrics_allow_remote: true (or "
                 "--metrics-allow-remote)"
+            )
+        elif remote and key == "ui":
+            problems.append(
+                f"{where(key)}: {', '.join(remote)} is not a loopback address (anyone who has "
+                "the live view's URL could read the session); the proxy refuses to serve it "
+                "there unless ui.allow_remote: true (or --ui-allow-remote)"
             )
         elif remote:
             problems.append(

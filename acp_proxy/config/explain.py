@@ -91,7 +91,13 @@ def explain_config(config: Config) -> str:
         f"  max_connections: {config.max_connections}, "
         f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
-        f"  metrics: {config.metrics or 'off'}",
+        "  metrics: "
+        + (
+            f"{config.metrics}, metrics_allow_remote: "
+            f"{'yes' if config.metrics_allow_remote else 'no'}"
+            if config.metrics
+            else "off"
+        ),
         "  tracing: "
         + (
             f"enabled (OTLP, configured by OTEL_* variables), inject traceparent: "

@@ -266,8 +266,16 @@ class _Server:
                 except SpawnError as exc:
                     status = f"agent not started: {exc}"
                     log.error("cannot start the agent", error=str(exc))
+                    # Each request the client sent is answered with why (its first one is
+                    # read already); with none to answer, one line with a null id says it.
+                    from anyio.streams.stapled import StapledByteStream
+
+                    from acp_proxy.shell.startfail import answer_start_failure
+
+                    both = StapledByteStream(stream, client_rx)
+                    answered = await answer_start_failure(both, str(exc), log)
                     message = f"acp-proxy: cannot start the agent: {exc}"
-                    await close_with(stream, error_line(message))
+                    await close_with(stream, b"" if answered else error_line(message))
                     return
                 log = log.bind(agent_pid=agent.pid)
                 log.info("agent started", agent=self.agent_argv)
