@@ -32,6 +32,7 @@ commands:
   acp-proxy demo                              bundled rules between a scripted client and agent
   acp-proxy show FILE                         a record (--record PATH) as a transcript
   acp-proxy replay FILE                       act as the agent of a record, on stdio
+  acp-proxy ui FILE...                        the live view (a web page) over records
   acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
@@ -82,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy schema\n"
         "       acp-proxy demo\n"
         "       acp-proxy show FILE\n"
-        "       acp-proxy replay FILE",
+        "       acp-proxy replay FILE\n"
+        "       acp-proxy ui FILE...\n"
+        "       acp-proxy component [OPTIONS]",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
