@@ -26,11 +26,11 @@ if TYPE_CHECKING:
     from acp_proxy.config.rules import Rule
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
-# Issue 10, "bounded memory" (README "Bounds"): a frame is parsed only when its estimated parsed
+# Bounded memory (docs/bounds.md): a frame is parsed only when its estimated parsed
 # size is at most this; requests awaiting an answer are at most this many per direction.
 DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
-# The process-wide bound on bytes held in partial lines and outbound queues (issue 10.3).
+# The process-wide bound on bytes held in partial lines and outbound queues.
 DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
 # The budget must leave room for one whole frame plus a few reads beyond it, so one connection's
 # legal frame can always complete (the runtime keeps max_frame_bytes + one read in reserve).
@@ -69,13 +69,13 @@ class AgentConfig:
         5.0  # after closing the agent's stdin, before SIGTERM (and again before SIGKILL)
     )
     # Once the agent exited: how long what it wrote, and the errors owed to the client, may
-    # take to reach a slow or paused client before the rest is discarded (issue 9.4).
+    # take to reach a slow or paused client before the rest is discarded.
     drain_timeout_s: float = 60.0
 
 
 @value
 class TracingConfig:
-    """OpenTelemetry traces (issue 12.2); the exporter itself is set by the OTEL_* variables."""
+    """OpenTelemetry traces; the exporter itself is set by the OTEL_* variables."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
@@ -126,17 +126,17 @@ class Config:
     non_json: NonJsonPolicy = NonJsonPolicy.LOG
     agent: AgentConfig = field(default_factory=AgentConfig)
     coalesce: CoalesceConfig = field(default_factory=CoalesceConfig)
-    listen: str | None = None  # tcp://host:port or unix:///path (issue 5)
+    listen: str | None = None  # tcp://host:port or unix:///path
     connect: str | None = None
     connect_timeout_s: float = 10.0
     max_connections: int = 64
-    # --listen: a connection whose first line has not arrived by then is closed (issue 10).
+    # --listen: a connection whose first line has not arrived by then is closed.
     handshake_timeout_s: float = 30.0
     allow_remote: bool = False  # listen on a non-loopback address
     metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
-    metrics: str | None = None  # tcp://host:port or unix:///path of /metrics (issue 12)
+    metrics: str | None = None  # tcp://host:port or unix:///path of /metrics
     tracing: TracingConfig = field(default_factory=TracingConfig)
-    record: RecordConfig = field(default_factory=RecordConfig)  # issue 11
+    record: RecordConfig = field(default_factory=RecordConfig)
     ui: UiConfig = field(default_factory=UiConfig)  # the live view
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
@@ -203,7 +203,7 @@ class _RulesFactory:
     v1_max_entities: int
 
     def __call__(self) -> Middleware:
-        # Imported here: a proxy without rules never loads the rules engine (start-up, issue 13).
+        # Imported here: a proxy without rules never loads the rules engine (start-up time).
         from acp_proxy.config.rules import RulesMiddleware
 
         # cast: chain.Middleware declares ``name`` as a settable attribute, BaseMiddleware (and so

@@ -398,7 +398,7 @@ class RulesMiddleware(BaseMiddleware):
         )
         self.last_changed_by: tuple[str, ...] = ()
         self.last_skipped_v1: tuple[str, ...] = ()
-        # The fused v2 path (issue 13, ``fused_v2``): per direction, the rules that can match a
+        # The fused v2 path (``fused_v2``): per direction, the rules that can match a
         # `session/update`; None when a rule rules it out (a value orjson would not write back
         # as it is).
         self._fused: dict[Direction, tuple[dict[str, _FusedKind], tuple[Annotation, ...]]] | None
@@ -425,7 +425,7 @@ class RulesMiddleware(BaseMiddleware):
         return self._fused is not None
 
     def fused_v2(self, message: JsonObject, direction: Direction) -> FusedEdit | Omitted | None:
-        """The common case of a v2 connection without building a message (issue 13).
+        """The common case of a v2 connection without building a message.
 
         For a v2 `session/update` notification: ``OMITTED`` when the rules leave it as it is,
         else a ``FusedEdit``: the message's ``params`` and ``params.update`` objects and the new
@@ -500,7 +500,7 @@ class RulesMiddleware(BaseMiddleware):
         self.last_changed_by = ()
         self.last_skipped_v1 = ()
         version = ctx.protocol_version
-        if version is None:  # issue 3: before the version is known, forward untouched
+        if version is None:  # before the version is known, forward untouched
             return FORWARD
         matching = [c for c in self._compiled if self._matches(c, message, ctx, version)]
         verdict = self._apply(matching, message, version) if matching else FORWARD

@@ -4,7 +4,7 @@ Contract: owns where log events go and how they are rendered. stdout is the prot
 no logger configured here ever writes to it (style.md, "Traps already known": structlog's bytes
 logger defaults to stdout). The rest of the shell gets loggers with ``get_logger()``.
 
-Start-up (issue 13): structlog costs tens of milliseconds to import, and a proxy started with
+Start-up: structlog costs tens of milliseconds to import, and a proxy started with
 ``--log-level warning`` usually emits nothing. So ``configure_logging`` only opens the log file
 and remembers the set-up, and ``get_logger`` returns a small stand-in that drops events below
 the level itself; structlog is imported and configured (exactly as it always was, so the output

@@ -2,11 +2,11 @@
 
 Contract: owns the agent's OS process and its process group. It spawns the agent in its own
 session (so signals and clean-up reach grandchildren), always drains its stderr, stops it with
-the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (issue 3, "The agent
+the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (docs/running.md, "The agent
 process"; the ACP python-sdk's child shutdown), and reports its exit status shell-style. It never
 touches the protocol: the agent's stdin/stdout are handed to the runtime as byte streams.
 
-No orphans, ever (issue 10, item 4), on Linux:
+No orphans, ever, on Linux:
 
 - The agent dies with the proxy, even on ``kill -9``: ``PR_SET_PDEATHSIG`` = SIGKILL, set in the
   child before exec, then a ``getppid`` check closes the race with a proxy that died before it.
@@ -84,7 +84,7 @@ def describe_status(returncode: int) -> str:
 
 
 def _read(path: str) -> bytes:
-    """A /proc file's contents (plain ``open``: pathlib is not worth its import, issue 13)."""
+    """A /proc file's contents (plain ``open``: pathlib is not worth its import at start-up)."""
     with open(path, "rb") as file:
         return file.read()
 

@@ -18,7 +18,7 @@ next hop sees as its parent is exactly this one. A request read before the versi
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -30,8 +30,24 @@ from acp_proxy.telemetry.propagation import Decision, SpanIds, TraceContext, par
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import Note, Observed, VersionNegotiated
 
-if TYPE_CHECKING:
-    from acp_proxy.shell.tracing import Tracing
+
+class PresetIds(Protocol):
+    """The ids the next span is given in advance (``tracing``'s id generator)."""
+
+    span_id: int | None
+    trace_id: int | None
+
+
+class Tracing(Protocol):
+    """What a session's spans use of the process's tracing set-up (``tracing.Tracing``): a
+    protocol, so that this module never imports the one that imports it."""
+
+    @property
+    def ids(self) -> PresetIds: ...
+
+    @property
+    def tracer(self) -> Any: ...
+
 
 MAX_OPEN: Final = 10_000  # open request spans per session, oldest ended beyond it
 _A2C = Direction.AGENT_TO_CLIENT

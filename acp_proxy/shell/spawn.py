@@ -6,9 +6,9 @@ to the proxy (``PR_SET_PDEATHSIG``), the subreaper flag and the process-wide sup
 (``enable_supervision``), the pipes and the ``Popen`` of one agent (``start_agent``), and the
 early start (``start_early`` / ``take_early``). ``acp_proxy.shell.process`` wraps a started agent
 for the event loop (``spawn_agent``) and does everything after. Imports nothing heavy: the
-command line starts the agent from here before it imports anyio and the runtime (issue 13).
+command line starts the agent from here before it imports anyio and the runtime.
 
-The early start (issue 13, start-up as users feel it): for a plain stdio session the CLI starts
+The early start (start-up as users feel it): for a plain stdio session the CLI starts
 the agent as soon as the command line and the config are known, and only then imports anyio,
 asyncio and the runtime (about 100 ms), so the agent's own start-up (a Node agent: several
 hundred milliseconds) runs while the proxy gets ready instead of after it. Without a config file
@@ -45,7 +45,7 @@ SESSION_ENV = "ACP_PROXY_SESSION"
 EXIT_PARENT_GONE = 128 + signal.SIGKILL
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PR_SET_CHILD_SUBREAPER = 36
-# Larger pipe buffers mean fewer wake-ups per megabyte (issue 6). Linux caps unprivileged
+# Larger pipe buffers mean fewer wake-ups per megabyte. Linux caps unprivileged
 # processes at /proc/sys/fs/pipe-max-size (1 MiB by default); failure is harmless.
 PIPE_SIZE = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -196,7 +196,7 @@ def start_agent(
     session = f"{os.getpid()}.{next(SUPERVISION.sessions)}"
     env[SESSION_ENV] = session
     # Our own pipes (not asyncio's pipe transports): FdStream reads them in large chunks with no
-    # per-read transport machinery, and we can enlarge their kernel buffers (issue 6).
+    # per-read transport machinery, and we can enlarge their kernel buffers.
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r: int | None = None
