@@ -2,8 +2,8 @@
 
 Contract: owns the agent's OS process and its process group. It spawns the agent in its own
 session (so signals and clean-up reach grandchildren), always drains its stderr, stops it with
-the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (docs/running.md, "The agent
-process"; the ACP python-sdk's child shutdown), and reports its exit status shell-style. It never
+the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (docs/running.md;
+the ACP python-sdk's child shutdown), and reports its exit status shell-style. It never
 touches the protocol: the agent's stdin/stdout are handed to the runtime as byte streams.
 
 No orphans, ever, on Linux:
