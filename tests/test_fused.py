@@ -343,3 +343,36 @@ def test_the_fused_path_is_taken_for_the_example_configs_rules() -> None:
     ]
     assert calls == []
     assert conn.stats.rewritten == 3
+
+
+@pytest.mark.parametrize("accel", [True, False])
+@pytest.mark.parametrize("value", ["core", None])
+def test_a_key_removed_and_set_again_moves_to_the_end_on_both_paths(
+    accel: bool, value: JsonValue
+) -> None:
+    """Found by the property above: a message-target rule removes a key and a later one sets it
+    again, on a canonical frame. The general path encodes the frame whole, the key now last;
+    the fused path with the C splice kept the key where it was (same JSON, other bytes)."""
+    a2c = RuleDirection.AGENT_TO_CLIENT
+    rule_list = [
+        Rule(name="r0", remove_meta=("example.dev/route",), target=RuleTarget.MESSAGE,
+             direction=a2c),
+        Rule(name="r1", set_meta={"example.dev/route": value}, target=RuleTarget.MESSAGE,
+             direction=a2c),
+    ]  # fmt: skip
+    raw = (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"_meta":'
+        b'{"example.dev/route":"edge","example.dev/team":"edge"},"sessionId":"s",'
+        b'"update":{"sessionUpdate":"agent_message","messageId":"m","content":[]}}}'
+    )
+    fast = _connection(rule_list, fused=True)
+    slow = _connection(rule_list, fused=False)
+    with _accelerator(accel):
+        a = fast.handle(Direction.AGENT_TO_CLIENT, Line(raw))
+    b = slow.handle(Direction.AGENT_TO_CLIENT, Line(raw))
+    route = orjson.dumps(value).decode()
+    expected = raw.replace(
+        b'{"example.dev/route":"edge","example.dev/team":"edge"}',
+        f'{{"example.dev/team":"edge","example.dev/route":{route}}}'.encode(),
+    )
+    assert [f.raw for f in a.forward] == [f.raw for f in b.forward] == [expected]

@@ -127,7 +127,7 @@ def splice_member(
         # are exactly orjson's for ``old`` and that ``new`` extends (``splice_value``'s
         # shortcut). The C function checks the frame against that and answers None otherwise.
         expect: bytes | None = None
-        if present and type(old) is dict and type(new) is dict and _appends_only(old, new):
+        if present and type(old) is dict and type(new) is dict and appends_only(old, new):
             try:
                 expect = orjson.dumps(old)
             except TypeError:  # an integer beyond 64 bits or a lone surrogate
@@ -165,7 +165,7 @@ def splice_value(raw: bytes, vs: int, old: object, new: JsonValue, ve: int = -1)
     recurse and keep the old member order), the splice is ``new`` encoded whole: one C call
     instead of a Python scan of the old object.
     """
-    if ve >= 0 and type(old) is dict and type(new) is dict and _appends_only(old, new):
+    if ve >= 0 and type(old) is dict and type(new) is dict and appends_only(old, new):
         try:
             canonical = orjson.dumps(old) == raw[vs:ve]
         except TypeError:  # an integer beyond 64 bits or a lone surrogate
@@ -178,7 +178,7 @@ def splice_value(raw: bytes, vs: int, old: object, new: JsonValue, ve: int = -1)
     return b"".join((view[:vs], *splicer.out, view[end:]))
 
 
-def _appends_only(old: JsonObject, new: JsonObject) -> bool:
+def appends_only(old: JsonObject, new: JsonObject) -> bool:
     """``new`` has ``old``'s keys first, in their order, and no member that went from a
     container to another of its kind (see ``splice_value``)."""
     if len(new) < len(old):

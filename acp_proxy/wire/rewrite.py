@@ -200,10 +200,14 @@ class Rewriter:
             edits.append((_UPDATE_PATH, got.update, got.update_meta))
         if got.params_meta is not OMITTED:
             edits.append((_PARAMS_PATH, got.params, got.params_meta))
-        if SPLICE_IN_C is None and canonical(raw, message):
+        whole = SPLICE_IN_C is None or any(_reorders(holder, new) for _, holder, new in edits)
+        if whole and canonical(raw, message):
             # Without the C accelerator, encoding a canonical frame whole (one C call) beats the
             # splice's Python scan; with it, the splice (one C call per member) is cheaper still:
-            # it encodes only the new members and compares nothing.
+            # it encodes only the new members and compares nothing. Except when a new `_meta`
+            # does not keep the old one's members first and in order (a key removed by one rule
+            # and set again by a later one moves to the end): the general path encodes such a
+            # canonical frame whole, in the new order, where a splice keeps the old order.
             for _, holder, new in edits:
                 holder["_meta"] = new
             # ``orjson.dumps`` directly, not ``rawjson.encode_value`` (which walks the whole
@@ -308,8 +312,9 @@ def rewrite_bytes(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
 
     Lossless rewriting: only the members that changed are encoded; everything else keeps
     ``raw``'s bytes (``rawsplice.splice``). Fast path: a frame that is already exactly what orjson
-    writes for its value (compact, no escapes, every number in orjson's own spelling) gives the
-    same bytes as the splice when ``out`` is encoded whole, at a fraction of the cost.
+    writes for its value (compact, no escapes, every number in orjson's own spelling) is encoded
+    whole, at a fraction of the splice's cost: the same bytes, except that a changed object's
+    members come in ``out``'s order (the splice keeps the old order of the members it keeps).
     Raises ``rawjson.Unencodable`` for a changed value that is not JSON.
     """
     if out is original:
@@ -321,6 +326,13 @@ def rewrite_bytes(raw: bytes, original: JsonObject, out: JsonObject) -> bytes:
     if canonical(raw, original):
         return rawjson.encode_value(out)
     return rawsplice.splice(raw, original, out)
+
+
+def _reorders(holder: JsonObject, new: JsonValue) -> bool:
+    """Whether ``new``, the `_meta` of ``holder`` to be, does not keep the old object's members
+    first and in their order (a splice would keep the old order where encoding gives the new)."""
+    old = holder.get("_meta")
+    return type(old) is dict and type(new) is dict and not rawsplice.appends_only(old, new)
 
 
 def canonical(raw: bytes, value: JsonObject) -> bool:
