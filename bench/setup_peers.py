@@ -5,8 +5,12 @@ Contract: ``python bench/setup_peers.py [--build-dir DIR]`` installs, into ``DIR
 (npm) and the Python SDK ``agent-client-protocol`` (pip ``--target``), pinned. Idempotent: an
 install already there is kept. ``ensure(build_dir)`` returns, per peer, ``None`` when it is
 ready or the reason it is not (no npm, no network, ...): bench/run.py skips that peer's rows
-with the reason. ``--only conductor`` installs the conductor alone and exits 1 when it is not
-ready (.ci/run: the tests through the real conductor, tests/test_component_thinkwell.py).
+with the reason. ``--only PEER`` (repeatable) installs those peers alone and exits 1 when one is
+not ready (.ci/run): ``conductor`` for the tests through the real conductor
+(tests/test_component_thinkwell.py), ``ts-sdk`` for the official TypeScript SDK
+``@agentclientprotocol/sdk`` (npm, the version whose schemas are in tests/schemas), which runs the
+v2 agent of the turn telemetry tests (tests/agents/ts_sdk_v2_agent.mjs); the bench does not use
+it, so only ``--only ts-sdk`` installs it.
 """
 
 from __future__ import annotations
@@ -15,15 +19,24 @@ import argparse
 import shutil
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 CONDUCTOR = "@thinkwell/conductor@0.5.7"
 SDK = "agent-client-protocol==0.12.1"
+TS_SDK = "@agentclientprotocol/sdk@2.4.0"
+BENCH_PEERS = ("conductor", "sdk-relay")
 BENCH = Path(__file__).resolve().parent
 
 
 def conductor_module(build_dir: Path) -> Path:
     return build_dir / "peers" / "node_modules" / "@thinkwell" / "conductor" / "dist" / "index.js"
+
+
+def ts_sdk_v2_module(build_dir: Path) -> Path:
+    """The TypeScript SDK's ACP v2 entry point (``@agentclientprotocol/sdk/experimental/v2``)."""
+    sdk = build_dir / "peers" / "node_modules" / "@agentclientprotocol" / "sdk"
+    return sdk / "dist" / "v2" / "stable" / "acp.js"
 
 
 def sdk_path(build_dir: Path) -> Path:
@@ -43,44 +56,50 @@ def _run(argv: list[str], cwd: Path) -> str | None:
 
 
 def ensure(
-    build_dir: Path, *, install: bool = True, only: str | None = None
+    build_dir: Path, *, install: bool = True, only: Collection[str] | None = None
 ) -> dict[str, str | None]:
-    """Per peer (``conductor``, ``sdk-relay``): None when ready, else why not. Without
-    ``install``, only what is already there counts; with ``only``, that peer alone."""
+    """Per peer (``conductor``, ``sdk-relay``; ``ts-sdk`` when named in ``only``): None when
+    ready, else why not. Without ``install``, only what is already there counts; with ``only``,
+    those peers alone."""
+    wanted = BENCH_PEERS if only is None else tuple(only)
     peers = build_dir / "peers"
     out: dict[str, str | None] = {}
     if not install:
         missing = "not installed (run python bench/setup_peers.py)"
-        out["conductor"] = None if conductor_module(build_dir).exists() else missing
-        ready = (sdk_path(build_dir) / "acp" / "connection.py").exists()
-        out["sdk-relay"] = None if ready else missing
-        return _needs_node(out)
+        there = {
+            "conductor": conductor_module(build_dir).exists(),
+            "sdk-relay": (sdk_path(build_dir) / "acp" / "connection.py").exists(),
+            "ts-sdk": ts_sdk_v2_module(build_dir).exists(),
+        }
+        return _needs_node({peer: None if there[peer] else missing for peer in wanted})
     peers.mkdir(parents=True, exist_ok=True)
-    if conductor_module(build_dir).exists():
-        out["conductor"] = None
-    elif shutil.which("npm") is None or shutil.which("node") is None:
-        out["conductor"] = "npm/node not installed"
-    else:
-        out["conductor"] = _run(
-            ["npm", "install", "--silent", "--no-audit", "--no-fund", CONDUCTOR], peers
-        )
-        if out["conductor"] is None and not conductor_module(build_dir).exists():
-            out["conductor"] = "npm install left no dist/index.js"
-    if only == "conductor":
-        return _needs_node(out)
-    if (sdk_path(build_dir) / "acp" / "connection.py").exists():
-        out["sdk-relay"] = None
-    else:
-        target = str(sdk_path(build_dir))
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--target", target, SDK]
-        out["sdk-relay"] = _run(pip, peers)
+    npm_peers = {"conductor": (CONDUCTOR, conductor_module), "ts-sdk": (TS_SDK, ts_sdk_v2_module)}
+    for peer, (spec, module) in npm_peers.items():
+        if peer not in wanted:
+            continue
+        if module(build_dir).exists():
+            out[peer] = None
+        elif shutil.which("npm") is None or shutil.which("node") is None:
+            out[peer] = "npm/node not installed"
+        else:
+            out[peer] = _run(["npm", "install", "--silent", "--no-audit", "--no-fund", spec], peers)
+            if out[peer] is None and not module(build_dir).exists():
+                out[peer] = f"npm install left no {module(build_dir).name}"
+    if "sdk-relay" in wanted:
+        if (sdk_path(build_dir) / "acp" / "connection.py").exists():
+            out["sdk-relay"] = None
+        else:
+            target = str(sdk_path(build_dir))
+            pip = [sys.executable, "-m", "pip", "install", "-q", "--target", target, SDK]
+            out["sdk-relay"] = _run(pip, peers)
     return _needs_node(out)
 
 
 def _needs_node(out: dict[str, str | None]) -> dict[str, str | None]:
-    """An installed conductor still needs ``node`` on PATH to run."""
-    if out.get("conductor") is None and shutil.which("node") is None:
-        out["conductor"] = "node not installed"
+    """An installed npm peer still needs ``node`` on PATH to run."""
+    for peer in ("conductor", "ts-sdk"):
+        if peer in out and out[peer] is None and shutil.which("node") is None:
+            out[peer] = "node not installed"
     return out
 
 
@@ -88,7 +107,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")
     ap.add_argument(
-        "--only", choices=("conductor",), help="install that peer alone (CI: the conductor tests)"
+        "--only",
+        action="append",
+        choices=("conductor", "ts-sdk"),
+        help="install that peer alone, repeatable (CI: the conductor and TypeScript SDK tests)",
     )
     a = ap.parse_args()
     ready = True
