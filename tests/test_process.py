@@ -241,7 +241,13 @@ async def test_chatty_stderr_log_mode_drains_into_the_log(tmp_path: Path) -> Non
     assert ran.rc == 0
     assert ran.stdout == init_response(1)
     lines = ran.events("agent stderr")
-    assert len(lines) >= size // 100
+    # Every line the agent wrote is either in the log or counted as dropped: the log writer
+    # never blocks the session, so when this test's reader falls behind by more than the log's
+    # backlog, lines are dropped and counted ("log lines dropped"), never lost silently.
+    dropped = sum(e["count"] for e in ran.events("log lines dropped (stderr was not read)"))
+    written = sum(min(1000, left // 100 + 1) for left in range(size, 0, -100_000))
+    assert len(lines) + dropped == written
+    assert len(lines) > 0
     assert {(e["line"], e["stream"]) for e in lines} == {("x" * 99, "agent_stderr")}
 
 
