@@ -31,6 +31,7 @@ from acp_proxy.cli.options import (
     EXIT_USAGE,
     build_parser,
     fast_options,
+    load_or_report,
     plain_stdio,
     refuse_misspelled_command,
     socket_options,
@@ -134,17 +135,8 @@ def _main(argv: Sequence[str] | None) -> int:
 
     import dataclasses
 
-    from acp_proxy.config import ConfigError, load_config
-
-    try:
-        config = load_config(config_path, os.environ)
-    except ConfigError as exc:
-        from acp_proxy.cli.commands import print_config_errors
-
-        print_config_errors(exc)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"acp-proxy: {config_path}: {exc.strerror or exc}", file=sys.stderr)
+    config = load_or_report(config_path)
+    if config is None:
         return EXIT_USAGE
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from acp_proxy.cli.options import EXIT_USAGE
 
 if TYPE_CHECKING:
-    from acp_proxy.config import Config, ConfigError
+    from acp_proxy.config import Config
 
 # A config file names code to import (`use:`): it is as trusted as code.
 WRITABLE_HINT = (
@@ -146,11 +146,6 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
 _UNIX_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
 
 
-def print_config_errors(exc: ConfigError) -> None:
-    for message in exc.messages():  # every mistake of the file, one line each
-        print(f"acp-proxy: {message}", file=sys.stderr)
-
-
 def check_config(argv: Sequence[str]) -> int:
     import argparse
 
@@ -161,17 +156,13 @@ def check_config(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", metavar="FILE")
     args = parser.parse_args(argv)
-    from acp_proxy.config import ConfigError, explain_config, load_config, writable_by_others
+    from acp_proxy.cli.options import load_or_report
+    from acp_proxy.config import explain_config, writable_by_others
 
-    try:
-        # Import the middleware classes but never call them: checking a file runs no code of
-        # its own beyond the imports it names.
-        config = load_config(args.file, os.environ, instantiate=False)
-    except ConfigError as exc:
-        print_config_errors(exc)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"acp-proxy: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+    # Import the middleware classes but never call them: checking a file runs no code of its
+    # own beyond the imports it names.
+    config = load_or_report(args.file, instantiate=False)
+    if config is None:
         return EXIT_USAGE
     problems = run_checks(config)
     if problems:

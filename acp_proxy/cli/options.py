@@ -398,3 +398,22 @@ def plain_stdio(args: argparse.Namespace | SimpleNamespace) -> bool:
         for dest, default in DEFAULTS.items()
         if dest not in _PLAIN_OPTIONS
     )
+
+
+def load_or_report(path: str | None, *, instantiate: bool = True) -> Config | None:
+    """The config file at ``path`` (None: the built-in pass-through), or None after printing
+    why it is refused: every mistake of the file as ``acp-proxy: FILE:LINE: ...``, or the reason
+    it cannot be read. What every command that takes a config file does first."""
+    import os
+    import sys
+
+    from acp_proxy.config import ConfigError, load_config
+
+    try:
+        return load_config(path, os.environ, instantiate=instantiate)
+    except ConfigError as exc:
+        for message in exc.messages():  # every mistake of the file, one line each
+            print(f"acp-proxy: {message}", file=sys.stderr)
+    except OSError as exc:
+        print(f"acp-proxy: {path}: {exc.strerror or exc}", file=sys.stderr)
+    return None

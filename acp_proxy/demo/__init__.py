@@ -127,19 +127,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _describe_rules(path: Path) -> list[str] | None:
     """One sentence per rule of the file; None (errors printed) when the file is refused."""
-    from acp_proxy.config import ConfigError, load_config
+    from acp_proxy.cli.options import load_or_report
     from acp_proxy.config.explain import describe_rule
 
-    try:
-        config = load_config(str(path), os.environ, instantiate=False)
-    except ConfigError as exc:
-        for message in exc.messages():
-            print(f"acp-proxy: {message}", file=sys.stderr)
-        return None
-    except OSError as exc:
-        print(f"acp-proxy: {path}: {exc.strerror or exc}", file=sys.stderr)
-        return None
-    return [describe_rule(rule) for rule in config.rules]
+    config = load_or_report(str(path), instantiate=False)
+    return None if config is None else [describe_rule(rule) for rule in config.rules]
 
 
 def _display_path(path: Path) -> str:

@@ -415,21 +415,14 @@ def main(argv: Sequence[str]) -> int:
     """Entry point of ``acp-proxy component``; returns the exit code (2: usage or config)."""
     import dataclasses
 
-    from acp_proxy.cli.commands import print_config_errors
     from acp_proxy.cli.launch import with_telemetry
-    from acp_proxy.cli.options import CONFIG_ENV, EXIT_USAGE
-    from acp_proxy.config import ConfigError, load_config
+    from acp_proxy.cli.options import CONFIG_ENV, EXIT_USAGE, load_or_report
 
     parser = build_parser()
     args = parser.parse_args(list(argv))
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
-    try:
-        config = load_config(config_path, os.environ)
-    except ConfigError as exc:
-        print_config_errors(exc)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"acp-proxy: {config_path}: {exc.strerror or exc}", file=sys.stderr)
+    config = load_or_report(config_path)
+    if config is None:
         return EXIT_USAGE
     changes: dict[str, Any] = {}
     if args.max_frame_bytes is not None:
