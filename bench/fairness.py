@@ -27,29 +27,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-AGENT = r"""
-import json, sys, threading
-out = sys.stdout.buffer
-lock = threading.Lock()
-note = (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
-        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
-        + b"t" * 1000 + b'"}}}}\n')
-def flood():
-    while True:
-        with lock:
-            out.write(note * 16)
-            out.flush()
-for raw in sys.stdin.buffer:
-    msg = json.loads(raw)
-    if msg.get("method") == "stream":
-        threading.Thread(target=flood, daemon=True).start()
-    if "id" in msg:
-        result = {"protocolVersion": 2} if msg["method"] == "initialize" else {}
-        with lock:
-            out.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
-                      + b"\n")
-            out.flush()
-"""
+AGENT = str(Path(__file__).resolve().parent / "flood_agent.py")
 
 
 def _request(rid: int, method: str) -> bytes:
@@ -87,7 +65,6 @@ async def main(args: argparse.Namespace) -> None:
             f"unix://{sock}",
             "--",
             sys.executable,
-            "-c",
             AGENT,
         ],
         stdin=subprocess.DEVNULL,

@@ -27,30 +27,8 @@ from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
 pytestmark = pytest.mark.anyio
 
 # An agent that answers every request, and after a ``stream`` request writes notifications
-# without end (until its input closes or it is killed).
-AGENT = r"""
-import json, sys, threading
-out = sys.stdout.buffer
-lock = threading.Lock()
-note = (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
-        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
-        + b"t" * 1000 + b'"}}}}\n')
-def flood():
-    while True:
-        with lock:
-            out.write(note * 16)
-            out.flush()
-for raw in sys.stdin.buffer:
-    msg = json.loads(raw)
-    if msg.get("method") == "stream":
-        threading.Thread(target=flood, daemon=True).start()
-    if "id" in msg:
-        result = {"protocolVersion": 2} if msg["method"] == "initialize" else {}
-        with lock:
-            out.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}).encode()
-                      + b"\n")
-            out.flush()
-"""
+# without end (until its input closes or it is killed): bench/flood_agent.py, shared with the bench.
+AGENT = str(Path(__file__).resolve().parent.parent / "bench" / "flood_agent.py")
 
 
 async def _round_trips(stream: anyio.abc.ByteStream, count: int) -> list[float]:
@@ -72,7 +50,7 @@ async def test_clients_that_never_read_do_not_starve_a_new_client(tmp_path: Path
         "coalesce:\n  enabled: false\n  max_queue_bytes: 4MiB\n",
     )
     args = ("--config", config, "--listen", f"unix://{tmp_path}/s")
-    async with listening(*args, agent=[sys.executable, "-c", AGENT]) as proxy:
+    async with listening(*args, agent=[sys.executable, AGENT]) as proxy:
         hogs = []
         for _ in range(8):  # 8 x 4 MiB queued: more than the budget
             hog = await proxy.connect()
@@ -96,7 +74,7 @@ async def test_parked_partial_lines_do_not_starve_a_new_client(tmp_path: Path) -
     )
     args = ("--config", config, "--listen", f"unix://{tmp_path}/s")
     part = b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"t":"' + b"p" * (7 * 1024 * 1024)
-    async with listening(*args, agent=[sys.executable, "-c", AGENT]) as proxy:
+    async with listening(*args, agent=[sys.executable, AGENT]) as proxy:
         parkers = []
         for _ in range(3):  # 3 x 7 MiB unfinished: more than the budget leaves them
             parker = await proxy.connect()
@@ -136,7 +114,7 @@ async def test_a_parked_line_over_its_share_is_refused_for_its_connection_only(
     args = ("--config", config, "--listen", f"unix://{tmp_path}/s")
     part = b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"t":"' + b"p" * (7 * 1024 * 1024)
     big = request(5, "x", {"t": "b" * (6 * 1024 * 1024)})
-    async with listening(*args, agent=[sys.executable, "-c", AGENT]) as proxy:
+    async with listening(*args, agent=[sys.executable, AGENT]) as proxy:
         parkers = [await proxy.connect() for _ in range(3)]
 
         async def park(stream: anyio.abc.ByteStream) -> None:
