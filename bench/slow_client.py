@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import select
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,11 +79,13 @@ def paused_reader(pause_s: float) -> Reader:
 
 def rate_reader(lines_per_s: float) -> Reader:
     def read(fd: int, timeout: float) -> tuple[bytes, float | None]:
-        start = time.perf_counter()
+        start: float | None = None  # the first byte's arrival: no credit for waiting before
         seen = 0
 
         def pace(lines: int) -> None:
-            nonlocal seen
+            nonlocal seen, start
+            if start is None:
+                start = time.perf_counter()
             seen += lines
             ahead = seen / lines_per_s - (time.perf_counter() - start)
             if ahead > 0:
@@ -222,6 +225,28 @@ def run_one(  # noqa: PLR0917 - one run's settings, named at every call
     return result, out
 
 
+def _median(runs: list[Result]) -> Result:
+    """One row for several runs of a variant: the median of each time and count, the largest
+    peak RSS, "exact" only when every run was exact, the first error if any run failed."""
+    failed = [r for r in runs if not r.ok]
+    if failed:
+        return failed[0]
+    row = Result(runs[0].variant, extra=dict(runs[0].extra))
+    for name in ("cpu_s", "wall_s", "after_resume_s", "messages_out", "bytes_out"):
+        setattr(row, name, statistics.median(getattr(r, name) for r in runs))
+    row.messages_out, row.bytes_out = int(row.messages_out), int(row.bytes_out)
+    row.messages_in, row.bytes_in = runs[0].messages_in, runs[0].bytes_in
+    row.maxrss_mb = max(r.maxrss_mb for r in runs)
+    states_seen = {r.state for r in runs}
+    row.state = states_seen.pop() if len(states_seen) == 1 else "DIFFERS"
+    if "share" in row.extra:
+        row.extra["share"] = row.messages_out / max(1, row.messages_in)
+    if "cpu_us_per_message" in row.extra:
+        row.extra["cpu_us_per_message"] = row.cpu_s / max(1, row.messages_in) * 1e6
+    row.extra["runs"] = len(runs)
+    return row
+
+
 # -- exact client state ------------------------------------------------------------------------
 
 
@@ -318,11 +343,25 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, l
         startup[name] = r.cpu_s
     results["startup"] = [{"variant": k, "cpu_s": v} for k, v in startup.items()]
 
+    def interleaved(one: Callable[[str, Any], Result], scenario: str) -> list[dict[str, Any]]:
+        """``one`` run per variant, ``--repeat`` rounds interleaved (drift hits every variant
+        alike); per variant the median of each time and count, the largest RSS."""
+        runs: dict[str, list[Result]] = {name: [] for name in found}
+        for _ in range(args.repeat):
+            for name, spec in found.items():
+                runs[name].append(one(name, spec))
+        rows = []
+        for group in runs.values():
+            r = _median(group)
+            rows.append(asdict(r))
+            log(_line(scenario, r))
+        return rows
+
     if "paused" in wanted:
         ds = ensure(args.data_dir, "notify", 2, 8 << 20, DEFAULT_SEED)
         repeat = max(1, round(args.paused_mb / 8))
-        rows = []
-        for name, spec in found.items():
+
+        def paused(name: str, spec: Any) -> Result:
             r, _ = run_one(
                 name,
                 spec,
@@ -335,49 +374,49 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, l
             )
             r.messages_in, r.bytes_in = (ds.lines - 2) * repeat + 2, ds.bytes * repeat
             r.extra["pause_s"] = args.pause
-            rows.append(asdict(r))
-            log(_line("paused", r))
-        results["paused"] = rows
+            return r
+
+        results["paused"] = interleaved(paused, "paused")
 
     if "rate" in wanted:
         size = int(args.rate_messages * 8_388_914 / 12_624)  # mixed v2: ~665 B a message
-        ds = ensure(args.data_dir, "mixed", 2, size, DEFAULT_SEED)
-        expected = states(Path(ds.agent_path).read_bytes(), 2)
-        rows = []
-        for name, spec in found.items():
+        rate_ds = ensure(args.data_dir, "mixed", 2, size, DEFAULT_SEED)
+        expected = states(Path(rate_ds.agent_path).read_bytes(), 2)
+
+        def rate(name: str, spec: Any) -> Result:
             r, out = run_one(
                 name,
                 spec,
-                Path(ds.agent_path),
-                Path(ds.client_path),
+                Path(rate_ds.agent_path),
+                Path(rate_ds.client_path),
                 rate_reader(args.rate),
                 work,
                 startup_cpu=startup[name],
             )
-            r.messages_in, r.bytes_in = ds.lines, ds.bytes
+            r.messages_in, r.bytes_in = rate_ds.lines, rate_ds.bytes
             got = states(out, 2)
             same_end = got[1] == expected[1]
             same_barriers = got[0] == expected[0]
             r.state = "exact" if same_end and same_barriers else "DIFFERS"
-            r.extra["share"] = r.messages_out / max(1, ds.lines)
-            rows.append(asdict(r))
-            log(_line("rate", r))
-        results["rate"] = rows
+            r.extra["share"] = r.messages_out / max(1, rate_ds.lines)
+            return r
+
+        results["rate"] = interleaved(rate, "rate")
 
     if "lagging" in wanted:
         base = ensure(args.data_dir, "notify", 2, 8 << 20, DEFAULT_SEED)
         agent_file, client_file = no_merge_data(work, base, args.lagging_messages)
-        rows = []
-        for name, spec in found.items():
-            r, out = run_one(
+
+        def lagging(name: str, spec: Any) -> Result:
+            r, _ = run_one(
                 name, spec, agent_file, client_file, lagging_reader, work, startup_cpu=startup[name]
             )
             r.messages_in = args.lagging_messages + 2
             r.bytes_in = agent_file.stat().st_size
             r.extra["cpu_us_per_message"] = r.cpu_s / r.messages_in * 1e6
-            rows.append(asdict(r))
-            log(_line("lagging", r))
-        results["lagging"] = rows
+            return r
+
+        results["lagging"] = interleaved(lagging, "lagging")
 
     return results
 
@@ -391,6 +430,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=10_000, help="rate: lines the client reads/s")
     ap.add_argument("--rate-messages", type=int, default=20_000)
     ap.add_argument("--lagging-messages", type=int, default=30_000)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved runs (medians shown)")
     ap.add_argument("--no-conductor", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
     ap.add_argument("--out", type=Path)

@@ -28,7 +28,6 @@ from acp_proxy.meta.registry import entity_key
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.wire.coalesce import (
     FRAME_OVERHEAD,
-    LINE_OVERHEAD,
     PAUSE_INPUT_FACTOR,
     OutboundQueue,
     OutFrame,
@@ -549,10 +548,10 @@ def test_bounds_and_stats() -> None:
     assert out == lines(tcu(status="a"), REQ, tcu(status="x"))
     assert queue.stats.pushed == pushed + 3 and queue.stats.written == 4
     assert queue.has_room()
-    # The byte bound counts the frame's bytes and what holding it costs (a pushed frame, then
-    # a line looked at, which costs less).
+    # The byte bound counts the frame's bytes and what holding it costs (a waiting frame or
+    # line: its bytes object and its slots).
     small = OutboundQueue(
-        CoalesceConfig(max_queue_bytes=2 * (len(REQ) + 1 + LINE_OVERHEAD)), coalesce=True
+        CoalesceConfig(max_queue_bytes=2 * (len(REQ) + 1 + FRAME_OVERHEAD)), coalesce=True
     )
     small.push(OutFrame(REQ, None, 2), 0.0)
     assert small.has_room() and small.pending_bytes == len(REQ) + 1 + FRAME_OVERHEAD

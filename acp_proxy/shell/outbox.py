@@ -22,9 +22,20 @@ import anyio.abc
 from acp_proxy.base.values import value
 from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
 
 # A frame at least this big is written with writev (frame, newline) rather than copied.
 _BIG_FRAME = 64 * 1024
+# What the writer takes from the queue for one write: about what a pipe holds (Linux: 64 KiB).
+# The rest stays queued, where later updates still merge into it; handing the whole backlog to
+# one write would commit it to the peer unmerged while the peer reads it slowly.
+WRITE_CHUNK = 64 * 1024
+# While the queue merges (a slow peer), the writer keeps at most about this much unread in the
+# peer's kernel buffer (a pipe of 1 MiB would otherwise hold ~1,500 updates nothing can merge
+# any more), checking every GATE_MIN_S to GATE_MAX_S as the peer's pace says.
+GATE_UNREAD = 64 * 1024
+GATE_MIN_S = 0.0005
+GATE_MAX_S = 0.02
 
 
 @value(frozen=False)
@@ -58,6 +69,11 @@ class Outbox:
     """
 
     __slots__ = (
+        "_gate_at",
+        "_gate_read",
+        "_gate_sent",
+        "_gate_unread",
+        "_gate_window",
         "_ready",
         "_space",
         "broken",
@@ -73,6 +89,7 @@ class Outbox:
         "try_send",
         "try_sendv",
         "tx",
+        "unread",
     )
 
     def __init__(
@@ -83,11 +100,18 @@ class Outbox:
         self.stats = stats
         # Streams over raw fds (FdStream) offer a non-blocking write; others use send() only.
         try_send = getattr(tx, "try_send", None)
-        self.try_send: Callable[[bytes], int] | None = try_send if callable(try_send) else None
+        self.try_send: Callable[[bytes | memoryview], int] | None = (
+            try_send if callable(try_send) else None
+        )
         try_sendv = getattr(tx, "try_sendv", None)
         self.try_sendv: Callable[[list[bytes]], int] | None = (
             try_sendv if callable(try_sendv) else None
         )
+        unread = getattr(tx, "unread", None)
+        self.unread: Callable[[], int | None] | None = unread if callable(unread) else None
+        self._gate_at: float | None = None  # the gate's last look: when, unread, bytes sent
+        self._gate_unread = self._gate_sent = self._gate_read = 0
+        self._gate_window = 0.0  # the start of the window the peer's pace is measured over
         # What the kernel did not take yet of a direct write, in order (views, not copies: a
         # 10 MB frame is not duplicated when the pipe takes only part of it).
         self.tail: list[bytes | memoryview] = []
@@ -188,6 +212,7 @@ class Outbox:
             written = 0  # the writer task hits the same error and handles it
         self.stats.writes += 1
         self.stats.bytes += written
+        self.note_write(written < len(data))
         if written < len(data):
             self.tail = [memoryview(data)[written:]]
             self._ready.set()
@@ -196,7 +221,12 @@ class Outbox:
         """Write ``frames`` at once; with ``now`` (forwarded frames), what the kernel does not
         take beyond the line it cut waits in the queue instead of the tail."""
         assert self.try_send is not None
-        if len(frames) == 1 and len(frames[0].raw) >= _BIG_FRAME and self.try_sendv is not None:
+        if (
+            len(frames) == 1
+            and len(frames[0].raw) >= _BIG_FRAME
+            and self.try_sendv is not None
+            and (now is None or self.unread is None or not self.queue.merging(now))
+        ):
             # One big frame: writev the frame and its newline, no concatenated copy (a 10 MB
             # line is not held twice in memory).
             raw = frames[0].raw
@@ -227,18 +257,29 @@ class Outbox:
         """One non-blocking write of ``data`` (``frames`` joined, each line ending in a newline).
         Only the line the kernel cuts is a tail; the whole lines after it wait in the queue,
         where later updates of a slow client's entities still merge into them (as a tail, a
-        read's worth of updates went out unmerged every time the writer fell idle)."""
+        read's worth of updates went out unmerged every time the writer fell idle). While the
+        queue merges, only what keeps the peer's unread bytes within ``GATE_UNREAD`` is
+        written (whole lines); the rest waits in the queue too."""
         assert self.try_send is not None
+        offer = len(data)
+        if offer > GATE_UNREAD and self.unread is not None and self.queue.merging(now):
+            unread = self.unread()
+            if unread is not None and unread + offer > GATE_UNREAD:
+                offer = data.rfind(b"\n", 0, max(0, GATE_UNREAD - unread)) + 1
         try:
-            written = self.try_send(data)
+            written = self.try_send(data if offer == len(data) else data[:offer]) if offer else 0
         except STREAM_ERRORS:
             written = 0  # the writer task hits the same error and handles it
         self.stats.writes += 1
         self.stats.bytes += written
+        self.note_write(written < offer or offer == 0)
         if written >= len(data):
             return
-        cut = data.find(b"\n", written) + 1
-        self.tail = [memoryview(data)[written:cut]]
+        if written == 0 or data[written - 1] == 10:  # a line boundary: no tail
+            cut = written
+        else:
+            cut = data.find(b"\n", written) + 1
+            self.tail = [memoryview(data)[written:cut]]
         self._ready.set()
         pos = 0
         push = self.queue.push
@@ -251,17 +292,71 @@ class Outbox:
                 push(rest, now)
             pos = end
 
+    def note_write(self, partial: bool) -> None:
+        """What a write says of the peer: a partial write, that it is behind; a complete one,
+        that it keeps up, unless its unread bytes can be asked (``gate`` looks at those)."""
+        if partial:
+            self.queue.peer_waits = True
+        elif self.unread is None:
+            self.queue.peer_waits = False
+
+    def gate(self, now: float) -> float | None:
+        """While the queue merges: how long to wait before the next write, so that the peer's
+        kernel buffer holds at most about ``GATE_UNREAD`` bytes it has not read (what waits in
+        the queue still merges; what is in the kernel's buffer no longer can). ``None``: write
+        now. Each look also measures the peer's own pace (what it read since the last look,
+        over windows of ``RATE_WINDOW_S``), which tells the queue whether merging pays; the
+        wait follows that pace.
+        """
+        queue = self.queue
+        unread_of = self.unread
+        if unread_of is None or len(queue) == 0:
+            return None
+        unread = unread_of()
+        if unread is None:
+            return None
+        sent = self.stats.bytes
+        rate = 0.0
+        last = self._gate_at
+        if last is not None and now - last > 4 * RATE_WINDOW_S and unread < GATE_UNREAD:
+            last = None  # not looked for a while and nothing much waits: a fresh start
+        if last is not None:
+            self._gate_read += max(0, self._gate_unread + (sent - self._gate_sent) - unread)
+            span = now - self._gate_window
+            if span >= RATE_WINDOW_S:
+                rate = self._gate_read / span
+                queue.consumed(self._gate_read, span)
+                self._gate_window, self._gate_read = now, 0
+            elif now > self._gate_window:
+                rate = self._gate_read / (now - self._gate_window)
+        else:
+            self._gate_window, self._gate_read = now, 0
+        self._gate_at, self._gate_unread, self._gate_sent = now, unread, sent
+        if unread <= GATE_UNREAD or not queue.merging(now):
+            return None
+        if rate <= 0.0:
+            return GATE_MAX_S
+        return min(max((unread - GATE_UNREAD) / rate, GATE_MIN_S), GATE_MAX_S)
+
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""
         if self.try_send is None or self.busy or self.tail or self.broken or self.replies:
             self._ready.set()
             return
-        frames, deadline = self.queue.take(now)
-        if frames:
-            self._space.set()
-            self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
-        if deadline is not None:
-            self._ready.set()  # the writer sleeps until the queue's deadline
+        queue = self.queue
+        while True:
+            if self.gate(now) is not None:
+                self._ready.set()  # the writer waits for the peer to read down
+                return
+            frames, deadline = queue.take(now, WRITE_CHUNK)
+            if frames:
+                self._space.set()
+                self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
+            if deadline is not None:
+                self._ready.set()  # the writer sleeps until the queue's deadline
+            # The peer took it all and more waits: the next piece (it may take that too).
+            if not frames or self.tail or len(queue) == 0:
+                return
 
     async def _wait_space(self) -> None:
         # Both readers may wait on one outbox (one for queue room, the other for reply room):
@@ -327,8 +422,13 @@ async def write_all(
             data = b"\n".join(replies) + b"\n"
             stats.writes += 1
         else:
+            now = time.monotonic()
+            wait = outbox.gate(now)
+            if wait is not None:
+                await outbox.wait_ready(now + wait)
+                continue
             written = queue.stats.written
-            frames, deadline = queue.take(time.monotonic())
+            frames, deadline = queue.take(now, WRITE_CHUNK)
             if not frames:
                 if outbox.closed and deadline is None:
                     break
@@ -344,6 +444,20 @@ async def write_all(
             stats.writes += 1
         if outbox.broken:
             continue
+        if outbox.try_send is not None and count:
+            # A piece of the queue: tried without waiting first, which tells the queue whether
+            # the peer keeps up (merging pays only while the proxy waits for the peer).
+            try:
+                sent = outbox.try_send(data)
+            except STREAM_ERRORS:
+                sent = 0  # the send below hits the same error and handles it
+            outbox.note_write(sent < len(data))
+            if sent == len(data):
+                account()
+                stats.bytes += sent
+                continue
+            data = memoryview(data)[sent:]
+            stats.bytes += sent
         outbox.busy = True
         outbox.inflight = len(data)
         try:

@@ -19,6 +19,8 @@ import contextlib
 import fcntl
 import os
 import stat
+import sys
+import termios
 from collections.abc import Callable
 
 import anyio
@@ -77,6 +79,7 @@ class FdStream(anyio.abc.ByteStream):
         # (``set_consumer``); None: every chunk goes to the receiver.
         self._consumer: Callable[[bytes], int] | None = None
         self._consumer_on = False  # the parked receive accepts a consumer's handling
+        self._write_kind: bool | None = None  # the write fd is a pipe (None: not looked yet)
         for fd in {read_fd, write_fd} - {None}:
             assert fd is not None
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -250,6 +253,25 @@ class FdStream(anyio.abc.ByteStream):
         except OSError as exc:
             raise anyio.BrokenResourceError from exc
 
+    def unread(self) -> int | None:
+        """Bytes written that the peer has not read yet, when the kernel says (a pipe:
+        ``FIONREAD``, which Linux answers on either end; ``SocketStream`` answers for Unix
+        sockets); ``None`` when it cannot tell."""
+        fd = self._write_fd
+        if fd is None or self._write_closed or not self._write_is_pipe():
+            return None
+        return ioctl_int(fd, termios.FIONREAD)
+
+    def _write_is_pipe(self) -> bool:
+        kind = self._write_kind
+        if kind is None:
+            fd = self._write_fd
+            try:
+                kind = self._write_kind = fd is not None and stat.S_ISFIFO(os.fstat(fd).st_mode)
+            except OSError:
+                kind = self._write_kind = False
+        return kind
+
     def try_sendv(self, parts: list[bytes]) -> int:
         """``try_send`` of the concatenation of ``parts`` without building it (``writev``)."""
         fd = self._write_fd
@@ -355,3 +377,12 @@ def stdio_stream() -> FdStream:
     write_fd, own_write = _stdio_fd(1, os.O_WRONLY)
     owned = frozenset(fd for fd, own in ((read_fd, own_read), (write_fd, own_write)) if own)
     return FdStream(read_fd, write_fd, close_fds=owned)
+
+
+def ioctl_int(fd: int, request: int) -> int | None:
+    """An ``int``-valued ioctl of ``fd`` (``None`` if the kernel refuses it)."""
+    try:
+        got = fcntl.ioctl(fd, request, b"\0\0\0\0")
+    except OSError:
+        return None
+    return int.from_bytes(got, sys.byteorder, signed=True)

@@ -47,12 +47,12 @@ from acp_proxy.base.values import value
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify, table_of
 from acp_proxy.wire.coalesce_merge import Group
+from acp_proxy.wire.coalesce_pace import Pace
 
 _NEEDLE = b'"session/update"'
-# Memory a waiting frame takes beyond its bytes: the bytes object, its tuple and list slots.
+# Memory a waiting frame or line takes beyond its bytes: the bytes object, its tuple and list
+# slots (one figure for both: an upper estimate for a line split out of a frame).
 FRAME_OVERHEAD = 128
-# A line split out of a frame: its bytes object and list slot.
-LINE_OVERHEAD = 48
 # One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.
 INDEX_OVERHEAD = 400
 # While the writer makes no progress, at most this many times the bound is read.
@@ -61,6 +61,10 @@ PAUSE_INPUT_FACTOR = 2
 _YIELD = 8
 _MIN_PASS = 64  # a pass over fewer lines says nothing about the stream
 _MAX_SKIP = 1 << 16
+# What a merge pass costs the proxy per line it looks at (parse, classify, index, merge): about
+# 15 µs on the bench's notify and mixed v2 streams (``bench/slow_client.py``). A pass pays when
+# the lines it merges away would have taken the consumer longer to read than the pass takes.
+MERGE_COST_S = 15e-6
 
 
 @value
@@ -96,6 +100,7 @@ class OutboundQueue:
     """A bounded queue of frames toward one peer that coalesces waiting ``session/update``s."""
 
     __slots__ = (
+        "_base",
         "_bytes",
         "_config",
         "_count",
@@ -110,10 +115,15 @@ class OutboundQueue:
         "_interval",
         "_last_written",
         "_merge",
+        "_now",
+        "_pace",
         "_prune_at",
+        "_pushed_bytes",
+        "_ratio",
         "_skip",
         "_skip_until",
         "_version",
+        "peer_waits",
         "stats",
     )
 
@@ -121,12 +131,14 @@ class OutboundQueue:
         self._config = config
         self._merge = coalesce and config.enabled
         self._interval = config.min_interval_ms / 1000.0 if self._merge else 0.0
-        # Looked at by a merge pass, in order; the tail run is indexed.
+        # Looked at by a merge pass (or skipped it), in order; the tail run is indexed.
         self._done: list[_Entry] = []
+        self._base = 0  # the position of ``_done[0]`` since the queue was last empty
         self._fresh: list[tuple[bytes, int | None]] = []  # pushed since the last pass
         self._fresh_bytes = 0
         self._fresh_first = 0  # ``stats.pushed`` before the first of them
-        # The tail run: entity -> (position in ``_done`` of its last waiting entry, its spec).
+        # The tail run: entity -> (position of its last waiting entry, its spec); a position
+        # below ``_base`` was written already.
         self._index: dict[EntityKey, tuple[int, Spec]] = {}
         self._version: int | None = None  # the version the index was built for
         self._groups = 0  # entries of ``_done`` that are groups
@@ -137,6 +149,14 @@ class OutboundQueue:
         self._in_lines = self._in_bytes = 0  # read since the writer last took something
         self._skip = 0  # merging does not pay: the next pass waits this many lines
         self._skip_until = 0  # ... until ``stats.pushed`` reaches this
+        self._ratio = 1.0  # the share of lines the last pass merged away
+        self._pace = Pace()  # how fast the consumer reads
+        self._pushed_bytes = 0
+        self._now = 0.0  # the latest time pushed or taken at
+        # Set by the writer: whether its last write had to wait for the peer (the kernel did
+        # not take it all at once). While the peer takes everything at once, it is waiting for
+        # the proxy, and merging could only slow it down.
+        self.peer_waits = True
         self.stats = QueueStats()
 
     @property
@@ -163,7 +183,7 @@ class OutboundQueue:
         config = self._config
         if self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes:
             return True
-        if not self._fresh or not self._merge or not self._pays():
+        if not self._fresh or not self._merge or not self._pays(self._now):
             return False
         if (
             self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
@@ -185,6 +205,8 @@ class OutboundQueue:
         raw = frame.raw
         lines = raw.count(b"\n") + 1
         size = len(raw) + 1
+        self._now = now
+        self._pushed_bytes += size
         self.stats.pushed += lines
         self._count += lines
         self._in_lines += lines
@@ -201,11 +223,43 @@ class OutboundQueue:
         if self._interval:
             self._pass()  # the rate limit needs every entry's entity at once
 
-    # -- merge pass -----------------------------------------------------------------------
+    # -- when merging pays ----------------------------------------------------------------
 
-    def _pays(self) -> bool:
-        """Whether the waiting frames are past the lines that skip merging."""
-        return self._fresh_first >= self._skip_until or self._interval != 0.0
+    def drain_rate(self, now: float) -> float:
+        """The consumer's pace in lines a second (``coalesce_pace``; 0.0: unknown or none)."""
+        return self._pace.lines_per_s(now)
+
+    def consumed(self, nbytes: int, span: float) -> None:
+        """The writer saw the peer read ``nbytes`` in the last ``span`` seconds (from what the
+        kernel says is still unread): its pace, in lines of the size of the lines pushed."""
+        per_line = self._pushed_bytes / self.stats.pushed if self.stats.pushed else 1.0
+        self._pace.consumed(nbytes / per_line, span)
+
+    def merging(self, now: float) -> bool:
+        """Whether the waiting frames are being merged and it pays: the last pass merged at
+        least one line in ``_YIELD`` and the next would run. The writer then keeps the peer's
+        kernel buffer short, so that the backlog stays here, where it still merges."""
+        return (
+            self._merge
+            and self._interval == 0.0
+            and self._ratio * _YIELD >= 1.0
+            and self.stats.pushed >= self._skip_until
+            and self.peer_waits
+            and self._ratio >= MERGE_COST_S * self.drain_rate(now)
+        )
+
+    def _pays(self, now: float) -> bool:
+        """Whether the waiting frames should be looked at: past the lines that skip merging,
+        and the consumer slow enough that what the last pass merged away (its share) saves it
+        more time than a pass costs the proxy (``MERGE_COST_S`` a line). A consumer so fast
+        that even merging everything would not pay is never made to wait for a pass."""
+        if self._interval != 0.0:
+            return True
+        if self._fresh_first < self._skip_until or not self.peer_waits:
+            return False
+        return self._ratio >= MERGE_COST_S * self.drain_rate(now)
+
+    # -- merge pass -----------------------------------------------------------------------
 
     def _pass(self) -> None:
         """Look at the frames pushed since the last pass: merge what merges into the tail run."""
@@ -213,7 +267,7 @@ class OutboundQueue:
         self._fresh = []
         self._bytes -= self._fresh_bytes
         self._fresh_bytes = 0
-        if not self._pays():
+        if not self._pays(self._now):
             self._as_barriers(fresh)
             return
         self.stats.passes += 1
@@ -226,18 +280,23 @@ class OutboundQueue:
             table = table_of(version)
             if table is None:
                 self._done.append(raw)  # nothing merges before the version is known
-                self._bytes += len(raw) + 1 + LINE_OVERHEAD
+                self._bytes += len(raw) + 1 + FRAME_OVERHEAD
                 continue
             lines = raw.split(b"\n") if b"\n" in raw else (raw,)
             looked += len(lines)
             for line in lines:
                 self._add(line, table)
-        if looked >= _MIN_PASS and (self.stats.merged - merged_before) * _YIELD < looked:
+        if looked < _MIN_PASS:
+            return
+        merged = self.stats.merged - merged_before
+        self._ratio = merged / looked
+        if merged * _YIELD < looked:
             # Merging did not pay on these lines: skip it for as many (doubling), so a stream
-            # that does not merge costs a FIFO again.
+            # that does not merge costs a FIFO again. (A consumer that keeps up is looked at
+            # before every pass: ``_pays``.)
             self._skip = min(max(looked, 2 * self._skip), _MAX_SKIP)
             self._skip_until = self.stats.pushed + self._skip
-        elif looked >= _MIN_PASS:
+        else:
             self._skip = 0
 
     def _as_barriers(self, fresh: list[tuple[bytes, int | None]]) -> None:
@@ -264,27 +323,34 @@ class OutboundQueue:
             if self._index:
                 self._index.clear()  # a barrier closes the run: nothing merges across it
             done.append(line)
-            self._bytes += len(line) + 1 + LINE_OVERHEAD
+            self._bytes += len(line) + 1 + FRAME_OVERHEAD
             return
         spec, key = found
         hit = self._index.get(key)
-        if hit is not None and hit[1] is spec and spec.cls is not Class.OPAQUE:
-            pos = hit[0]
+        if (
+            hit is not None
+            and hit[1] is spec
+            and spec.cls is not Class.OPAQUE
+            and hit[0] >= self._base  # not written yet
+        ):
+            pos = hit[0] - self._base
             target = done[pos]
             if isinstance(target, bytes):
                 target = Group(target, spec, key)
                 done[pos] = target
                 self._groups += 1
-                self._bytes += target.charge - (len(target.first) + 1 + LINE_OVERHEAD)
-            lines = target.lines
+                self._bytes += target.charge - (len(target.first) + 1 + FRAME_OVERHEAD)
+            lines, charge = target.lines, target.charge
             assert isinstance(message, dict)
-            delta = target.absorb(line, message)
-            if delta is not None:
+            merged = target.absorb(line, message) is not None
+            # What the group holds changed even when it refused the line (its first line was
+            # parsed to look): counted from its charge, before and after.
+            self._bytes += target.charge - charge
+            if merged:
                 self.stats.merged += 1
-                self._bytes += delta
                 self._count += target.lines - lines - 1
                 return
-        self._index[key] = (len(done), spec)
+        self._index[key] = (self._base + len(done), spec)
         if self._interval:
             group = Group(line, spec, key)  # the rate limit holds entries by entity
             done.append(group)
@@ -292,29 +358,38 @@ class OutboundQueue:
             self._bytes += group.charge
         else:
             done.append(line)
-            self._bytes += len(line) + 1 + LINE_OVERHEAD
+            self._bytes += len(line) + 1 + FRAME_OVERHEAD
 
     # -- take -----------------------------------------------------------------------------
 
-    def take(self, now: float) -> tuple[list[bytes], float | None]:
-        """Everything ready to write now, and when to call again.
+    def take(self, now: float, limit: int | None = None) -> tuple[list[bytes], float | None]:
+        """What is ready to write now (at most about ``limit`` bytes: whole lines, at least
+        one), and when to call again.
 
         The frames come as one or more byte strings, each a run of whole lines ending in
         ``\\n``. The deadline (same clock as ``now``) is set when frames are held back by the
-        rate limit; ``None`` means "call again when something is pushed".
+        rate limit; ``None`` means "call again when something is pushed". What is not taken
+        stays in the queue, where later updates of its entities still merge into it: a writer
+        that takes only what its peer can accept now keeps the backlog mergeable.
         """
         self._in_lines = self._in_bytes = 0
+        self._now = now
         if self._interval != 0.0:
-            return self._take_limited(now)
+            written = self.stats.written
+            limited = self._take_limited(now)
+            self._pace.taken(self.stats.written - written, now)
+            return limited
         if self._fresh:
             if self._done or len(self._fresh) > 1:
-                self._pass()
+                self._pass()  # (when it pays; else the frames wait as they came, unparsed)
             else:  # one frame alone (one read): it waited behind nothing, so it is not parsed
                 self._done.append(self._fresh.pop()[0])
                 self._fresh_bytes = 0
         done = self._done
         if not done:
             return [], None
+        if limit is not None and self._bytes > limit:
+            return [self._take_some(limit, now)], None
         if self._groups:
             parts: list[bytes] = []
             for entry in done:
@@ -325,12 +400,60 @@ class OutboundQueue:
         else:
             parts = done  # type: ignore[assignment]
         out = [parts[0] + b"\n" if len(parts) == 1 else b"\n".join(parts) + b"\n"]
+        self._pace.taken(self._count, now)
         self._done = []
+        self._base = 0
         self._index.clear()
         self._groups = 0
         self.stats.written += self._count
         self._bytes = self._count = 0
         return out, None
+
+    def _take_some(self, limit: int, now: float) -> bytes:
+        """The first entries, about ``limit`` bytes of them (whole lines, at least one); the
+        rest waits, its index entries still valid."""
+        done = self._done
+        parts: list[bytes] = []
+        size = lines = taken = 0
+        for entry in done:
+            if size >= limit:
+                break
+            if isinstance(entry, bytes):
+                room = limit - size
+                if len(entry) >= room and b"\n" in entry:
+                    # A run of lines bigger than the room: its first lines go, the rest waits.
+                    cut = entry.rfind(b"\n", 0, room)
+                    if cut < 0:
+                        cut = entry.find(b"\n")
+                    head, rest = entry[:cut], entry[cut + 1 :]
+                    parts.append(head)
+                    n = head.count(b"\n") + 1
+                    lines += n
+                    size += len(head) + 1
+                    self._bytes -= len(head) + 1
+                    done[taken] = rest
+                    break
+                parts.append(entry)
+                lines += entry.count(b"\n") + 1
+                size += len(entry) + 1
+                self._bytes -= len(entry) + 1 + FRAME_OVERHEAD
+            else:
+                frames = self._written(entry)
+                parts.extend(frames)
+                lines += entry.lines
+                size += sum(len(f) + 1 for f in frames)
+                self._bytes -= entry.charge
+                self._groups -= 1
+            taken += 1
+        del done[:taken]
+        self._base += taken
+        if not done:
+            self._base = 0
+            self._index.clear()
+        self._count -= lines
+        self.stats.written += lines
+        self._pace.taken(lines, now)
+        return b"\n".join(parts) + b"\n"
 
     def _written(self, group: Group) -> list[bytes]:
         frames = group.frames()
@@ -369,6 +492,7 @@ class OutboundQueue:
             self._last_written[key] = now
         self._done = held
         self._index = {}
+        self._base = 0
         for i, entry in enumerate(held):
             assert isinstance(entry, Group)
             self._index[entry.key] = (i, entry.spec)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import termios
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from acp_proxy.shell.transports import FdStream
+from acp_proxy.shell.transports import FdStream, ioctl_int
 
 # How long a connection being closed with a message (refusal, HTTP, handshake timeout) may take
 # to take the message and close its side, and how much of its input is read meanwhile.
@@ -44,6 +45,14 @@ class SocketStream(FdStream):
         fd = sock.fileno()
         super().__init__(fd, fd, close_fds=False)
         self._eof_sent = False
+
+    def unread(self) -> int | None:
+        """Bytes sent that the peer has not read yet: a Unix socket's send queue (``SIOCOUTQ``:
+        what the peer has not consumed). TCP's counts only what is not yet acknowledged, not
+        what waits unread on the peer's side, so it says ``None``."""
+        if self.sock.family != socket.AF_UNIX or self._write_closed:
+            return None
+        return ioctl_int(self.sock.fileno(), termios.TIOCOUTQ)
 
     async def send_eof(self) -> None:
         if not self._eof_sent:

@@ -1,0 +1,271 @@
+"""When merging pays: the queue merges only for a slow consumer, takes in pieces so that what
+is not taken stays mergeable, and counts what it holds exactly; the writer keeps a slow peer's
+kernel buffer short (a real pipe and a real slow reader).
+
+The queue is pure (times are passed in); the outbox test runs the real writer task over a pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from acp_proxy.config import CoalesceConfig
+from acp_proxy.meta.state import ClientModel
+from acp_proxy.shell.outbox import GATE_UNREAD, WRITE_CHUNK, Outbox, SideStats, write_all
+from acp_proxy.shell.transports import FdStream
+from acp_proxy.wire.coalesce import FRAME_OVERHEAD, MERGE_COST_S, OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce_merge import Group
+
+REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
+
+
+def tcu(tid: str = "t1", **fields: Any) -> bytes:
+    update = {"sessionUpdate": "tool_call_update", "toolCallId": tid, **fields}
+    params = {"sessionId": "s1", "update": update}
+    return orjson.dumps({"jsonrpc": "2.0", "method": "session/update", "params": params})
+
+
+def written(out: list[bytes]) -> list[bytes]:
+    return [line for run in out for line in run[:-1].split(b"\n")]
+
+
+# -- taking in pieces ------------------------------------------------------------------------
+
+
+def test_a_piece_is_taken_and_the_rest_still_merges() -> None:
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    for raw in (tcu("t1", status="a"), tcu("t2", status="a"), tcu("t3", status="a")):
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    queue.push(OutFrame(tcu("t1", status="b"), None, 2), 0.0)
+    # About one line's worth: the merged t1 only (whole lines, at least one).
+    out, _ = queue.take(0.0, 10)
+    assert written(out) == [tcu("t1", status="b")]
+    assert len(queue) == 2
+    # t2 still waits: a later update of it merges into it, t1's is a new entry (t1 was written).
+    queue.push(OutFrame(tcu("t2", status="c"), None, 2), 0.0)
+    queue.push(OutFrame(tcu("t1", status="c"), None, 2), 0.0)
+    out, _ = queue.take(0.0)
+    assert written(out) == [tcu("t2", status="c"), tcu("t3", status="a"), tcu("t1", status="c")]
+    assert len(queue) == 0 and queue.pending_bytes == 0
+
+
+def test_a_run_of_lines_is_cut_at_a_line_within_the_piece() -> None:
+    queue = OutboundQueue(CoalesceConfig(enabled=False), coalesce=True)
+    lines = [tcu(f"t{i}", status="a") for i in range(10)]
+    queue.push(OutFrame(b"\n".join(lines), None, 2), 0.0)
+    out, _ = queue.take(0.0, 3 * (len(lines[0]) + 1) + 5)
+    assert written(out) == lines[:3]
+    assert len(queue) == 7
+    assert queue.pending_bytes == sum(len(x) + 1 for x in lines[3:]) - 1 + FRAME_OVERHEAD + 1
+    out, _ = queue.take(0.0)
+    assert written(out) == lines[3:]
+
+
+def _held(queue: OutboundQueue) -> int:
+    """What the queue holds, entry by entry (its own count must be the same)."""
+    total = 0
+    for entry in queue._done:
+        total += len(entry) + 1 + FRAME_OVERHEAD if isinstance(entry, bytes) else entry.charge
+    for raw, _version in queue._fresh:
+        total += len(raw) + 1 + FRAME_OVERHEAD
+    return total
+
+
+_LINES = st.one_of(
+    st.just(REQ),
+    st.builds(
+        lambda tid, status, pad: tcu(tid, status=status, rawOutput={"log": "x" * pad}),
+        st.sampled_from(["t1", "t2", "t3"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(0, 200),
+    ),
+    st.builds(lambda tid: tcu(tid, _meta=None), st.sampled_from(["t1", "t2"])),
+)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.lists(_LINES, min_size=1, max_size=4)),
+        st.tuples(st.just("room"), st.none()),
+        st.tuples(st.just("take"), st.sampled_from([None, 1, 300, 2000])),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, bound=st.sampled_from([3, 8, 4096]))
+def test_what_it_holds_is_counted_exactly_and_the_state_is_exact(
+    ops: list[tuple[str, Any]], bound: int
+) -> None:
+    queue = OutboundQueue(CoalesceConfig(max_queue_messages=bound), coalesce=True)
+    sent: list[bytes] = []
+    out: list[bytes] = []
+    now = 0.0
+    for op, arg in ops:
+        now += 0.001
+        if op == "push":
+            queue.push(OutFrame(b"\n".join(arg), None, 2), now)
+            sent.extend(arg)
+        elif op == "room":
+            queue.has_room()
+        else:
+            out.extend(queue.take(now, arg)[0])
+        # A group's parsed objects count from the moment it holds them (it used to miss what
+        # the first look at a group's first line added).
+        assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    out.extend(queue.take(now)[0])
+    assert queue.pending_bytes == 0 and len(queue) == 0
+    model, direct = ClientModel(2), ClientModel(2)
+    for line in written(out) if out else []:
+        model.apply(orjson.loads(line))
+    for line in sent:
+        direct.apply(orjson.loads(line))
+    assert model.snapshot() == direct.snapshot()
+
+
+def test_a_group_counts_what_its_first_look_parsed() -> None:
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    big = {"log": "x" * 2000}
+    queue.push(OutFrame(tcu("t1", rawOutput=big), None, 2), 0.0)
+    queue.push(OutFrame(tcu("t1", status="b"), None, 2), 0.0)
+    queue.push(OutFrame(REQ, None, 2), 0.0)
+    queue.has_room()
+    queue.take(0.0, 1)  # the pass; the group is written, the request waits
+    groups = [e for e in queue._done if isinstance(e, Group)]
+    assert groups == [] and queue.pending_bytes == len(REQ) + 1 + FRAME_OVERHEAD
+
+
+# -- merging pays only for a slow consumer ---------------------------------------------------
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    calls: list[bytes] = []
+    real = orjson.loads
+
+    def counting(data: bytes) -> Any:
+        calls.append(data)
+        return real(data)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    return calls
+
+
+def test_a_fast_consumer_gets_the_frames_unparsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch)
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    # The writer measured the peer reading 10 MB a second: 1 / MERGE_COST_S lines and more.
+    queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+    queue.consumed(int(2 * len(tcu(status="a")) / MERGE_COST_S), 1.0)
+    frames = [tcu(status=s) for s in "bcd"]
+    for raw in frames:
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    assert not queue.merging(0.0)
+    out, _ = queue.take(0.0)
+    assert written(out) == [tcu(status="a"), *frames] and calls == []
+
+
+def test_a_slow_consumer_gets_them_merged(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch)
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+    queue.consumed(len(tcu(status="a")) * 100, 1.0)  # 100 lines a second
+    for s in "bcd":
+        queue.push(OutFrame(tcu(status=s), None, 2), 0.0)
+    assert queue.merging(0.0)
+    out, _ = queue.take(0.0)
+    assert written(out) == [tcu(status="d")]
+    assert {tcu(status=s) for s in "abcd"} <= set(calls)  # each looked at
+
+
+def test_a_peer_that_takes_every_write_at_once_is_not_waited_for() -> None:
+    # Without a measure of the peer (a TCP socket), a write the kernel took whole says the peer
+    # keeps up: nothing is merged until a write is partial again.
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    queue.peer_waits = False
+    for s in "abc":
+        queue.push(OutFrame(tcu(status=s), None, 2), 0.0)
+    assert written(queue.take(0.0)[0]) == [tcu(status=s) for s in "abc"]
+    queue.peer_waits = True
+    for s in "abc":
+        queue.push(OutFrame(tcu(status=s), None, 2), 0.0)
+    assert written(queue.take(0.0)[0]) == [tcu(status="c")]
+
+
+# -- the unread bytes of a peer, and the writer's gate -----------------------------------------
+
+
+def test_a_pipe_says_what_its_reader_has_not_read() -> None:
+    r, w = os.pipe()
+    stream = FdStream(None, w, close_fds=False)
+    try:
+        os.write(w, b"x" * 1000)
+        assert stream.unread() == 1000
+        os.read(r, 300)
+        assert stream.unread() == 700
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.anyio
+async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
+    """A reader of 4 KiB every millisecond behind a 1 MiB pipe: while the queue merges, the
+    writer keeps what the reader has not read near ``GATE_UNREAD`` (it used to fill the pipe:
+    ~1,500 updates nothing could merge any more), and the reader ends in the exact state."""
+    r, w = os.pipe()
+    try:
+        import fcntl
+
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ, as the proxy does for its stdout
+    except OSError:  # pragma: no cover - capped by the system
+        pass
+    stream = FdStream(None, w, close_fds=False)
+    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    frames = [
+        tcu(f"t{i % 50}", status=str(i), rawOutput={"log": "y" * 600}) for i in range(6000)
+    ]
+    received = bytearray()
+    peak = [0]
+
+    def read_slowly() -> None:
+        while True:
+            unread = stream.unread() or 0
+            peak[0] = max(peak[0], unread)
+            data = os.read(r, 4096)
+            if not data:
+                return
+            received.extend(data)
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write_all, outbox, lambda: None, lambda: None)
+        for i in range(0, len(frames), 100):
+            while not outbox.queue.has_room():
+                await outbox.wait_room()
+            now = time.monotonic()
+            if outbox.push(tuple(OutFrame(f, None, 2) for f in frames[i : i + 100]), now):
+                outbox.flush_now(now)
+            await anyio.sleep(0)
+        outbox.close()
+    os.close(w)
+    await anyio.to_thread.run_sync(reader.join)
+    os.close(r)
+    lines = bytes(received).split(b"\n")[:-1]
+    model, direct = ClientModel(2), ClientModel(2)
+    for line in lines:
+        model.apply(orjson.loads(line))
+    for f in frames:
+        direct.apply(orjson.loads(f))
+    assert model.snapshot() == direct.snapshot()
+    assert len(lines) < len(frames) // 2
+    assert peak[0] <= GATE_UNREAD + 2 * WRITE_CHUNK, peak[0]
