@@ -122,9 +122,9 @@ def _peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run_once(variant: str, requests: bytes, n: int) -> tuple[float, float, int, int]:
-    """(wall seconds from the first request to the last response, the proxy's CPU seconds,
-    its peak RSS KiB, bytes the reading observers got)."""
+def run_once(variant: str, requests: bytes, n: int) -> tuple[float, tuple[float, float], int, int]:
+    """(wall seconds from the first request to the last response, the proxy's CPU seconds
+    (user, system), its peak RSS KiB, bytes the reading observers got)."""
     argv = [sys.executable, "-m", "acp_proxy", "--config", str(RULES)]
     if variant != "off":
         argv += ["--ui", "tcp://127.0.0.1:0"]
@@ -167,7 +167,7 @@ def run_once(variant: str, requests: bytes, n: int) -> tuple[float, float, int, 
     proc.stdin.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    cpu = usage.ru_utime + usage.ru_stime
+    cpu = (usage.ru_utime, usage.ru_stime)
     got = 0
     if observers is not None:
         assert observers.stdout is not None
@@ -187,13 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     requests = _requests(args.requests)
     walls: dict[str, list[float]] = {"off": [], "ui": [], "ui+50": []}
     cpus: dict[str, list[float]] = {v: [] for v in walls}
+    users: dict[str, list[float]] = {v: [] for v in walls}
+    systems: dict[str, list[float]] = {v: [] for v in walls}
     rss: dict[str, int] = dict.fromkeys(walls, 0)
     observed = 0
     for _ in range(args.repeat):
         for variant, times in walls.items():  # interleaved: drift hits every variant alike
             wall, cpu, peak, got = run_once(variant, requests, args.requests)
             times.append(wall)
-            cpus[variant].append(cpu)
+            cpus[variant].append(sum(cpu))
+            users[variant].append(cpu[0])
+            systems[variant].append(cpu[1])
             rss[variant] = max(rss[variant], peak)
             observed = max(observed, got)
     median = {v: statistics.median(w) for v, w in walls.items()}
@@ -203,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant, value in median.items():
         print(
             f"  {variant:6} median {value:.3f} s  {frames / value:,.0f} frames/s  "
-            f"proxy CPU {cpu_median[variant]:.2f} s  peak RSS {rss[variant] / 1024:.1f} MiB"
+            f"proxy CPU {cpu_median[variant]:.2f} s (user {statistics.median(users[variant]):.2f}"
+            f" sys {statistics.median(systems[variant]):.2f})  "
+            f"peak RSS {rss[variant] / 1024:.1f} MiB"
         )
     for name, a, b in (("ui+50 / ui ", "ui+50", "ui"), ("ui / off   ", "ui", "off")):
         print(

@@ -191,11 +191,11 @@ class UiServer:
             # The replay as one JSON Lines body (a page loads it in one request, then
             # subscribes to /events?since=<the last seq>): much faster than one message each.
             since = _int(request.query.get("since")) or 0
-            chunks, missing = self.hub.replay(since)
+            _, missing = self.hub.replay(since)
             lines = [orjson.dumps(events.hello(self.hub.mode, self.hub.builder.head))]
             if missing:
                 lines.append(orjson.dumps({"event": "truncated", "lost": missing}))
-            body = b"\n".join([*lines, *(_data(chunk) for chunk in chunks)]) + b"\n"
+            body = b"\n".join([*lines, *self.hub.history.data(since)]) + b"\n"
             return _response(200, "application/x-ndjson", body)
         conn = _int(request.query.get("conn"))
         if path == "/api/entities":
@@ -217,10 +217,12 @@ class UiServer:
             404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
         )
 
-    async def _stream(self, stream: SocketStream, observer: Observer, first: list[bytes]) -> None:
+    async def _stream(
+        self, stream: SocketStream, observer: Observer, first: list[bytes | memoryview]
+    ) -> None:
         """The head and the replay, then each new batch from the history, until the observer
-        is cut off (which cancels this) or goes away. Chunks go out with one ``sendmsg`` per
-        slice (no copy of the events per observer)."""
+        is cut off (which cancels this) or goes away. The history's blocks go out with one
+        ``sendmsg`` per batch (slices of the shared blocks: no copy per observer)."""
         await _send_all(stream, first)
         hub = self.hub
         while observer.cut is None:
@@ -231,7 +233,7 @@ class UiServer:
             chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
             with anyio.fail_after(SEND_TIMEOUT_S):
                 await _send_all(stream, chunks)
-            if observer.seq >= hub.builder.head:
+            if hub.caught_up(observer):
                 await anyio.sleep(FLUSH_INTERVAL_S)  # caught up: batch what comes next
 
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
@@ -248,7 +250,7 @@ class UiServer:
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
                 f"{_SECURITY_HEADERS}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
-            first = [head, b"retry: 2000\n\n"]
+            first: list[bytes | memoryview] = [head, b"retry: 2000\n\n"]
             first.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
             if missing:
                 notice = {"event": "truncated", "lost": missing}
@@ -268,7 +270,7 @@ class UiServer:
             hub.unsubscribe(observer)
 
 
-async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
+async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> None:
     """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call)."""
     sock = stream.sock
     first = 0  # chunks[:first] are sent
@@ -289,11 +291,6 @@ async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
             first += 1
             head = None
         await anyio.lowlevel.checkpoint()
-
-
-def _data(chunk: bytes) -> bytes:
-    """The JSON of one SSE chunk (``id: N\ndata: JSON\n\n``)."""
-    return chunk[chunk.index(b"data: ") + 6 : -2]
 
 
 def _int(text: str | None) -> int | None:
@@ -372,7 +369,7 @@ async def run_with_ui(
                 await anyio.sleep(0)
             # The observers get what the session produced (briefly), then the reason they end.
             with anyio.move_on_after(CATCH_UP_S):
-                while any(o.cut is None and o.seq < hub.builder.head for o in hub.observers):
+                while any(o.cut is None and not hub.caught_up(o) for o in hub.observers):
                     await anyio.sleep(0.01)
             hub.close("the proxy is exiting")
             with anyio.move_on_after(CUTOFF_SEND_S):

@@ -134,11 +134,14 @@ class Joiner:
 class StreamBuilder:
     """Turns the record lines of any number of sessions into stream events, numbered in order."""
 
-    __slots__ = ("_joiners", "head")
+    __slots__ = ("_joiners", "frame", "head")
 
     def __init__(self) -> None:
         self.head = 0  # the seq of the last event built
         self._joiners: dict[int, Joiner] = {}
+        # The JSON value of the last frame line's frame (``None``: not JSON), parsed once for
+        # its ``info`` and handed on to the entity view.
+        self.frame: JsonValue = None
 
     def _next(self) -> int:
         self.head += 1
@@ -149,17 +152,21 @@ class StreamBuilder:
         self._joiners[conn] = Joiner()
         return {"seq": self._next(), "conn": conn, "event": "session", "header": header}
 
-    def line(self, conn: int, line: JsonObject) -> JsonObject:
-        """The event of one record line (a frame or an event) of session ``conn``."""
+    def line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> JsonObject:
+        """The event of one record line (a frame or an event) of session ``conn`` (``raw``:
+        the frame's bytes as the line holds them, when the caller has them)."""
         event: JsonObject = {"seq": self._next(), "conn": conn, **line}
         direction = line.get("dir")
         if not isinstance(direction, str):
             if line.get("event") == "end":
                 self._joiners.pop(conn, None)
             return event
-        raw = frame_bytes(line)
         kind = line.get("kind", "message")
-        info = describe_message(parse_frame(raw)) if kind in ("message", "batch") else {}
+        if kind in ("message", "batch"):
+            self.frame = parse_frame(raw if raw is not None else frame_bytes(line))
+            info = describe_message(self.frame)
+        else:
+            self.frame, info = None, {}
         if kind not in ("message", "batch"):
             info["type"] = str(kind)
         t = line.get("t")
