@@ -47,7 +47,8 @@ MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT_S: Final = 10.0
 MAX_CLIENTS: Final = 128  # requests and subscriptions at once; more wait in the backlog
 KEEPALIVE_S: Final = 15.0  # an SSE comment this often: a dead observer is noticed
-FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)
+FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)...
+PACE_BELOW: Final = 4  # ... while its backlog is below a quarter of its bound
 CUTOFF_SEND_S: Final = 1.0  # how long a cut-off observer gets to read why
 SEND_TIMEOUT_S: Final = 30.0  # a write that makes no progress this long ends the observer
 BATCH_BYTES: Final = 4 * 1024 * 1024  # an observer is given at most this much per write
@@ -226,15 +227,17 @@ class UiServer:
         await _send_all(stream, first)
         hub = self.hub
         while observer.cut is None:
-            with anyio.move_on_after(KEEPALIVE_S):
-                await hub.wait_published(observer)
-            if observer.cut is not None:
-                return
-            chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
-            with anyio.fail_after(SEND_TIMEOUT_S):
-                await _send_all(stream, chunks)
             if hub.caught_up(observer):
-                await anyio.sleep(FLUSH_INTERVAL_S)  # caught up: batch what comes next
+                with anyio.move_on_after(KEEPALIVE_S):
+                    await hub.wait_published(observer)
+                if observer.cut is not None:
+                    return
+            chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
+            await _send_all(stream, chunks)
+            if hub.end - observer.offset < observer.bound // PACE_BELOW:
+                # Batch what comes next: one write per interval, however fast events come
+                # (what an observer costs the session is then its bytes, not its wake-ups).
+                await anyio.sleep(FLUSH_INTERVAL_S)
 
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
@@ -271,7 +274,8 @@ class UiServer:
 
 
 async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> None:
-    """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call)."""
+    """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call);
+    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``."""
     sock = stream.sock
     first = 0  # chunks[:first] are sent
     head: memoryview | None = None  # what is left of chunks[first] after a partial write
@@ -281,7 +285,8 @@ async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> N
         try:
             sent = sock.sendmsg(buffers)
         except BlockingIOError:
-            await anyio.wait_writable(sock)
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await anyio.wait_writable(sock)
             continue
         for buffer in buffers:
             if sent < len(buffer):
