@@ -90,20 +90,24 @@ def listening(accepting: bool) -> None:
 
 
 # Who reads the agent's stderr lines as they are logged (the live view); empty by default, so
-# logging a line costs one check of an empty list.
-STDERR_READERS: list[Callable[[bytes], None]] = []
+# logging a line costs one check of an empty list. A reader is told the line and the session
+# whose agent wrote it (``None`` when no session is known).
+StderrReader = Callable[[bytes, Any], None]
+STDERR_READERS: list[StderrReader] = []
 
 
-def install_stderr(reader: Callable[[bytes], None]) -> None:
+def install_stderr(reader: StderrReader) -> None:
     STDERR_READERS.append(reader)
 
 
-def uninstall_stderr(reader: Callable[[bytes], None]) -> None:
+def uninstall_stderr(reader: StderrReader) -> None:
     if reader in STDERR_READERS:
         STDERR_READERS.remove(reader)
 
 
-def agent_stderr(line: bytes) -> None:
-    """One line of the agent's stderr (``agent.stderr: log``), without its newline."""
+def agent_stderr(line: bytes, session: Any = None) -> None:
+    """One line of the agent's stderr (``agent.stderr: log``), without its newline; ``session``:
+    the session (a ``session.PumpSession``) whose agent wrote it (with ``--listen``, each
+    connection has an agent of its own)."""
     for reader in STDERR_READERS:
-        reader(line)
+        reader(line, session)

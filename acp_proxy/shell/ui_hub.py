@@ -20,6 +20,7 @@ loop.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
@@ -140,6 +141,8 @@ class UiHub:
         self.ingest_lost = 0
         self._ingest_ready = anyio.Event()
         self._newest: UiTap | None = None
+        # Each live session's tap, for its agent's stderr (held no longer than the session).
+        self._taps: weakref.WeakKeyDictionary[Any, UiTap] = weakref.WeakKeyDictionary()
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -180,12 +183,15 @@ class UiHub:
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header)
-        self._newest = UiTap(self, conn)
+        self._newest = self._taps[session] = UiTap(self, conn)
         return self._newest
 
-    def agent_stderr(self, line: bytes) -> None:
-        """A line of an agent's stderr: shown in the newest session (the only one on stdio)."""
-        tap = self._newest
+    def agent_stderr(self, line: bytes, session: Any = None) -> None:
+        """A line of an agent's stderr: shown in the session whose agent wrote it (with
+        ``--listen`` each connection has its own), else in the newest one."""
+        tap = self._taps.get(session) if session is not None else None
+        if tap is None:
+            tap = self._newest
         if tap is not None:
             t = time.monotonic() - tap.start
             self.ingest((tap.conn, t, "stderr", line, len(line)), len(line))
