@@ -11,11 +11,13 @@ imported only when enabled. All calls happen on the event loop's thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # types only: importing this module loads nothing of the core
     from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.coalesce import Coalesced
     from acp_proxy.wire.pipeline import Note
 
 
@@ -46,6 +48,30 @@ class SessionObserver(Protocol):
 
     def on_end(self, session: EndedSession, now: float) -> None:
         """The session is over (``session.summary()`` has its counts)."""
+
+
+class CoalesceObserver(Protocol):
+    """A ``SessionObserver`` that also wants to know what the outbound queue merged (the live
+    view): it has this method, which the others do not need."""
+
+    def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
+        """Toward ``direction``'s receiver, ``merge.merged`` frames the session had read (and
+        told ``on_notes`` about) were written as ``merge.written`` frames of ``merge.size``
+        bytes: the receiver was slow, and they waited. Called when they are written."""
+
+
+def coalesce_observers(observers: tuple[SessionObserver, ...]) -> tuple[CoalesceObserver, ...]:
+    """The observers of a session that want its merges."""
+    return tuple(cast(CoalesceObserver, o) for o in observers if hasattr(o, "on_coalesced"))
+
+
+def coalesced(
+    observers: tuple[CoalesceObserver, ...], direction: Direction, merge: Coalesced
+) -> None:
+    """Tell ``observers`` about one merge written toward ``direction``'s receiver."""
+    now = time.monotonic()
+    for observer in observers:
+        observer.on_coalesced(direction, merge, now)
 
 
 class ProcessObserver(Protocol):

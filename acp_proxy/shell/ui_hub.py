@@ -42,6 +42,7 @@ from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder
 from acp_proxy.ui.history import History
 from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.coalesce import Coalesced
 from acp_proxy.wire.notes import Observed, VersionNegotiated
 
 # Bounds (docs/live-view.md, "Bounds"); the settings of ``ui:`` override the first three.
@@ -440,6 +441,17 @@ class UiTap:
                 len(frame),
             )
             self.hub.ingest(item, len(frame))
+
+    def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
+        fields = {
+            "direction": _DIR[direction],
+            "update": merge.kind,
+            "entity": list(merge.entity),
+            "frames": merge.merged,
+            "written": merge.written,
+            "bytes": merge.size,
+        }
+        self.hub.ingest((self.conn, now - self.start, "coalesced", fields, 0), 0)
 
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())

@@ -1,4 +1,4 @@
-"""The observer event stream (version 1): what ``--ui`` and ``acp-proxy ui`` publish.
+"""The observer event stream (version 2): what ``--ui`` and ``acp-proxy ui`` publish.
 
 Contract: owns the shape of one stream event and its derivation from a record line (the record
 format of ``acp_proxy.record.format``, already redacted): a frame line gains ``seq`` (its place
@@ -13,6 +13,11 @@ The stream (documented in docs/live-view.md; change it only with ``STREAM_VERSIO
 - ``{"seq", "conn", "event": "session", "header": {...}}``: a session starts (its record header);
 - a frame: the record's frame line plus ``seq``, ``conn`` and ``info``;
 - the record's events (``version``, ``end``, ``stopped``, ``lost``) plus ``seq`` and ``conn``;
+- ``{"seq", "conn", "t", "event": "stderr", "line"}``: a line of the agent's stderr;
+- ``{"seq", "conn", "t", "event": "coalesced", "direction", "update", "entity", "frames",
+  "written", "bytes"}`` (since version 2): the outbound queue merged ``frames`` frames the
+  session had read (each shown as read) into ``written`` frames of ``bytes`` bytes, because the
+  receiver read slowly;
 - ``{"event": "truncated", "lost": N}``: the replay asked for events the server no longer
   holds; ``{"event": "cutoff", "reason": ...}``: the server ends this subscription (last event).
 """
@@ -28,7 +33,7 @@ from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 
 STREAM_NAME: Final = "acp-proxy-events"
-STREAM_VERSION: Final = 1
+STREAM_VERSION: Final = 2  # 2: the ``coalesced`` event
 # Requests awaiting their response, per session and direction: past this the oldest is
 # forgotten (its response is then shown unjoined), so a peer that never answers costs nothing.
 MAX_PENDING: Final = 4096
