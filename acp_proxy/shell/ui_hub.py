@@ -391,8 +391,11 @@ class UiTap:
             if type(note) is Observed:
                 changed_by: list[str] = []
                 for info in note.messages:
-                    changed_by.extend(n for n in info.changed_by if n not in changed_by)
-                size = len(note.raw) + sum(len(s) for s in note.sent or ())
+                    if info.changed_by:
+                        changed_by.extend(n for n in info.changed_by if n not in changed_by)
+                size = len(note.raw)
+                if note.sent:
+                    size += sum(map(len, note.sent))
                 hub.ingest(
                     (
                         self.conn,

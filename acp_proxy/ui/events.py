@@ -100,10 +100,12 @@ def parse_frame(raw: bytes) -> JsonValue:
     return value
 
 
-def _id_key(value: JsonValue) -> bytes:
-    # One spelling per id (1 and "1" differ; 1 and 1.0 are one JSON number for a peer).
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+def _id_key(value: JsonValue) -> object:
+    # One key per id: 1 and "1" differ; 1 and 1.0 are one JSON number for a peer (and one key
+    # of a dict); other JSON values (true, null, lists: not valid ids) by their encoding.
+    kind = type(value)
+    if kind is int or kind is str or kind is float:
+        return value
     return orjson.dumps(value)
 
 
@@ -114,7 +116,7 @@ class Joiner:
 
     def __init__(self) -> None:
         # (direction of the request, id) -> (seq, t, method)
-        self._pending: OrderedDict[tuple[str, bytes], tuple[int, float, str]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, object], tuple[int, float, str]] = OrderedDict()
 
     def see(self, direction: str, info: JsonObject, seq: int, t: float) -> None:
         """Record a request, or complete ``info`` of a response with ``reply_to``,
@@ -176,6 +178,9 @@ class StreamBuilder:
             info["type"] = str(kind)
         t = line.get("t")
         when = float(t) if isinstance(t, int | float) else 0.0
-        self._joiners.setdefault(conn, Joiner()).see(direction, info, self.head, when)
+        joiner = self._joiners.get(conn)
+        if joiner is None:
+            joiner = self._joiners[conn] = Joiner()
+        joiner.see(direction, info, self.head, when)
         event["info"] = info
         return event
