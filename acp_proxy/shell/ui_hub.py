@@ -134,6 +134,7 @@ class UiHub:
         # The published stream; an observer's lag is ``history.end - its offset``.
         self.history = History(self.history_bytes)
         self._published = anyio.Event()  # set when events were published since the last wait
+        self._published_set = False  # mirrors it (a plain attribute is cheaper to test)
         self.observers: set[Observer] = set()
         self.sessions: dict[int, _Session] = {}
         self._next_conn = 0
@@ -141,6 +142,7 @@ class UiHub:
         self.ingest_held = 0
         self.ingest_lost = 0
         self._ingest_ready = anyio.Event()
+        self._ingest_ready_set = False  # mirrors it
         self._newest: UiTap | None = None
         # Each live session's tap, for its agent's stderr (held no longer than the session).
         self._taps: weakref.WeakKeyDictionary[Any, UiTap] = weakref.WeakKeyDictionary()
@@ -239,7 +241,8 @@ class UiHub:
         seq = event["seq"]
         assert isinstance(seq, int)
         self.history.append(seq, b"id: %d\ndata: %b\n\n" % (seq, orjson.dumps(event)))
-        if not self._published.is_set():
+        if not self._published_set:
+            self._published_set = True
             self._published.set()
         if seq % LAG_CHECK_EVERY == 0 and self.observers:
             self.check_lag()
@@ -257,8 +260,9 @@ class UiHub:
     async def wait_published(self, observer: Observer) -> None:
         """Return once there is something after ``observer``'s cursor (or it was cut off)."""
         while observer.cut is None and observer.offset >= self.history.end:
-            if self._published.is_set():
+            if self._published_set:
                 self._published = anyio.Event()
+                self._published_set = False
             await self._published.wait()
 
     def take(self, observer: Observer, max_bytes: int) -> list[bytes | memoryview]:
@@ -301,6 +305,7 @@ class UiHub:
     def close(self, reason: str) -> None:
         for observer in self.observers:
             observer.cut_off(reason)
+        self._published_set = True
         self._published.set()
 
     # -- the live tap -----------------------------------------------------------------------------
@@ -311,7 +316,8 @@ class UiHub:
             return
         self._ingest.append(item)
         self.ingest_held += size
-        if not self._ingest_ready.is_set():
+        if not self._ingest_ready_set:
+            self._ingest_ready_set = True
             self._ingest_ready.set()
 
     async def run(self) -> None:
@@ -319,6 +325,7 @@ class UiHub:
         while True:
             await self._ingest_ready.wait()
             self._ingest_ready = anyio.Event()
+            self._ingest_ready_set = False
             # In slices, so the sessions and the observers' writers run in between.
             while self.drain(DRAIN_SLICE):
                 await anyio.sleep(0)
