@@ -54,6 +54,7 @@ MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ende
 PUBLISH_INTERVAL_S: Final = 0.02  # the hub publishes in batches, at most this often
 DRAIN_SLICE: Final = 256  # frames turned into events between two yields to the loop
 LAG_CHECK_EVERY: Final = 64  # events between two checks of the observers' backlogs
+NOTE_BYTES: Final = 512  # what a tapped merge note holds (counted in INGEST_BYTES)
 
 _DIR: Final = {
     Direction.CLIENT_TO_AGENT: CLIENT_TO_AGENT,
@@ -461,7 +462,8 @@ class UiTap:
             "written": merge.written,
             "bytes": merge.size,
         }
-        self.hub.ingest((self.conn, now - self.start, "coalesced", fields, 0), 0)
+        item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
+        self.hub.ingest(item, NOTE_BYTES)
 
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())
