@@ -140,8 +140,14 @@ def run_once(
         argv += ["--ui", "tcp://127.0.0.1:0"]
     argv += ["--", sys.executable, str(REPO / "bench" / "echo_agent.py")]
     env = dict(os.environ, PYTHONPATH=str(repo))
+    # Run from ``repo``: ``python -m`` puts the working directory first on the path.
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=repo,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stderr: IO[bytes] = proc.stderr
