@@ -8,9 +8,10 @@ hub's own task turns them into record lines (``acp_proxy.record.format``, redact
 stream events (``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``), keeps the
 last ``history_bytes`` of events for replay and for every observer.
 
-An observer is a cursor into that one shared history, not a copy: publishing an event costs the
-same with 50 observers as with none, and each observer's writer takes its backlog from the
-history in batches. Its queue is that backlog, at most ``observer_bytes``: an observer that
+An observer is a cursor into that one shared history (a byte offset into the stream it holds
+in blocks, ``acp_proxy.ui.history``), not a copy: publishing an event costs the same with 50
+observers as with none, and each observer's writer takes its backlog from the history in
+batches, a slice per block. Its queue is that backlog, at most ``observer_bytes``: an observer that
 falls that far behind is cut off (its write cancelled, a last ``cutoff`` event saying why, its
 connection closed). A stuck observer therefore pins nothing the history does not already hold,
 and the session and the other observers never wait for it. All of it runs on the proxy's event
