@@ -9,6 +9,8 @@ proxy relays 2N frames (half of them through the rules). Three variants:
 - ``ui``: ``--ui``, no observer attached;
 - ``ui+50``: ``--ui`` with 50 observers on ``/events``: 49 read everything (one thread with a
   selector, so the readers cost the machine little), one never reads (a 4 KiB receive buffer).
+  They accept gzip as a browser does (the bytes they count are compressed); ``--identity``:
+  they do not, as ``curl -N`` does not.
 
 It prints the median wall time of each variant and the ratios ``ui+50 / ui`` (what observers
 cost a session: the issue's "within 10 % of no observer") and ``ui / off`` (what the view itself
@@ -62,8 +64,11 @@ class Observers:
     def __init__(self, url: str, count: int) -> None:
         host_port, _, rest = url.removeprefix("http://").partition("/")
         host, _, port = host_port.rpartition(":")
+        # As a browser asks (unless --identity): the server then sends the compressed blocks.
+        accept = "" if os.environ.get("UI_BENCH_IDENTITY") else "Accept-Encoding: gzip\r\n"
         self.request = (
-            f"GET /events?since=now&{rest.split('?', 1)[1]} HTTP/1.1\r\nHost: {host_port}\r\n\r\n"
+            f"GET /events?since=now&{rest.split('?', 1)[1]} HTTP/1.1\r\nHost: {host_port}\r\n"
+            f"{accept}\r\n"
         ).encode()
         self.bytes = 0
         self.selector = selectors.DefaultSelector()
@@ -197,10 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--baseline-ref", metavar="REF", help="compare with git revision REF")
+    parser.add_argument(
+        "--identity", action="store_true", help="observers that do not accept gzip (curl -N)"
+    )
     parser.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.observe:
         return observe(args.observe)
+    if args.identity:
+        os.environ["UI_BENCH_IDENTITY"] = "1"  # read by the observers' process
     if args.baseline_ref:
         with tempfile.TemporaryDirectory() as tmp:
             base = Path(tmp) / "base"

@@ -250,7 +250,12 @@ def test_a_paused_clients_merges_are_marked_on_the_timeline(browser: Any) -> Non
         # The update filter keeps the merges of that kind, and the frames.
         page.fill("#f-update", "agent_message_chunk")
         _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
-        row.click()
-        assert '"event": "coalesced"' in page.inner_text("#detail")
+
+        def detail_shows_a_merge(p: Any) -> bool:
+            # (the list is virtualised: a row element may show another event after a render)
+            p.locator(".row:visible", has=p.locator(".mark.coalesced")).first.click()
+            return '"event": "coalesced"' in p.inner_text("#detail")
+
+        _until(page, detail_shows_a_merge)
         page.close()
         assert errors == []

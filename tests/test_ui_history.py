@@ -3,12 +3,14 @@ kept as blocks, compared with the plain list of events it stands for."""
 
 from __future__ import annotations
 
+import zlib
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_proxy.ui import history as history_module
-from acp_proxy.ui.history import History
+from acp_proxy.ui.history import GZIP_HEADER, History
 
 
 def chunk(seq: int, size: int) -> bytes:
@@ -70,6 +72,17 @@ def test_the_blocks_are_the_stream(
     assert list(history.data(since)) == [
         c[c.index(b"data: ") + 6 : -2] for c in chunks[max(since, first - 1) :]
     ]
+    # Compressed (a reader that accepts gzip): the same bytes once inflated, from any event on.
+    packed, _ = history.since(since, gzip=True)
+    inflate = zlib.decompressobj(wbits=31)
+    assert inflate.decompress(GZIP_HEADER + joined(packed)) == joined(parts)
+    # ... and from a cursor, whole blocks. Their compressed copies count as held: past the
+    # bound, the oldest blocks went.
+    now_held = b"".join(chunks[history.first_seq - 1 :])
+    found = history.read(history.start, 1 << 30, gzip=True)
+    assert found is not None
+    assert zlib.decompressobj(wbits=31).decompress(GZIP_HEADER + joined(found[0])) == now_held
+    assert history.held >= len(b"".join(chunks[history.first_seq - 1 :]))
 
 
 def test_a_reader_is_handed_slices_of_the_blocks_not_events() -> None:

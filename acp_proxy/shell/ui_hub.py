@@ -89,11 +89,13 @@ class Observer:
     history after its cursor, and its lag (``hub.end - offset``) is what its queue would hold.
     """
 
-    __slots__ = ("bound", "cut", "offset", "scope")
+    __slots__ = ("bound", "cut", "gzip", "offset", "scope", "writing")
 
     def __init__(self, bound: int, offset: int) -> None:
         self.bound = bound
         self.offset = offset  # the stream offset after the last event it was given
+        self.gzip = False  # it is sent the history's compressed blocks
+        self.writing = False  # inside a write (cut short, it leaves part of a segment)
         # The scope of the subscription's writes: a cut-off cancels a write the observer is
         # not reading, so its connection ends now rather than when the write times out.
         self.scope: anyio.CancelScope | None = None
@@ -271,7 +273,7 @@ class UiHub:
         """The bytes after ``observer``'s cursor, up to about ``max_bytes`` (slices of the
         shared blocks: no copy, O(blocks) whatever the number of events); moves the cursor. An
         observer whose next event is no longer held is cut off."""
-        found = self.history.read(observer.offset, max_bytes)
+        found = self.history.read(observer.offset, max_bytes, observer.gzip)
         if found is None:
             observer.cut_off(
                 "the events after the last one this observer received are no longer held"
@@ -287,9 +289,10 @@ class UiHub:
             if conn is None or event.get("conn") == conn:
                 yield event
 
-    def replay(self, since: int) -> tuple[list[bytes | memoryview], int]:
-        """The bytes of the events after ``since`` still held, and how many were not."""
-        return self.history.since(since)
+    def replay(self, since: int, gzip: bool = False) -> tuple[list[bytes | memoryview], int]:
+        """The bytes of the events after ``since`` still held (``gzip``: compressed), and how
+        many were not."""
+        return self.history.since(since, gzip)
 
     # -- observers ------------------------------------------------------------------------------
 

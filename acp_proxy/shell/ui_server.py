@@ -42,6 +42,7 @@ from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.ui import events, export, security
+from acp_proxy.ui.history import GZIP_HEADER, deflated
 
 MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT_S: Final = 10.0
@@ -224,16 +225,21 @@ class UiServer:
         """The head and the replay, then each new batch from the history, until the observer
         is cut off (which cancels this) or goes away. The history's blocks go out with one
         ``sendmsg`` per batch (slices of the shared blocks: no copy per observer)."""
+        observer.writing = True
         await _send_all(stream, first)
+        observer.writing = False
         hub = self.hub
+        keepalive = _KEEPALIVE_GZ if observer.gzip else _KEEPALIVE
         while observer.cut is None:
             if hub.caught_up(observer):
                 with anyio.move_on_after(KEEPALIVE_S):
                     await hub.wait_published(observer)
                 if observer.cut is not None:
                     return
-            chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
+            chunks = hub.take(observer, BATCH_BYTES) or [keepalive]
+            observer.writing = True
             await _send_all(stream, chunks)
+            observer.writing = False
             if hub.end - observer.offset < observer.bound // PACE_BELOW:
                 # Batch what comes next: one write per interval, however fast events come
                 # (what an observer costs the session is then its bytes, not its wake-ups).
@@ -248,25 +254,39 @@ class UiServer:
             await close_with(stream, _text(503, f"too many observers ({hub.max_observers})"))
             return
         try:
-            replay, missing = hub.replay(since)
+            # Compressed for a reader that accepts it (a browser): the history's blocks are
+            # compressed once for every such observer, a fraction of the bytes to write.
+            observer.gzip = gzip = accepts_gzip(request.headers.get("accept-encoding", ""))
+            replay, missing = hub.replay(since, gzip)
+            encoding = "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" if gzip else ""
             head = (
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-                f"{_SECURITY_HEADERS}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+                f"{_SECURITY_HEADERS}{encoding}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
-            first: list[bytes | memoryview] = [head, b"retry: 2000\n\n"]
-            first.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
+            opening = [b"retry: 2000\n\n"]
+            opening.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
             if missing:
                 notice = {"event": "truncated", "lost": missing}
-                first.append(sse_chunk(None, orjson.dumps(notice)))
+                opening.append(sse_chunk(None, orjson.dumps(notice)))
+            first: list[bytes | memoryview] = [head]
+            if gzip:
+                first += [GZIP_HEADER, deflated(b"".join(opening))]
+            else:
+                first += opening
             with anyio.CancelScope() as observer.scope:
                 await self._stream(stream, observer, [*first, *replay])
             if observer.cut is not None:
                 self.cut_off = [*self.cut_off[-99:], observer.cut]
                 # Told why, if it reads within CUTOFF_SEND_S; then closed either way.
                 notice = {"event": "cutoff", "reason": observer.cut}
-                with anyio.move_on_after(CUTOFF_SEND_S):
-                    # (after a blank line: a write cut short leaves no half event before it)
-                    await stream.send(b"\n\n" + sse_chunk(None, orjson.dumps(notice)))
+                # (after a blank line: a write cut short leaves no half event before it; a
+                # compressed one leaves half a segment, after which nothing can be read)
+                last = b"\n\n" + sse_chunk(None, orjson.dumps(notice))
+                if gzip and not observer.writing:
+                    last = deflated(last)
+                if not (gzip and observer.writing):
+                    with anyio.move_on_after(CUTOFF_SEND_S):
+                        await stream.send(last)
         except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         finally:
@@ -296,6 +316,27 @@ async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> N
             first += 1
             head = None
         await anyio.lowlevel.checkpoint()
+
+
+def accepts_gzip(header: str) -> bool:
+    """Whether an ``Accept-Encoding`` value names gzip (without ``q=0``)."""
+    for item in header.split(","):
+        name, _, params = item.partition(";")
+        if name.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        for param in params.split(";"):
+            key, _, weight = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(weight) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+_KEEPALIVE: Final = b": keepalive\n\n"
+_KEEPALIVE_GZ: Final = deflated(_KEEPALIVE)
 
 
 def _int(text: str | None) -> int | None:
