@@ -9,13 +9,19 @@ proxy relays 2N frames (half of them through the rules). Three variants:
 - ``ui``: ``--ui``, no observer attached;
 - ``ui+50``: ``--ui`` with 50 observers on ``/events``: 49 read everything (one thread with a
   selector, so the readers cost the machine little), one never reads (a 4 KiB receive buffer).
+  They accept gzip as a browser does (the bytes they count are compressed); ``--identity``:
+  they do not, as ``curl -N`` does not.
 
 It prints the median wall time of each variant and the ratios ``ui+50 / ui`` (what observers
 cost a session: the issue's "within 10 % of no observer") and ``ui / off`` (what the view itself
 costs), plus the proxy's peak RSS per variant. Never a timed assertion: the numbers depend on
 the machine (say how loaded it was when you quote them).
 
-Usage: ``python bench/ui_observers.py [--requests N] [--repeat R]``.
+With ``--baseline-ref REF`` the proxy of git revision ``REF`` (checked out in a temporary
+worktree) runs the same three variants, interleaved with this tree's (``base off``, ``base ui``,
+``base ui+50``): a before/after comparison taken in the same conditions.
+
+Usage: ``python bench/ui_observers.py [--requests N] [--repeat R] [--baseline-ref REF]``.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import argparse
 import os
 import re
 import selectors
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,8 +64,11 @@ class Observers:
     def __init__(self, url: str, count: int) -> None:
         host_port, _, rest = url.removeprefix("http://").partition("/")
         host, _, port = host_port.rpartition(":")
+        # As a browser asks (unless --identity): the server then sends the compressed blocks.
+        accept = "" if os.environ.get("UI_BENCH_IDENTITY") else "Accept-Encoding: gzip\r\n"
         self.request = (
-            f"GET /events?since=now&{rest.split('?', 1)[1]} HTTP/1.1\r\nHost: {host_port}\r\n\r\n"
+            f"GET /events?since=now&{rest.split('?', 1)[1]} HTTP/1.1\r\nHost: {host_port}\r\n"
+            f"{accept}\r\n"
         ).encode()
         self.bytes = 0
         self.selector = selectors.DefaultSelector()
@@ -122,16 +133,26 @@ def _peak_rss_kib(pid: int) -> int:
     return 0
 
 
-def run_once(variant: str, requests: bytes, n: int) -> tuple[float, float, int, int]:
-    """(wall seconds from the first request to the last response, the proxy's CPU seconds,
-    its peak RSS KiB, bytes the reading observers got)."""
+def run_once(
+    variant: str, requests: bytes, n: int, repo: Path = REPO
+) -> tuple[float, tuple[float, float], int, int]:
+    """(wall seconds from the first request to the last response, the proxy's CPU seconds
+    (user, system), its peak RSS KiB, bytes the reading observers got); ``repo``: whose proxy
+    runs."""
+    variant = variant.removeprefix("base ")
     argv = [sys.executable, "-m", "acp_proxy", "--config", str(RULES)]
     if variant != "off":
         argv += ["--ui", "tcp://127.0.0.1:0"]
     argv += ["--", sys.executable, str(REPO / "bench" / "echo_agent.py")]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    # Run from ``repo``: ``python -m`` puts the working directory first on the path.
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=repo,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stderr: IO[bytes] = proc.stderr
@@ -167,7 +188,7 @@ def run_once(variant: str, requests: bytes, n: int) -> tuple[float, float, int, 
     proc.stdin.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    cpu = usage.ru_utime + usage.ru_stime
+    cpu = (usage.ru_utime, usage.ru_stime)
     got = 0
     if observers is not None:
         assert observers.stdout is not None
@@ -180,37 +201,78 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--baseline-ref", metavar="REF", help="compare with git revision REF")
+    parser.add_argument(
+        "--identity", action="store_true", help="observers that do not accept gzip (curl -N)"
+    )
     parser.add_argument("--observe", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.observe:
         return observe(args.observe)
+    if args.identity:
+        os.environ["UI_BENCH_IDENTITY"] = "1"  # read by the observers' process
+    if args.baseline_ref:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = Path(tmp) / "base"
+            git = ["git", "-C", str(REPO)]
+            subprocess.run(
+                [*git, "worktree", "add", "-q", "--detach", str(base), args.baseline_ref],
+                check=True,
+            )
+            # The built C scanner (not in git) too, so that only the revisions differ.
+            for built in (REPO / "acp_proxy" / "wire").glob("_scan*.so"):
+                shutil.copy2(built, base / "acp_proxy" / "wire" / built.name)
+            try:
+                return measure(args, base)
+            finally:
+                subprocess.run([*git, "worktree", "remove", "--force", str(base)], check=True)
+    return measure(args, None)
+
+
+def measure(args: argparse.Namespace, base: Path | None) -> int:
     requests = _requests(args.requests)
     walls: dict[str, list[float]] = {"off": [], "ui": [], "ui+50": []}
+    if base is not None:
+        walls.update({"base off": [], "base ui": [], "base ui+50": []})
     cpus: dict[str, list[float]] = {v: [] for v in walls}
+    users: dict[str, list[float]] = {v: [] for v in walls}
+    systems: dict[str, list[float]] = {v: [] for v in walls}
     rss: dict[str, int] = dict.fromkeys(walls, 0)
-    observed = 0
+    observed: dict[str, list[int]] = {v: [] for v in walls if v.endswith("ui+50")}
     for _ in range(args.repeat):
         for variant, times in walls.items():  # interleaved: drift hits every variant alike
-            wall, cpu, peak, got = run_once(variant, requests, args.requests)
+            repo = base if base is not None and variant.startswith("base ") else REPO
+            wall, cpu, peak, got = run_once(variant, requests, args.requests, repo)
             times.append(wall)
-            cpus[variant].append(cpu)
+            cpus[variant].append(sum(cpu))
+            users[variant].append(cpu[0])
+            systems[variant].append(cpu[1])
             rss[variant] = max(rss[variant], peak)
-            observed = max(observed, got)
+            if variant in observed:
+                observed[variant].append(got // 49)
     median = {v: statistics.median(w) for v, w in walls.items()}
     cpu_median = {v: statistics.median(c) for v, c in cpus.items()}
     frames = 2 * (args.requests + 1)
     print(f"{args.requests} requests ({frames} frames relayed), {args.repeat} runs each")
     for variant, value in median.items():
         print(
-            f"  {variant:6} median {value:.3f} s  {frames / value:,.0f} frames/s  "
-            f"proxy CPU {cpu_median[variant]:.2f} s  peak RSS {rss[variant] / 1024:.1f} MiB"
+            f"  {variant:10} median {value:.3f} s  {frames / value:,.0f} frames/s  "
+            f"proxy CPU {cpu_median[variant]:.2f} s (user {statistics.median(users[variant]):.2f}"
+            f" sys {statistics.median(systems[variant]):.2f})  "
+            f"peak RSS {rss[variant] / 1024:.1f} MiB"
         )
-    for name, a, b in (("ui+50 / ui ", "ui+50", "ui"), ("ui / off   ", "ui", "off")):
+    ratios = [("ui+50 / ui ", "ui+50", "ui"), ("ui / off   ", "ui", "off")]
+    if base is not None:
+        ratios += [(f"base {n}", f"base {a}", f"base {b}") for n, a, b in ratios]
+    for name, a, b in ratios:
         print(
             f"  {name} wall {median[a] / median[b]:.3f}  proxy CPU "
             f"{cpu_median[a] / cpu_median[b]:.3f}"
         )
-    print(f"  bytes each reading observer received (mean, largest run): {observed / 49:,.0f}")
+    for variant, per_run in observed.items():
+        # Less than the others in a run: its readers were cut off (they fell too far behind).
+        runs = ", ".join(f"{g:,}" for g in per_run)
+        print(f"  {variant}: bytes each reading observer received (mean per run): {runs}")
     return 0
 
 

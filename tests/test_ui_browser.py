@@ -229,3 +229,33 @@ def test_a_hundred_thousand_frames_keep_the_dom_bounded(browser: Any, tmp_path: 
         page.locator(".row:visible").first.click()
         assert "frame-77777" in page.inner_text("#detail")
         page.close()
+
+
+def test_a_paused_clients_merges_are_marked_on_the_timeline(browser: Any) -> None:
+    from ui_coalescing import paused_client
+
+    with paused_client() as session:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(session.url)
+        page.wait_for_selector(".mark.coalesced")
+        row = page.locator(".row", has=page.locator(".mark.coalesced")).first
+        assert "t-coalesced" in (row.get_attribute("class") or "")
+        assert row.locator(".kind").inner_text() == "coalesced"
+        assert row.locator(".dir").inner_text() == "←"
+        name = row.locator(".name").inner_text()
+        assert " agent_message_chunk updates merged into 1 frame (" in name
+        assert "bytes sent; the client read slowly" in name
+        # The update filter keeps the merges of that kind, and the frames.
+        page.fill("#f-update", "agent_message_chunk")
+        _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
+
+        def detail_shows_a_merge(p: Any) -> bool:
+            # (the list is virtualised: a row element may show another event after a render)
+            p.locator(".row:visible", has=p.locator(".mark.coalesced")).first.click()
+            return '"event": "coalesced"' in p.inner_text("#detail")
+
+        _until(page, detail_shows_a_merge)
+        page.close()
+        assert errors == []

@@ -288,3 +288,16 @@ def test_the_ui_section_of_the_config(tmp_path: Any) -> None:
     path.write_text("ui:\n  max_observers: 0\n")
     with pytest.raises(ConfigError, match=r"ui\.max_observers"):
         load_config(str(path), {})
+
+
+def test_ids_join_by_their_json_value() -> None:
+    builder = events.StreamBuilder()
+    builder.session(1, {"acp-proxy-record": 1})
+    for n, request_id in enumerate(["7", 7, True, [1]]):
+        builder.line(1, frame(C2A, {"jsonrpc": "2.0", "id": request_id, "method": f"m{n}"}))
+    answers: list[Any] = [
+        builder.line(1, frame(A2C, {"jsonrpc": "2.0", "id": response_id, "result": {}}))["info"]
+        for response_id in (1, 7.0, "7", [1], True)
+    ]
+    # 1 answers nothing (the request true is not 1); 7.0 answers 7; "7" answers "7".
+    assert [info.get("answers") for info in answers] == [None, "m1", "m0", "m3", "m2"]

@@ -188,3 +188,71 @@ def test_the_agents_stderr_is_shown_redacted() -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=20)
+
+
+# An agent that says on its stderr which request it is answering, then answers it.
+ECHO_STDERR = """
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    sys.stderr.write("agent answering request %s\\n" % message["id"])
+    sys.stderr.flush()
+    reply = {"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": 1}}
+    sys.stdout.write(json.dumps(reply) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_each_connections_agent_stderr_is_shown_in_its_session() -> None:
+    argv = [sys.executable, "-m", "acp_proxy", "--log-format", "json", "--ui", "tcp://127.0.0.1:0"]
+    argv += ["--agent-stderr", "log", "--listen", "tcp://127.0.0.1:0"]
+    proc = subprocess.Popen(
+        [*argv, "--", sys.executable, "-c", ECHO_STDERR],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=proxy_env(),
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stderr is not None
+    stderr = proc.stderr
+
+    def pump() -> None:
+        for raw in stderr:
+            lines.put(raw.decode())
+
+    threading.Thread(target=pump, daemon=True).start()
+    clients: list[socket.socket] = []
+    try:
+        ui = UI_URL.search(_wait_for(lines, "live view at"))
+        assert ui is not None
+        address = orjson.loads(_wait_for(lines, '"listening"'))["address"]
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+
+        def ask(client: socket.socket, n: int) -> None:
+            request = {"jsonrpc": "2.0", "id": n, "method": "initialize", "params": {}}
+            client.sendall(orjson.dumps(request) + b"\n")
+            assert orjson.loads(client.recv(65536))["id"] == n
+
+        for n in (1, 2):
+            clients.append(socket.create_connection((host, int(port)), timeout=10))
+            ask(clients[-1], n)
+        ask(clients[0], 3)  # the first connection's agent speaks again, after the second began
+
+        def shown() -> list[Any]:
+            said = [e for e in _history(ui.group(1)) if e.get("event") == "stderr"]
+            return said if len(said) == 3 else []
+
+        said = _until(shown)
+        events = _history(ui.group(1))
+        asked = {e["info"]["id"]: e["conn"] for e in events if e.get("dir") == "client_to_agent"}
+        assert len(set(asked.values())) == 2
+        # Each line in the session of the connection whose agent wrote it.
+        by_line = {e["line"]: e["conn"] for e in said}
+        assert by_line == {f"agent answering request {n}": asked[n] for n in (1, 2, 3)}
+        assert asked[1] == asked[3] != asked[2]
+    finally:
+        for client in clients:
+            client.close()
+        proc.terminate()
+        proc.wait(timeout=20)

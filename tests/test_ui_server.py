@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,7 +23,7 @@ from ui_records import big_record, serve_record
 from acp_proxy.shell.sockets.address import parse_address
 from acp_proxy.shell.sockets.listening import open_listener
 from acp_proxy.shell.ui_hub import HubLimits, UiHub
-from acp_proxy.shell.ui_server import UiServer
+from acp_proxy.shell.ui_server import UiServer, accepts_gzip
 
 
 def http(url: str, target: str, method: str = "GET", **headers: str) -> tuple[int, bytes]:
@@ -63,7 +64,7 @@ def test_the_page_and_the_stream_with_the_token(served: tuple[str, str]) -> None
     assert datas[0] == {
         "event": "hello",
         "stream": "acp-proxy-events",
-        "version": 1,
+        "version": 2,
         "mode": "records",
         "head": 11,
     }
@@ -277,3 +278,86 @@ def test_check_config_refuses_what_the_run_refuses(tmp_path: Path) -> None:
         )
         assert ran.returncode == code, ran.stderr
         assert said in ran.stderr
+
+
+@pytest.mark.anyio
+async def test_a_gzip_observer_reads_the_same_stream_compressed() -> None:
+    hub = UiHub(mode="records")
+    conn = hub.open_session({"acp-proxy-record": 1})
+    for n in range(300):  # held: a replay from event 100 starts inside a block
+        hub.add_line(conn, {"t": n, "dir": "agent_to_client", "raw": f"held {n} " + "x" * 300})
+    hub.published()
+    listener = await open_listener(
+        parse_address("tcp://127.0.0.1:0", listen=True), allow_remote=False, log=None
+    )
+    port = listener.address.port
+    server = UiServer(hub, token="t", port=port, names=["127.0.0.1"], allow_remote=False)
+    last = hub.builder.head + 300
+    bodies: dict[str, bytes] = {}
+    sizes: dict[str, int] = {}
+
+    async def read(encoding: str) -> None:
+        request = f"GET /events?since=100&token=t HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        if encoding:
+            request += f"Accept-Encoding: {encoding}\r\n"
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send((request + "\r\n").encode())
+            raw = b""
+            while b"\r\n\r\n" not in raw:
+                raw += await stream.receive(1 << 20)
+            head, body = raw.split(b"\r\n\r\n", 1)
+            gzipped = b"Content-Encoding: gzip" in head
+            assert gzipped == (encoding != "")
+            inflate = zlib.decompressobj(wbits=31)
+            text = inflate.decompress(body) if gzipped else body
+            size = len(body)
+            while b"id: %d\n" % last not in text:
+                chunk = await stream.receive(1 << 20)
+                size += len(chunk)
+                text += inflate.decompress(chunk) if gzipped else chunk
+            bodies[encoding], sizes[encoding] = text, size
+
+    async with anyio.create_task_group() as tg:
+        for sock in listener.sockets:
+            tg.start_soon(server.serve, sock)
+        for encoding in ("", "gzip, deflate, br", "br;q=1.0, gzip;q=0.5"):
+            tg.start_soon(read, encoding)
+        with anyio.fail_after(10):
+            while len(hub.observers) < 3:
+                await anyio.sleep(0.01)
+            for n in range(300):  # and live events
+                hub.add_line(
+                    conn, {"t": n, "dir": "agent_to_client", "raw": f"live {n} " + "y" * 300}
+                )
+                if n % 50 == 0:
+                    hub.published()
+                    await anyio.sleep(0.01)
+            hub.published()
+            while len(bodies) < 3:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    listener.close()
+    # The same bytes, event for event, from event 101 on (the replay, then the live ones).
+    plain = bodies[""]
+    assert plain.startswith(b"retry: 2000\n\ndata: ")
+    assert b"\n\nid: 101\ndata: " in plain and b"id: 100\n" not in plain
+    assert bodies["gzip, deflate, br"] == plain
+    assert bodies["br;q=1.0, gzip;q=0.5"] == plain
+    assert sizes["gzip, deflate, br"] * 5 < sizes[""]
+
+
+@pytest.mark.parametrize(
+    ("header", "accepted"),
+    [
+        ("gzip", True),
+        ("deflate, gzip;q=0.8", True),
+        ("GZIP ; q=1", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0", False),
+        ("br, identity", False),
+        ("", False),
+        ("gzip;q=x", False),
+    ],
+)
+def test_accepts_gzip(header: str, accepted: bool) -> None:
+    assert accepts_gzip(header) == accepted

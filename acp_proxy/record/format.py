@@ -74,6 +74,7 @@ __all__ = [
     "entry_problem",
     "event_line",
     "frame_bytes",
+    "frame_entry",
     "frame_line",
     "header",
     "is_header",
@@ -124,17 +125,8 @@ def header(
     )
 
 
-def _put_raw(obj: dict[str, object], raw: bytes, redactor: Redactor) -> bool:
-    cleaned, changed = redactor.frame(raw)
-    try:
-        obj["raw"] = cleaned.decode("utf-8")
-    except UnicodeDecodeError:
-        obj["raw_b64"] = base64.b64encode(cleaned).decode("ascii")
-    return changed
-
-
-def _text_or_b64(frame: bytes, redactor: Redactor) -> tuple[object, bool]:
-    cleaned, changed = redactor.frame(frame)
+def _text_or_b64(frame: bytes, redactor: Redactor | None) -> tuple[JsonValue, bool]:
+    cleaned, changed = redactor.frame(frame) if redactor is not None else (frame, False)
     try:
         return cleaned.decode("utf-8"), changed
     except UnicodeDecodeError:
@@ -153,10 +145,41 @@ def frame_line(
     generated: bool = False,
 ) -> bytes:
     """One frame's line (see the module docstring)."""
-    obj: dict[str, object] = {"t": round(t, 6), "dir": direction}
-    redacted = _put_raw(obj, raw, redactor)
+    obj, _ = frame_entry(
+        t,
+        direction,
+        raw,
+        redactor,
+        sent=sent,
+        changed_by=changed_by,
+        kind=kind,
+        generated=generated,
+    )
+    return _dumps(obj)
+
+
+def frame_entry(
+    t: float,
+    direction: str,
+    raw: bytes,
+    redactor: Redactor | None,
+    *,
+    sent: Sequence[bytes] | None = None,
+    changed_by: Sequence[str] = (),
+    kind: str = "message",
+    generated: bool = False,
+) -> tuple[JsonObject, bytes]:
+    """The object of one frame's line (what ``frame_line`` encodes) and the frame's bytes as
+    recorded (redacted). ``redactor=None``: the caller's screen (``Redactor.clean``) found
+    nothing to redact in ``raw`` nor ``sent``."""
+    cleaned, redacted = redactor.frame(raw) if redactor is not None else (raw, False)
+    obj: JsonObject = {"t": round(t, 6), "dir": direction}
+    try:
+        obj["raw"] = cleaned.decode("utf-8")
+    except UnicodeDecodeError:
+        obj["raw_b64"] = base64.b64encode(cleaned).decode("ascii")
     if sent is not None:
-        frames = []
+        frames: list[JsonValue] = []
         for frame in sent:
             text, changed = _text_or_b64(frame, redactor)
             frames.append(text)
@@ -169,7 +192,7 @@ def frame_line(
         obj["generated"] = True
     if redacted:
         obj["redacted"] = True
-    return _dumps(obj)
+    return obj, cleaned
 
 
 def event_line(t: float, event: str, **fields: object) -> bytes:

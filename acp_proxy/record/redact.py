@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import field
 from typing import Final
 
@@ -55,6 +55,15 @@ DEFAULT_REDACT_PATTERNS: Final[tuple[str, ...]] = (
     r"[A-Za-z0-9._~+/\-]{16,}+=*+",
     r"eyJ(?<![A-Za-z0-9_\-]eyJ)[A-Za-z0-9_\-]{10,}+\.[A-Za-z0-9_\-]{10,}+\.[A-Za-z0-9_\-]{10,}+",
 )
+
+# What each built-in pattern cannot match without (a literal it holds): the screen looks for the
+# literal first where the pattern's own search would not (an alternation has no literal prefix).
+_GATES: Final[dict[str, tuple[bytes, ...]]] = {
+    p: (b"earer", b"EARER") for p in DEFAULT_REDACT_PATTERNS if p.startswith("(?:Bearer|")
+}
+# ASCII letters lowered (what ``bytes.lower`` does), in one pass with the deletion of _ and -.
+_LOWER: Final = bytes(c + 32 if 65 <= c <= 90 else c for c in range(256))
+_JOIN: Final = b"\n"
 
 # What a frame that needs redaction but cannot be walked (nested too deep) is recorded as.
 UNREADABLE = b'"[REDACTED: a frame too deeply nested to redact key by key]"'
@@ -111,26 +120,57 @@ class Redactor:
     # loses each pattern's literal prefix); a ``\u`` escape, which could hide either.
     _key_needles: tuple[bytes, ...] = field(repr=False)
     _flag_needles: tuple[bytes, ...] = field(repr=False)  # ``token=``: looked for after ``=``
-    _byte_patterns: tuple[re.Pattern[bytes], ...] = field(repr=False)
+    # Each pattern with the literals it cannot match without (empty: none known), split in the
+    # built-in ones, which match in frames joined by newlines exactly where they match in one
+    # of the frames (``clean``), and the configured ones, which may not (anchors, look-arounds).
+    _joinable: tuple[tuple[tuple[bytes, ...], re.Pattern[bytes]], ...] = field(repr=False)
+    _alone: tuple[re.Pattern[bytes], ...] = field(repr=False)
 
     @classmethod
     def build(cls, keys: Iterable[str] = (), patterns: Iterable[str] = ()) -> Redactor:
         """The redactor for the defaults plus ``keys`` and ``patterns`` (``re.error`` if bad)."""
         all_keys = frozenset(_norm(k) for k in (*DEFAULT_REDACT_KEYS, *keys) if k)
-        sources = (*DEFAULT_REDACT_PATTERNS, *patterns)
+        extra = tuple(patterns)
+        sources = (*DEFAULT_REDACT_PATTERNS, *extra)
+
+        def compiled(source: str) -> re.Pattern[bytes]:
+            return re.compile(source.encode("utf-8", "surrogateescape"))
+
         return cls(
             all_keys,
             tuple(re.compile(p) for p in sources),
             tuple(k.encode() + b'"' for k in sorted(all_keys)),
             tuple(k.encode() + b"=" for k in sorted(all_keys)),
-            tuple(re.compile(p.encode("utf-8", "surrogateescape")) for p in sources),
+            tuple((_GATES.get(p, ()), compiled(p)) for p in DEFAULT_REDACT_PATTERNS),
+            tuple(compiled(p) for p in extra),
         )
 
     def needs_work(self, raw: bytes) -> bool:
         """Whether ``raw`` may hold something to redact (False: it certainly does not)."""
+        return self._maybe(raw) or any(p.search(raw) for p in self._alone)
+
+    def clean(self, raws: Sequence[bytes]) -> bool:
+        """True when none of ``raws`` holds anything to redact (False: some may): the screen of
+        ``needs_work`` run once on them all, joined by newlines, rather than once per frame.
+
+        Exact: a key, a flag or a ``\\u`` found in a frame is found in the joined bytes, and so
+        is a match of a built-in pattern (none has an anchor or a look-ahead, a newline ends
+        each of their runs but the whitespace after ``Bearer``, which a token must follow, and
+        a newline satisfies each look-behind as the start of the frame did); a configured
+        pattern, which may not be so, still runs on each frame alone."""
+        if not raws:
+            return True
+        joined = raws[0] if len(raws) == 1 else _JOIN.join(raws)
+        if self._maybe(joined):
+            return False
+        alone = self._alone
+        return not alone or not any(p.search(raw) for raw in raws for p in alone)
+
+    def _maybe(self, raw: bytes) -> bool:
+        """The screen of the keys, the flags, a ``\\u`` escape and the built-in patterns."""
         if b"\\u" in raw:
             return True
-        norm = raw.lower().replace(b"_", b"").replace(b"-", b"")
+        norm = raw.translate(_LOWER, b"_-")
         for needle in self._key_needles:
             if needle in norm:
                 return True
@@ -138,7 +178,12 @@ class Redactor:
             for needle in self._flag_needles:
                 if needle in norm:
                     return True
-        return any(p.search(raw) for p in self._byte_patterns)
+        for gates, pattern in self._joinable:
+            if gates and not any(gate in raw for gate in gates):
+                continue
+            if pattern.search(raw):
+                return True
+        return False
 
     def key_matches(self, key: str) -> bool:
         k = _norm(key)

@@ -11,11 +11,13 @@ imported only when enabled. All calls happen on the event loop's thread.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # types only: importing this module loads nothing of the core
     from acp_proxy.wire.chain import Direction
+    from acp_proxy.wire.coalesce import Coalesced
     from acp_proxy.wire.pipeline import Note
 
 
@@ -46,6 +48,30 @@ class SessionObserver(Protocol):
 
     def on_end(self, session: EndedSession, now: float) -> None:
         """The session is over (``session.summary()`` has its counts)."""
+
+
+class CoalesceObserver(Protocol):
+    """A ``SessionObserver`` that also wants to know what the outbound queue merged (the live
+    view): it has this method, which the others do not need."""
+
+    def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
+        """Toward ``direction``'s receiver, ``merge.merged`` frames the session had read (and
+        told ``on_notes`` about) were written as ``merge.written`` frames of ``merge.size``
+        bytes: the receiver was slow, and they waited. Called when they are written."""
+
+
+def coalesce_observers(observers: tuple[SessionObserver, ...]) -> tuple[CoalesceObserver, ...]:
+    """The observers of a session that want its merges."""
+    return tuple(cast(CoalesceObserver, o) for o in observers if hasattr(o, "on_coalesced"))
+
+
+def coalesced(
+    observers: tuple[CoalesceObserver, ...], direction: Direction, merge: Coalesced
+) -> None:
+    """Tell ``observers`` about one merge written toward ``direction``'s receiver."""
+    now = time.monotonic()
+    for observer in observers:
+        observer.on_coalesced(direction, merge, now)
 
 
 class ProcessObserver(Protocol):
@@ -90,20 +116,24 @@ def listening(accepting: bool) -> None:
 
 
 # Who reads the agent's stderr lines as they are logged (the live view); empty by default, so
-# logging a line costs one check of an empty list.
-STDERR_READERS: list[Callable[[bytes], None]] = []
+# logging a line costs one check of an empty list. A reader is told the line and the session
+# whose agent wrote it (``None`` when no session is known).
+StderrReader = Callable[[bytes, Any], None]
+STDERR_READERS: list[StderrReader] = []
 
 
-def install_stderr(reader: Callable[[bytes], None]) -> None:
+def install_stderr(reader: StderrReader) -> None:
     STDERR_READERS.append(reader)
 
 
-def uninstall_stderr(reader: Callable[[bytes], None]) -> None:
+def uninstall_stderr(reader: StderrReader) -> None:
     if reader in STDERR_READERS:
         STDERR_READERS.remove(reader)
 
 
-def agent_stderr(line: bytes) -> None:
-    """One line of the agent's stderr (``agent.stderr: log``), without its newline."""
+def agent_stderr(line: bytes, session: Any = None) -> None:
+    """One line of the agent's stderr (``agent.stderr: log``), without its newline; ``session``:
+    the session (a ``session.PumpSession``) whose agent wrote it (with ``--listen``, each
+    connection has an agent of its own)."""
     for reader in STDERR_READERS:
-        reader(line)
+        reader(line, session)

@@ -445,8 +445,11 @@ class StderrTail:
         return b'{"stderr":' + orjson.dumps(text) + b"}"
 
 
-async def drain_stderr(fd: int, log: Any, tail: StderrTail | None = None) -> None:
-    """Read the agent's stderr until EOF, one log event per line (StderrMode.LOG).
+async def drain_stderr(
+    fd: int, log: Any, tail: StderrTail | None = None, session: Any = None
+) -> None:
+    """Read the agent's stderr until EOF, one log event per line (StderrMode.LOG); ``session``
+    is the session this agent serves (its stderr readers are told).
 
     Reads large chunks and never blocks on anything but the pipe, so a chatty agent cannot
     stall on a full stderr pipe. Lines longer than ``MAX_STDERR_LINE`` are truncated.
@@ -472,23 +475,23 @@ async def drain_stderr(fd: int, log: Any, tail: StderrTail | None = None) -> Non
                     break
                 if not dropping:
                     pending += chunk[start : min(nl, start + MAX_STDERR_LINE - len(pending))]
-                _log_stderr_line(log, bytes(pending), truncated=dropping)
+                _log_stderr_line(log, bytes(pending), dropping, session)
                 if tail is not None:
                     tail.add(bytes(pending))
                 pending.clear()
                 dropping = False
                 start = nl + 1
         if pending:
-            _log_stderr_line(log, bytes(pending), truncated=dropping)
+            _log_stderr_line(log, bytes(pending), dropping, session)
             if tail is not None:
                 tail.add(bytes(pending))
     finally:
         await stream.aclose()
 
 
-def _log_stderr_line(log: Any, line: bytes, *, truncated: bool) -> None:
+def _log_stderr_line(log: Any, line: bytes, truncated: bool, session: Any) -> None:
     if hooks.STDERR_READERS:  # the live view shows it too
-        hooks.agent_stderr(line)
+        hooks.agent_stderr(line, session)
     text = line.rstrip(b"\r").decode("utf-8", "replace")
     if truncated:
         log.info("agent stderr", line=text, truncated=True)

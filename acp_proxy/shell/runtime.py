@@ -268,7 +268,9 @@ async def run_agent_session(
 
                 async def drain() -> None:
                     try:
-                        await drain_stderr(stderr_fd, log.bind(stream="agent_stderr"), tail)
+                        await drain_stderr(
+                            stderr_fd, log.bind(stream="agent_stderr"), tail, session
+                        )
                     finally:
                         stderr_done.set()
 

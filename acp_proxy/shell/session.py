@@ -19,6 +19,7 @@ are built and queued in chunks, never all in memory at once.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import field
@@ -116,6 +117,13 @@ class PumpSession:
         self.to_client = Outbox(
             OutboundQueue(config.coalesce, coalesce=True), client_tx, self.stats.to_client
         )
+        # Observers that show merges (the live view) are told what the queue merged; with none,
+        # the queue has no callback and merging costs what it did.
+        merges = hooks.coalesce_observers(self.observers)
+        if merges:
+            self.to_client.queue.on_coalesced = functools.partial(
+                hooks.coalesced, merges, Direction.AGENT_TO_CLIENT
+            )
         # This session's part of the budget shared with the others (its floor, then the pool).
         self.budget = (budget if budget is not None else process_budget(config)).share()
         self._held = 0  # what this session counts in the budget

@@ -8,9 +8,10 @@ hub's own task turns them into record lines (``acp_proxy.record.format``, redact
 stream events (``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``), keeps the
 last ``history_bytes`` of events for replay and for every observer.
 
-An observer is a cursor into that one shared history, not a copy: publishing an event costs the
-same with 50 observers as with none, and each observer's writer takes its backlog from the
-history in batches. Its queue is that backlog, at most ``observer_bytes``: an observer that
+An observer is a cursor into that one shared history (a byte offset into the stream it holds
+in blocks, ``acp_proxy.ui.history``), not a copy: publishing an event costs the same with 50
+observers as with none, and each observer's writer takes its backlog from the history in
+batches, a slice per block. Its queue is that backlog, at most ``observer_bytes``: an observer that
 falls that far behind is cut off (its write cancelled, a last ``cutoff`` event saying why, its
 connection closed). A stuck observer therefore pins nothing the history does not already hold,
 and the session and the other observers never wait for it. All of it runs on the proxy's event
@@ -19,8 +20,8 @@ loop.
 
 from __future__ import annotations
 
-import itertools
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, Final
@@ -36,11 +37,13 @@ from acp_proxy.record.format import (
     CLIENT_TO_AGENT,
     Redactor,
     event_line,
-    frame_line,
+    frame_entry,
 )
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder
+from acp_proxy.ui.history import History
 from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.coalesce import Coalesced
 from acp_proxy.wire.notes import Observed, VersionNegotiated
 
 # Bounds (docs/live-view.md, "Bounds"); the settings of ``ui:`` override the first three.
@@ -52,6 +55,7 @@ MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ende
 PUBLISH_INTERVAL_S: Final = 0.02  # the hub publishes in batches, at most this often
 DRAIN_SLICE: Final = 256  # frames turned into events between two yields to the loop
 LAG_CHECK_EVERY: Final = 64  # events between two checks of the observers' backlogs
+NOTE_BYTES: Final = 512  # what a tapped merge note holds (counted in INGEST_BYTES)
 
 _DIR: Final = {
     Direction.CLIENT_TO_AGENT: CLIENT_TO_AGENT,
@@ -85,12 +89,13 @@ class Observer:
     history after its cursor, and its lag (``hub.end - offset``) is what its queue would hold.
     """
 
-    __slots__ = ("bound", "cut", "offset", "scope", "seq")
+    __slots__ = ("bound", "cut", "gzip", "offset", "scope", "writing")
 
-    def __init__(self, bound: int, seq: int, offset: int) -> None:
+    def __init__(self, bound: int, offset: int) -> None:
         self.bound = bound
-        self.seq = seq  # the last event it was given
-        self.offset = offset  # the history's byte count through that event
+        self.offset = offset  # the stream offset after the last event it was given
+        self.gzip = False  # it is sent the history's compressed blocks
+        self.writing = False  # inside a write (cut short, it leaves part of a segment)
         # The scope of the subscription's writes: a cut-off cancels a write the observer is
         # not reading, so its connection ends now rather than when the write times out.
         self.scope: anyio.CancelScope | None = None
@@ -130,12 +135,10 @@ class UiHub:
         self.observer_bytes = limits.observer_bytes
         self.max_observers = limits.max_observers
         self.builder = StreamBuilder()
-        # (seq, conn, chunk, offset of the JSON in the chunk, bytes published through it)
-        self.history: deque[tuple[int, int, bytes, int, int]] = deque()
-        self.history_held = 0
-        self.end = 0  # bytes published so far (an observer's lag is ``end - its offset``)
+        # The published stream; an observer's lag is ``history.end - its offset``.
+        self.history = History(self.history_bytes)
         self._published = anyio.Event()  # set when events were published since the last wait
-        self.history_dropped = 0  # events no longer held (the oldest)
+        self._published_set = False  # mirrors it (a plain attribute is cheaper to test)
         self.observers: set[Observer] = set()
         self.sessions: dict[int, _Session] = {}
         self._next_conn = 0
@@ -143,7 +146,10 @@ class UiHub:
         self.ingest_held = 0
         self.ingest_lost = 0
         self._ingest_ready = anyio.Event()
+        self._ingest_ready_set = False  # mirrors it
         self._newest: UiTap | None = None
+        # Each live session's tap, for its agent's stderr (held no longer than the session).
+        self._taps: weakref.WeakKeyDictionary[Any, UiTap] = weakref.WeakKeyDictionary()
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -155,11 +161,21 @@ class UiHub:
     def held_bytes(self) -> int:
         """What the hub holds now: the history (which holds every observer's backlog) and the
         frames tapped, not yet published."""
-        return self.history_held + self.ingest_held
+        return self.history.held + self.ingest_held
+
+    @property
+    def end(self) -> int:
+        """Bytes published so far (the stream offset after the last event)."""
+        return self.history.end
 
     def lag_bytes(self) -> int:
         """The largest backlog of an observer still served (at most its bound after a batch)."""
-        return max((self.end - o.offset for o in self.observers if o.cut is None), default=0)
+        end = self.history.end
+        return max((end - o.offset for o in self.observers if o.cut is None), default=0)
+
+    def caught_up(self, observer: Observer) -> bool:
+        """Whether ``observer`` was given every event published so far."""
+        return observer.offset >= self.history.end
 
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
@@ -174,12 +190,15 @@ class UiHub:
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header)
-        self._newest = UiTap(self, conn)
+        self._newest = self._taps[session] = UiTap(self, conn)
         return self._newest
 
-    def agent_stderr(self, line: bytes) -> None:
-        """A line of an agent's stderr: shown in the newest session (the only one on stdio)."""
-        tap = self._newest
+    def agent_stderr(self, line: bytes, session: Any = None) -> None:
+        """A line of an agent's stderr: shown in the session whose agent wrote it (with
+        ``--listen`` each connection has its own), else in the newest one."""
+        tap = self._taps.get(session) if session is not None else None
+        if tap is None:
+            tap = self._newest
         if tap is not None:
             t = time.monotonic() - tap.start
             self.ingest((tap.conn, t, "stderr", line, len(line)), len(line))
@@ -205,41 +224,38 @@ class UiHub:
         self.publish(self.builder.session(conn, header))
         return conn
 
-    def add_line(self, conn: int, line: JsonObject) -> None:
-        """One record line of session ``conn`` (a frame or a record event)."""
-        event = self.builder.line(conn, line)
+    def add_line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> None:
+        """One record line of session ``conn`` (a frame or a record event; ``raw``: the
+        frame's bytes as the line holds them, when the caller has them)."""
+        builder = self.builder
+        event = builder.line(conn, line, raw)
         session = self.sessions.get(conn)
         if session is not None:
-            session.view.feed(event)
-            if line.get("event") == "end":
-                session.ended = True
+            if "dir" in line:
+                session.view.feed(event, builder.frame)
+            else:
+                session.view.feed(event)
+                if line.get("event") == "end":
+                    session.ended = True
         self.publish(event)
 
     def publish(self, event: JsonObject) -> None:
         """Add one event to the history (observers take it from there: O(1) per event, however
         many observers there are)."""
-        data = orjson.dumps(event)
-        seq = event.get("seq")
+        seq = event["seq"]
         assert isinstance(seq, int)
-        chunk = sse_chunk(seq, data)
-        conn = event.get("conn")
-        self.end += len(chunk)
-        self.history.append(
-            (seq, conn if isinstance(conn, int) else 0, chunk, len(chunk) - len(data) - 2, self.end)
-        )
-        self.history_held += len(chunk)
-        while self.history_held > self.history_bytes and len(self.history) > 1:
-            self.history_held -= len(self.history.popleft()[2])
-            self.history_dropped += 1
-        if not self._published.is_set():
+        self.history.append(seq, b"id: %d\ndata: %b\n\n" % (seq, orjson.dumps(event)))
+        if not self._published_set:
+            self._published_set = True
             self._published.set()
         if seq % LAG_CHECK_EVERY == 0 and self.observers:
             self.check_lag()
 
     def check_lag(self) -> None:
         """Cut off every observer more than its bound behind (run after each batch)."""
+        end = self.history.end
         for observer in self.observers:
-            if observer.cut is None and self.end - observer.offset > observer.bound:
+            if observer.cut is None and end - observer.offset > observer.bound:
                 observer.cut_off(
                     f"this observer fell more than {observer.bound} bytes behind the session "
                     "(it reads too slowly); reconnect to resume from the last event it received"
@@ -247,46 +263,36 @@ class UiHub:
 
     async def wait_published(self, observer: Observer) -> None:
         """Return once there is something after ``observer``'s cursor (or it was cut off)."""
-        while observer.cut is None and observer.seq >= self.builder.head:
-            if self._published.is_set():
+        while observer.cut is None and observer.offset >= self.history.end:
+            if self._published_set:
                 self._published = anyio.Event()
+                self._published_set = False
             await self._published.wait()
 
-    def take(self, observer: Observer, max_bytes: int) -> list[bytes]:
-        """The next events after ``observer``'s cursor, up to about ``max_bytes``; moves the
-        cursor. An observer whose next event is no longer held is cut off."""
-        if not self.history:
-            return []
-        first = self.history[0][0]
-        if observer.seq + 1 < first:
+    def take(self, observer: Observer, max_bytes: int) -> list[bytes | memoryview]:
+        """The bytes after ``observer``'s cursor, up to about ``max_bytes`` (slices of the
+        shared blocks: no copy, O(blocks) whatever the number of events); moves the cursor. An
+        observer whose next event is no longer held is cut off."""
+        found = self.history.read(observer.offset, max_bytes, observer.gzip)
+        if found is None:
             observer.cut_off(
                 "the events after the last one this observer received are no longer held"
             )
             return []
-        lag = self.builder.head - observer.seq
-        out: list[bytes] = []
-        size = 0
-        # The newest ``lag`` entries, oldest first: O(lag), not O(history).
-        for entry in reversed(list(itertools.islice(reversed(self.history), lag))):
-            out.append(entry[2])
-            size += len(entry[2])
-            observer.seq, observer.offset = entry[0], entry[4]
-            if size >= max_bytes:
-                break
-        return out
+        parts, observer.offset = found
+        return parts
 
     def events(self, conn: int | None = None) -> Iterator[JsonObject]:
         """The events held, oldest first (``conn``: of one session only)."""
-        for _seq, c, chunk, offset, _end in list(self.history):
-            if conn is None or c == conn:
-                yield orjson.loads(chunk[offset:-2])
+        for data in self.history.data():
+            event = orjson.loads(data)
+            if conn is None or event.get("conn") == conn:
+                yield event
 
-    def replay(self, since: int) -> tuple[list[bytes], int]:
-        """The chunks of the events after ``since`` still held, and how many were not."""
-        chunks = [entry[2] for entry in list(self.history) if entry[0] > since]
-        first_held = self.history[0][0] if self.history else self.builder.head + 1
-        missing = max(0, first_held - since - 1)
-        return chunks, missing
+    def replay(self, since: int, gzip: bool = False) -> tuple[list[bytes | memoryview], int]:
+        """The bytes of the events after ``since`` still held (``gzip``: compressed), and how
+        many were not."""
+        return self.history.since(since, gzip)
 
     # -- observers ------------------------------------------------------------------------------
 
@@ -294,7 +300,7 @@ class UiHub:
         """A new observer whose cursor is the newest event (the replay is sent before it)."""
         if len(self.observers) >= self.max_observers:
             return None
-        observer = Observer(self.observer_bytes, self.builder.head, self.end)
+        observer = Observer(self.observer_bytes, self.history.end)
         self.observers.add(observer)
         return observer
 
@@ -304,6 +310,7 @@ class UiHub:
     def close(self, reason: str) -> None:
         for observer in self.observers:
             observer.cut_off(reason)
+        self._published_set = True
         self._published.set()
 
     # -- the live tap -----------------------------------------------------------------------------
@@ -314,7 +321,8 @@ class UiHub:
             return
         self._ingest.append(item)
         self.ingest_held += size
-        if not self._ingest_ready.is_set():
+        if not self._ingest_ready_set:
+            self._ingest_ready_set = True
             self._ingest_ready.set()
 
     async def run(self) -> None:
@@ -322,22 +330,27 @@ class UiHub:
         while True:
             await self._ingest_ready.wait()
             self._ingest_ready = anyio.Event()
+            self._ingest_ready_set = False
             # In slices, so the sessions and the observers' writers run in between.
             while self.drain(DRAIN_SLICE):
-                self.check_lag()
                 await anyio.sleep(0)
-            self.check_lag()
             await anyio.sleep(PUBLISH_INTERVAL_S)
 
     def drain(self, limit: int | None = None) -> bool:
         """Publish what was tapped so far (at most ``limit`` frames); whether more is left."""
+        ingest = self._ingest
+        count = len(ingest) if limit is None else min(limit, len(ingest))
+        items = [ingest.popleft() for _ in range(count)]
+        # One redaction screen for the whole slice (most slices hold nothing to redact).
+        frames: list[bytes] = []
+        for item in items:
+            if item[2] == "frame":
+                frames.append(item[4])
+                if item[5]:
+                    frames.extend(item[5])
         redactor = self.redactor
-        count = 0
-        while self._ingest:
-            if limit is not None and count >= limit:
-                return True
-            count += 1
-            item = self._ingest.popleft()
+        screened = None if redactor.clean(frames) else redactor
+        for item in items:
             self.ingest_held -= item[-1]
             if self.ingest_lost:
                 lost, self.ingest_lost = self.ingest_lost, 0
@@ -345,24 +358,32 @@ class UiHub:
             conn, t, what = item[0], item[1], item[2]
             if what == "frame":
                 _, _, _, direction, raw, sent, changed_by, kind, generated, _ = item
-                line = frame_line(
+                line, cleaned = frame_entry(
                     t,
                     direction,
                     raw,
-                    redactor,
+                    screened,
                     sent=sent,
                     changed_by=changed_by,
                     kind=kind,
                     generated=generated,
                 )
-                self.add_line(conn, orjson.loads(line))
+                self.add_line(conn, line, cleaned)
             elif what == "stderr":
                 cleaned, _ = redactor.frame(item[3])
                 text = cleaned.rstrip(b"\r").decode("utf-8", "replace")
                 self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
             else:
                 self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
-        return False
+        self.published()
+        return bool(ingest)
+
+    def published(self) -> None:
+        """End of a batch: its events become one block of the history, the observers' backlogs
+        are checked."""
+        self.history.seal()
+        if self.observers:
+            self.check_lag()
 
 
 class UiTap:
@@ -382,8 +403,11 @@ class UiTap:
             if type(note) is Observed:
                 changed_by: list[str] = []
                 for info in note.messages:
-                    changed_by.extend(n for n in info.changed_by if n not in changed_by)
-                size = len(note.raw) + sum(len(s) for s in note.sent or ())
+                    if info.changed_by:
+                        changed_by.extend(n for n in info.changed_by if n not in changed_by)
+                size = len(note.raw)
+                if note.sent:
+                    size += sum(map(len, note.sent))
                 hub.ingest(
                     (
                         self.conn,
@@ -432,6 +456,18 @@ class UiTap:
                 len(frame),
             )
             self.hub.ingest(item, len(frame))
+
+    def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
+        fields = {
+            "direction": _DIR[direction],
+            "update": merge.kind,
+            "entity": list(merge.entity),
+            "frames": merge.merged,
+            "written": merge.written,
+            "bytes": merge.size,
+        }
+        item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
+        self.hub.ingest(item, NOTE_BYTES)
 
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())

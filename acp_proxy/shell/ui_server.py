@@ -42,12 +42,14 @@ from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.ui import events, export, security
+from acp_proxy.ui.history import GZIP_HEADER, deflated
 
 MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT_S: Final = 10.0
 MAX_CLIENTS: Final = 128  # requests and subscriptions at once; more wait in the backlog
 KEEPALIVE_S: Final = 15.0  # an SSE comment this often: a dead observer is noticed
-FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)
+FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)...
+PACE_BELOW: Final = 4  # ... while its backlog is below a quarter of its bound
 CUTOFF_SEND_S: Final = 1.0  # how long a cut-off observer gets to read why
 SEND_TIMEOUT_S: Final = 30.0  # a write that makes no progress this long ends the observer
 BATCH_BYTES: Final = 4 * 1024 * 1024  # an observer is given at most this much per write
@@ -191,11 +193,11 @@ class UiServer:
             # The replay as one JSON Lines body (a page loads it in one request, then
             # subscribes to /events?since=<the last seq>): much faster than one message each.
             since = _int(request.query.get("since")) or 0
-            chunks, missing = self.hub.replay(since)
+            _, missing = self.hub.replay(since)
             lines = [orjson.dumps(events.hello(self.hub.mode, self.hub.builder.head))]
             if missing:
                 lines.append(orjson.dumps({"event": "truncated", "lost": missing}))
-            body = b"\n".join([*lines, *(_data(chunk) for chunk in chunks)]) + b"\n"
+            body = b"\n".join([*lines, *self.hub.history.data(since)]) + b"\n"
             return _response(200, "application/x-ndjson", body)
         conn = _int(request.query.get("conn"))
         if path == "/api/entities":
@@ -217,22 +219,31 @@ class UiServer:
             404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
         )
 
-    async def _stream(self, stream: SocketStream, observer: Observer, first: list[bytes]) -> None:
+    async def _stream(
+        self, stream: SocketStream, observer: Observer, first: list[bytes | memoryview]
+    ) -> None:
         """The head and the replay, then each new batch from the history, until the observer
-        is cut off (which cancels this) or goes away. Chunks go out with one ``sendmsg`` per
-        slice (no copy of the events per observer)."""
+        is cut off (which cancels this) or goes away. The history's blocks go out with one
+        ``sendmsg`` per batch (slices of the shared blocks: no copy per observer)."""
+        observer.writing = True
         await _send_all(stream, first)
+        observer.writing = False
         hub = self.hub
+        keepalive = _KEEPALIVE_GZ if observer.gzip else _KEEPALIVE
         while observer.cut is None:
-            with anyio.move_on_after(KEEPALIVE_S):
-                await hub.wait_published(observer)
-            if observer.cut is not None:
-                return
-            chunks = hub.take(observer, BATCH_BYTES) or [b": keepalive\n\n"]
-            with anyio.fail_after(SEND_TIMEOUT_S):
-                await _send_all(stream, chunks)
-            if observer.seq >= hub.builder.head:
-                await anyio.sleep(FLUSH_INTERVAL_S)  # caught up: batch what comes next
+            if hub.caught_up(observer):
+                with anyio.move_on_after(KEEPALIVE_S):
+                    await hub.wait_published(observer)
+                if observer.cut is not None:
+                    return
+            chunks = hub.take(observer, BATCH_BYTES) or [keepalive]
+            observer.writing = True
+            await _send_all(stream, chunks)
+            observer.writing = False
+            if hub.end - observer.offset < observer.bound // PACE_BELOW:
+                # Batch what comes next: one write per interval, however fast events come
+                # (what an observer costs the session is then its bytes, not its wake-ups).
+                await anyio.sleep(FLUSH_INTERVAL_S)
 
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
@@ -243,33 +254,48 @@ class UiServer:
             await close_with(stream, _text(503, f"too many observers ({hub.max_observers})"))
             return
         try:
-            replay, missing = hub.replay(since)
+            # Compressed for a reader that accepts it (a browser): the history's blocks are
+            # compressed once for every such observer, a fraction of the bytes to write.
+            observer.gzip = gzip = accepts_gzip(request.headers.get("accept-encoding", ""))
+            replay, missing = hub.replay(since, gzip)
+            encoding = "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" if gzip else ""
             head = (
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-                f"{_SECURITY_HEADERS}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+                f"{_SECURITY_HEADERS}{encoding}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
-            first = [head, b"retry: 2000\n\n"]
-            first.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
+            opening = [b"retry: 2000\n\n"]
+            opening.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
             if missing:
                 notice = {"event": "truncated", "lost": missing}
-                first.append(sse_chunk(None, orjson.dumps(notice)))
+                opening.append(sse_chunk(None, orjson.dumps(notice)))
+            first: list[bytes | memoryview] = [head]
+            if gzip:
+                first += [GZIP_HEADER, deflated(b"".join(opening))]
+            else:
+                first += opening
             with anyio.CancelScope() as observer.scope:
                 await self._stream(stream, observer, [*first, *replay])
             if observer.cut is not None:
                 self.cut_off = [*self.cut_off[-99:], observer.cut]
                 # Told why, if it reads within CUTOFF_SEND_S; then closed either way.
                 notice = {"event": "cutoff", "reason": observer.cut}
-                with anyio.move_on_after(CUTOFF_SEND_S):
-                    # (after a blank line: a write cut short leaves no half event before it)
-                    await stream.send(b"\n\n" + sse_chunk(None, orjson.dumps(notice)))
+                # (after a blank line: a write cut short leaves no half event before it; a
+                # compressed one leaves half a segment, after which nothing can be read)
+                last = b"\n\n" + sse_chunk(None, orjson.dumps(notice))
+                if gzip and not observer.writing:
+                    last = deflated(last)
+                if not (gzip and observer.writing):
+                    with anyio.move_on_after(CUTOFF_SEND_S):
+                        await stream.send(last)
         except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
         finally:
             hub.unsubscribe(observer)
 
 
-async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
-    """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call)."""
+async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> None:
+    """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call);
+    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``."""
     sock = stream.sock
     first = 0  # chunks[:first] are sent
     head: memoryview | None = None  # what is left of chunks[first] after a partial write
@@ -279,7 +305,8 @@ async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
         try:
             sent = sock.sendmsg(buffers)
         except BlockingIOError:
-            await anyio.wait_writable(sock)
+            with anyio.fail_after(SEND_TIMEOUT_S):
+                await anyio.wait_writable(sock)
             continue
         for buffer in buffers:
             if sent < len(buffer):
@@ -291,9 +318,25 @@ async def _send_all(stream: SocketStream, chunks: list[bytes]) -> None:
         await anyio.lowlevel.checkpoint()
 
 
-def _data(chunk: bytes) -> bytes:
-    """The JSON of one SSE chunk (``id: N\ndata: JSON\n\n``)."""
-    return chunk[chunk.index(b"data: ") + 6 : -2]
+def accepts_gzip(header: str) -> bool:
+    """Whether an ``Accept-Encoding`` value names gzip (without ``q=0``)."""
+    for item in header.split(","):
+        name, _, params = item.partition(";")
+        if name.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        for param in params.split(";"):
+            key, _, weight = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(weight) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+_KEEPALIVE: Final = b": keepalive\n\n"
+_KEEPALIVE_GZ: Final = deflated(_KEEPALIVE)
 
 
 def _int(text: str | None) -> int | None:
@@ -372,7 +415,7 @@ async def run_with_ui(
                 await anyio.sleep(0)
             # The observers get what the session produced (briefly), then the reason they end.
             with anyio.move_on_after(CATCH_UP_S):
-                while any(o.cut is None and o.seq < hub.builder.head for o in hub.observers):
+                while any(o.cut is None and not hub.caught_up(o) for o in hub.observers):
                     await anyio.sleep(0.01)
             hub.close("the proxy is exiting")
             with anyio.move_on_after(CUTOFF_SEND_S):

@@ -78,8 +78,9 @@ class EntityView:
             assert isinstance(version, int)
             self.version = version
 
-    def feed(self, event: JsonObject) -> None:
-        """Apply one stream event (frames toward the client change the client's state)."""
+    def feed(self, event: JsonObject, frame: Field = OMITTED) -> None:
+        """Apply one stream event (frames toward the client change the client's state);
+        ``frame``: the JSON value of its frame when the caller parsed it already."""
         if event.get("event") == "version":
             self.set_version(event.get("protocolVersion"))
             return
@@ -88,7 +89,7 @@ class EntityView:
         seq = event.get("seq")
         seq = seq if isinstance(seq, int) else 0
         sent = event.get("sent")
-        raw = parse_frame(frame_bytes(event))
+        raw = parse_frame(frame_bytes(event)) if frame is OMITTED else frame
         delivered = [parse_frame(sent_bytes(s)) for s in sent] if isinstance(sent, list) else [raw]
         generated = event.get("generated") is True
         names = event.get("changed_by")

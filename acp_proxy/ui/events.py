@@ -1,4 +1,4 @@
-"""The observer event stream (version 1): what ``--ui`` and ``acp-proxy ui`` publish.
+"""The observer event stream (version 2): what ``--ui`` and ``acp-proxy ui`` publish.
 
 Contract: owns the shape of one stream event and its derivation from a record line (the record
 format of ``acp_proxy.record.format``, already redacted): a frame line gains ``seq`` (its place
@@ -13,6 +13,11 @@ The stream (documented in docs/live-view.md; change it only with ``STREAM_VERSIO
 - ``{"seq", "conn", "event": "session", "header": {...}}``: a session starts (its record header);
 - a frame: the record's frame line plus ``seq``, ``conn`` and ``info``;
 - the record's events (``version``, ``end``, ``stopped``, ``lost``) plus ``seq`` and ``conn``;
+- ``{"seq", "conn", "t", "event": "stderr", "line"}``: a line of the agent's stderr;
+- ``{"seq", "conn", "t", "event": "coalesced", "direction", "update", "entity", "frames",
+  "written", "bytes"}`` (since version 2): the outbound queue merged ``frames`` frames the
+  session had read (each shown as read) into ``written`` frames of ``bytes`` bytes, because the
+  receiver read slowly;
 - ``{"event": "truncated", "lost": N}``: the replay asked for events the server no longer
   holds; ``{"event": "cutoff", "reason": ...}``: the server ends this subscription (last event).
 """
@@ -28,7 +33,7 @@ from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 
 STREAM_NAME: Final = "acp-proxy-events"
-STREAM_VERSION: Final = 1
+STREAM_VERSION: Final = 2  # 2: the ``coalesced`` event
 # Requests awaiting their response, per session and direction: past this the oldest is
 # forgotten (its response is then shown unjoined), so a peer that never answers costs nothing.
 MAX_PENDING: Final = 4096
@@ -95,10 +100,12 @@ def parse_frame(raw: bytes) -> JsonValue:
     return value
 
 
-def _id_key(value: JsonValue) -> bytes:
-    # One spelling per id (1 and "1" differ; 1 and 1.0 are one JSON number for a peer).
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+def _id_key(value: JsonValue) -> object:
+    # One key per id: 1 and "1" differ; 1 and 1.0 are one JSON number for a peer (and one key
+    # of a dict); other JSON values (true, null, lists: not valid ids) by their encoding.
+    kind = type(value)
+    if kind is int or kind is str or kind is float:
+        return value
     return orjson.dumps(value)
 
 
@@ -109,7 +116,7 @@ class Joiner:
 
     def __init__(self) -> None:
         # (direction of the request, id) -> (seq, t, method)
-        self._pending: OrderedDict[tuple[str, bytes], tuple[int, float, str]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, object], tuple[int, float, str]] = OrderedDict()
 
     def see(self, direction: str, info: JsonObject, seq: int, t: float) -> None:
         """Record a request, or complete ``info`` of a response with ``reply_to``,
@@ -134,11 +141,14 @@ class Joiner:
 class StreamBuilder:
     """Turns the record lines of any number of sessions into stream events, numbered in order."""
 
-    __slots__ = ("_joiners", "head")
+    __slots__ = ("_joiners", "frame", "head")
 
     def __init__(self) -> None:
         self.head = 0  # the seq of the last event built
         self._joiners: dict[int, Joiner] = {}
+        # The JSON value of the last frame line's frame (``None``: not JSON), parsed once for
+        # its ``info`` and handed on to the entity view.
+        self.frame: JsonValue = None
 
     def _next(self) -> int:
         self.head += 1
@@ -149,21 +159,28 @@ class StreamBuilder:
         self._joiners[conn] = Joiner()
         return {"seq": self._next(), "conn": conn, "event": "session", "header": header}
 
-    def line(self, conn: int, line: JsonObject) -> JsonObject:
-        """The event of one record line (a frame or an event) of session ``conn``."""
+    def line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> JsonObject:
+        """The event of one record line (a frame or an event) of session ``conn`` (``raw``:
+        the frame's bytes as the line holds them, when the caller has them)."""
         event: JsonObject = {"seq": self._next(), "conn": conn, **line}
         direction = line.get("dir")
         if not isinstance(direction, str):
             if line.get("event") == "end":
                 self._joiners.pop(conn, None)
             return event
-        raw = frame_bytes(line)
         kind = line.get("kind", "message")
-        info = describe_message(parse_frame(raw)) if kind in ("message", "batch") else {}
+        if kind in ("message", "batch"):
+            self.frame = parse_frame(raw if raw is not None else frame_bytes(line))
+            info = describe_message(self.frame)
+        else:
+            self.frame, info = None, {}
         if kind not in ("message", "batch"):
             info["type"] = str(kind)
         t = line.get("t")
         when = float(t) if isinstance(t, int | float) else 0.0
-        self._joiners.setdefault(conn, Joiner()).see(direction, info, self.head, when)
+        joiner = self._joiners.get(conn)
+        if joiner is None:
+            joiner = self._joiners[conn] = Joiner()
+        joiner.see(direction, info, self.head, when)
         event["info"] = info
         return event

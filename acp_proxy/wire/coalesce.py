@@ -40,6 +40,8 @@ How it works:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 
 from acp_proxy.base.jsontypes import JsonObject
@@ -91,6 +93,19 @@ class QueueStats:
     skipped: int = 0  # lines that waited but skipped merging (it did not pay)
 
 
+@value
+class Coalesced:
+    """What the queue wrote for one entity's merged frames (told to ``on_coalesced``): ``merged``
+    frames of update kind ``kind`` became ``written`` frames (1, or 2 for a clear then an
+    object) of ``size`` bytes, newlines included."""
+
+    kind: str
+    entity: tuple[object, ...]
+    merged: int
+    written: int
+    size: int
+
+
 # A waiting entry: a frame or line as it came (bytes, possibly several lines joined by ``\n``
 # when it is not a merge candidate), or a group of one entity's lines.
 _Entry = bytes | Group
@@ -123,6 +138,7 @@ class OutboundQueue:
         "_skip",
         "_skip_until",
         "_version",
+        "on_coalesced",
         "peer_waits",
         "stats",
     )
@@ -158,6 +174,8 @@ class OutboundQueue:
         # the proxy, and merging could only slow it down.
         self.peer_waits = True
         self.stats = QueueStats()
+        # Told what each merged group became when it is written (the live view); None: nobody.
+        self.on_coalesced: Callable[[Coalesced], None] | None = None
 
     @property
     def rate_limited(self) -> bool:
@@ -348,6 +366,7 @@ class OutboundQueue:
             self._bytes += target.charge - charge
             if merged:
                 self.stats.merged += 1
+                target.merged += 1
                 self._count += target.lines - lines - 1
                 return
         self._index[key] = (self._base + len(done), spec)
@@ -459,6 +478,10 @@ class OutboundQueue:
         frames = group.frames()
         if len(frames) > 1:
             self.stats.split += len(frames) - 1
+        if group.merged and self.on_coalesced is not None:
+            size = sum(len(frame) + 1 for frame in frames)
+            merge = Coalesced(group.spec.kind, group.key, group.merged + 1, len(frames), size)
+            self.on_coalesced(merge)
         return frames
 
     def _take_limited(self, now: float) -> tuple[list[bytes], float | None]:

@@ -116,6 +116,7 @@ class Group:
         "key",
         "last",
         "lines",
+        "merged",
         "parsed",
         "pieces",
         "plain",
@@ -141,6 +142,7 @@ class Group:
         self.texts: list[str] = []  # text chunks: the texts to join
         self.pieces: list[bytes] = []  # terminal output chunks: the bytes to join
         self.lines = 1  # frames it will write
+        self.merged = 0  # later lines merged into it (the queue counts them)
         # None: not looked at yet; False: never merges (numbers, malformed); True: merging.
         self.state: bool | None = None
         self.plain = False  # the envelope is exactly jsonrpc, method, params{sessionId, update}
