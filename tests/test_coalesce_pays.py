@@ -229,9 +229,7 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
         pass
     stream = FdStream(None, w, close_fds=False)
     outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
-    frames = [
-        tcu(f"t{i % 50}", status=str(i), rawOutput={"log": "y" * 600}) for i in range(6000)
-    ]
+    frames = [tcu(f"t{i % 50}", status=str(i), rawOutput={"log": "y" * 600}) for i in range(6000)]
     received = bytearray()
     peak = [0]
 
