@@ -20,10 +20,18 @@ from hypothesis import strategies as st
 
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
-from acp_proxy.shell.outbox import GATE_UNREAD, WRITE_CHUNK, Outbox, SideStats, write_all
+from acp_proxy.shell.outbox import (
+    GATE_UNREAD,
+    STARVED_UNREAD,
+    WRITE_CHUNK,
+    Outbox,
+    SideStats,
+    write_all,
+)
 from acp_proxy.shell.transports import FdStream
 from acp_proxy.wire.coalesce import FRAME_OVERHEAD, MERGE_COST_S, OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce_merge import Group
+from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
 
@@ -95,9 +103,19 @@ _OPS = st.lists(
         st.tuples(st.just("push"), st.lists(_LINES, min_size=1, max_size=4)),
         st.tuples(st.just("room"), st.none()),
         st.tuples(st.just("take"), st.sampled_from([None, 1, 300, 2000])),
+        # The writer that sees its peer's pace: takes without a pass, merges while it waits.
+        st.tuples(st.just("take_unlooked"), st.sampled_from([None, 1, 300, 2000])),
+        st.tuples(st.just("look"), st.sampled_from([0.0, MERGE_COST_S * 70, 1.0])),
     ),
     max_size=60,
 )
+
+
+def _lines_held(queue: OutboundQueue) -> int:
+    lines = sum(raw.count(b"\n") + 1 for raw, _version in queue._fresh)
+    for entry in queue._done:
+        lines += entry.count(b"\n") + 1 if isinstance(entry, bytes) else entry.lines
+    return lines
 
 
 @settings(max_examples=150, deadline=None)
@@ -116,18 +134,30 @@ def test_what_it_holds_is_counted_exactly_and_the_state_is_exact(
             sent.extend(arg)
         elif op == "room":
             queue.has_room()
+        elif op == "look":
+            queue.look(now, arg)
         else:
-            out.extend(queue.take(now, arg)[0])
+            out.extend(queue.take(now, arg, look=op == "take")[0])
         # A group's parsed objects count from the moment it holds them (it used to miss what
         # the first look at a group's first line added).
         assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+        assert len(queue) == _lines_held(queue)
     out.extend(queue.take(now)[0])
     assert queue.pending_bytes == 0 and len(queue) == 0
-    model, direct = ClientModel(2), ClientModel(2)
-    for line in written(out) if out else []:
-        model.apply(orjson.loads(line))
+    # The state at every barrier (the request) and at the end is the unmerged stream's.
+    at_barrier: list[object] = []
+    direct = ClientModel(2)
     for line in sent:
+        if line == REQ:
+            at_barrier.append(direct.snapshot())
         direct.apply(orjson.loads(line))
+    model = ClientModel(2)
+    seen: list[object] = []
+    for line in written(out) if out else []:
+        if line == REQ:
+            seen.append(model.snapshot())
+        model.apply(orjson.loads(line))
+    assert seen == at_barrier
     assert model.snapshot() == direct.snapshot()
 
 
@@ -199,6 +229,45 @@ def test_a_peer_that_takes_every_write_at_once_is_not_waited_for() -> None:
     assert written(queue.take(0.0)[0]) == [tcu(status="c")]
 
 
+def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look merges about as many lines as fit in the time given (``MERGE_COST_S`` a line);
+    a take without a pass writes what was merged first, then the rest as it came, unparsed."""
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    queue.consumed(len(tcu(status="0")) * 100, 1.0)  # 100 lines a second: merging pays
+    frames = [tcu(f"t{i % 2}", status=str(i)) for i in range(200)]
+    for raw in frames:
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    calls = _counting(monkeypatch)
+    queue.look(0.0, 70.5 * MERGE_COST_S)  # 70 lines (whole frames)
+    # Each line parsed once, and each group's first line once more when the group forms.
+    assert len(calls) == 72 and set(calls) == set(frames[:70])
+    assert len(queue) == 2 + 130
+    # A piece of about one line: the first entity's merge, the rest waits.
+    out, _ = queue.take(0.0, 10, look=False)
+    assert written(out) == [tcu("t0", status="68")]
+    out, _ = queue.take(0.0, look=False)
+    assert written(out) == [tcu("t1", status="69"), *frames[70:]]
+    assert set(calls) == set(frames[:70])  # the frames not looked at were never parsed
+    assert len(queue) == 0 and queue.pending_bytes == 0
+
+
+def test_a_take_without_a_pass_leaves_what_it_did_not_take_mergeable() -> None:
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    queue.consumed(len(tcu(status="0")) * 100, 1.0)
+    for i in range(100):
+        queue.push(OutFrame(tcu(f"t{i % 4}", status=str(i)), None, 2), 0.0)
+    size = sum(len(tcu(f"t{i % 4}", status=str(i))) + 1 for i in range(10))
+    out, _ = queue.take(0.0, size, look=False)
+    assert written(out) == [tcu(f"t{i % 4}", status=str(i)) for i in range(10)]
+    queue.look(0.0, 1.0)
+    # The rest merged: each entity's last update, in the order the entities came (t2 first).
+    assert written(queue.take(0.0, look=False)[0]) == [
+        tcu(f"t{i % 4}", status=str(i)) for i in (98, 99, 96, 97)
+    ]
+
+
 # -- the unread bytes of a peer, and the writer's gate -----------------------------------------
 
 
@@ -267,3 +336,28 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
     assert model.snapshot() == direct.snapshot()
     assert len(lines) < len(frames) // 2
     assert peak[0] <= GATE_UNREAD + 2 * WRITE_CHUNK, peak[0]
+
+
+def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
+    """A pipe whose reader keeps it nearly empty for a rate window: the peer waits for the
+    proxy, so the queue stops merging; more than half of ``GATE_UNREAD`` unread again, and it
+    merges again."""
+    r, w = os.pipe()
+    stream = FdStream(None, w, close_fds=False)
+    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    queue = outbox.queue
+    try:
+        queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+        assert queue.peer_waits and outbox.gate(0.0) is None and outbox.gauged
+        os.write(w, b"x" * (STARVED_UNREAD - 1))
+        assert outbox.gate(0.0 + RATE_WINDOW_S / 2) is None and queue.peer_waits
+        assert outbox.gate(0.0 + RATE_WINDOW_S) is None and not queue.peer_waits
+        os.write(w, b"x" * (GATE_UNREAD // 2 - STARVED_UNREAD + 1))  # exactly half: not yet
+        outbox.gate(0.1)
+        assert not queue.peer_waits
+        os.write(w, b"x")
+        outbox.gate(0.2)
+        assert queue.peer_waits
+    finally:
+        os.close(r)
+        os.close(w)

@@ -36,6 +36,10 @@ WRITE_CHUNK = 64 * 1024
 GATE_UNREAD = 64 * 1024
 GATE_MIN_S = 0.0005
 GATE_MAX_S = 0.02
+# A peer whose kernel buffer stays below this for a rate window reads everything the proxy
+# gives it: it waits for the proxy, not the other way round, so the queue stops merging (until
+# more than half of ``GATE_UNREAD`` waits unread again).
+STARVED_UNREAD = 16 * 1024
 
 
 @value(frozen=False)
@@ -76,10 +80,12 @@ class Outbox:
         "_gate_window",
         "_ready",
         "_space",
+        "_starved_since",
         "broken",
         "busy",
         "closed",
         "finished",
+        "gauged",
         "inflight",
         "queue",
         "replies",
@@ -112,6 +118,10 @@ class Outbox:
         self._gate_at: float | None = None  # the gate's last look: when, unread, bytes sent
         self._gate_unread = self._gate_sent = self._gate_read = 0
         self._gate_window = 0.0  # the start of the window the peer's pace is measured over
+        self._starved_since: float | None = None  # since when the peer has had little unread
+        # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
+        # writer then merges while it waits for the peer (``queue.look``), not when it takes.
+        self.gauged = False
         # What the kernel did not take yet of a direct write, in order (views, not copies: a
         # 10 MB frame is not duplicated when the pipe takes only part of it).
         self.tail: list[bytes | memoryview] = []
@@ -315,6 +325,16 @@ class Outbox:
         unread = unread_of()
         if unread is None:
             return None
+        self.gauged = True
+        if unread < STARVED_UNREAD:
+            if self._starved_since is None:
+                self._starved_since = now
+            elif now - self._starved_since >= RATE_WINDOW_S:
+                queue.peer_waits = False
+        else:
+            self._starved_since = None
+            if unread > GATE_UNREAD // 2:
+                queue.peer_waits = True
         sent = self.stats.bytes
         rate = 0.0
         last = self._gate_at
@@ -348,7 +368,7 @@ class Outbox:
             if self.gate(now) is not None:
                 self._ready.set()  # the writer waits for the peer to read down
                 return
-            frames, deadline = queue.take(now, WRITE_CHUNK)
+            frames, deadline = queue.take(now, WRITE_CHUNK, look=not self.gauged)
             if frames:
                 self._space.set()
                 self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
@@ -425,10 +445,12 @@ async def write_all(
             now = time.monotonic()
             wait = outbox.gate(now)
             if wait is not None:
+                # Merging fills time the peer needs anyway to read down its buffer.
+                queue.look(now, wait)
                 await outbox.wait_ready(now + wait)
                 continue
             written = queue.stats.written
-            frames, deadline = queue.take(now, WRITE_CHUNK)
+            frames, deadline = queue.take(now, WRITE_CHUNK, look=not outbox.gauged)
             if not frames:
                 if outbox.closed and deadline is None:
                     break

@@ -13,10 +13,12 @@ How it works:
   accept a write. Pushing costs no parse: a frame (the shell joins runs of untouched lines into
   one) waits as it came. A consumer that keeps up therefore sees every frame unmerged and
   undelayed, at the cost of a plain FIFO.
-* Merging happens only among frames that are *still waiting* when the writer takes them, or when
-  the queue reaches its bound: then the frames pushed since the last merge pass are split into
-  lines, each line is parsed once and classified (kind, entity), and a mergeable one is merged
-  into the **last** waiting entry of the same entity in the **tail run** (the run after the last
+* Merging happens only among frames that are *still waiting*: while the writer waits for a slow
+  peer to read down its kernel buffer (``look``: as many lines as fit in that wait), when a
+  writer that cannot see its peer's pace takes them, or when the queue reaches its bound. Then
+  the frames pushed since the last merge pass (or the first of them) are split into lines,
+  each line is parsed once and classified (kind, entity), and a mergeable one is merged into
+  the **last** waiting entry of the same entity in the **tail run** (the run after the last
   barrier), found through a per-entity index. Nothing is compared against the rest of the
   queue, nothing moves across a barrier, and per entity updates keep their order (digest 3.3:
   clients apply updates "in the order they are received for each" id).
@@ -35,7 +37,8 @@ How it works:
   can be held: pushing a barrier releases every held entry before it at the next ``take``, so
   requests and responses are never delayed by the rate limit and nothing crosses a barrier.
   Cost: an entity's latest state may reach the client up to ``min_interval_ms`` late, and other
-  entities' updates may overtake a held one within its run (per-entity order is kept).
+  entities' updates may overtake a held one within its run (per-entity order is kept). What is
+  due and what is held is ``coalesce_rate``.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from acp_proxy.config import CoalesceConfig
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify, table_of
 from acp_proxy.wire.coalesce_merge import Group
 from acp_proxy.wire.coalesce_pace import Pace
+from acp_proxy.wire.coalesce_rate import RateLimit
 
 _NEEDLE = b'"session/update"'
 # Memory a waiting frame or line takes beyond its bytes: the bytes object, its tuple and list
@@ -128,12 +132,11 @@ class OutboundQueue:
         "_in_lines",
         "_index",
         "_interval",
-        "_last_written",
         "_merge",
         "_now",
         "_pace",
-        "_prune_at",
         "_pushed_bytes",
+        "_rate",
         "_ratio",
         "_skip",
         "_skip_until",
@@ -158,8 +161,7 @@ class OutboundQueue:
         self._index: dict[EntityKey, tuple[int, Spec]] = {}
         self._version: int | None = None  # the version the index was built for
         self._groups = 0  # entries of ``_done`` that are groups
-        self._last_written: dict[EntityKey, float] = {}  # rate limit only
-        self._prune_at = 1024
+        self._rate = RateLimit(self._interval)  # used only when ``_interval`` is set
         self._bytes = 0  # held in memory (without the index, counted by its length)
         self._count = 0  # frames it will write
         self._in_lines = self._in_bytes = 0  # read since the writer last took something
@@ -279,15 +281,22 @@ class OutboundQueue:
 
     # -- merge pass -----------------------------------------------------------------------
 
-    def _pass(self) -> None:
-        """Look at the frames pushed since the last pass: merge what merges into the tail run."""
-        fresh = self._fresh
-        self._fresh = []
-        self._bytes -= self._fresh_bytes
-        self._fresh_bytes = 0
+    def look(self, now: float, seconds: float) -> None:
+        """While the writer waits for a slow peer to read down its kernel buffer: merge the
+        frames pushed since the last pass for about ``seconds`` (``MERGE_COST_S`` a line), time
+        the peer needs anyway. What is left waits, still fresh, for the next look."""
+        self._now = now
+        if self._fresh and self._interval == 0.0 and self._pays(now):
+            self._pass(max(_MIN_PASS, int(seconds / MERGE_COST_S)))
+
+    def _pass(self, max_lines: int | None = None) -> None:
+        """Look at the frames pushed since the last pass (the first of them, about
+        ``max_lines`` lines): merge what merges into the tail run."""
         if not self._pays(self._now):
+            fresh = self._first_of(None)
             self._as_barriers(fresh)
             return
+        fresh = self._first_of(max_lines)
         self.stats.passes += 1
         merged_before = self.stats.merged
         looked = 0
@@ -313,9 +322,33 @@ class OutboundQueue:
             # that does not merge costs a FIFO again. (A consumer that keeps up is looked at
             # before every pass: ``_pays``.)
             self._skip = min(max(looked, 2 * self._skip), _MAX_SKIP)
-            self._skip_until = self.stats.pushed + self._skip
+            self._skip_until = self._fresh_first + self._skip
         else:
             self._skip = 0
+
+    def _first_of(self, max_lines: int | None) -> list[tuple[bytes, int | None]]:
+        """The first fresh frames (all, or about ``max_lines`` lines: whole frames), no longer
+        fresh: their charge leaves ``_bytes`` (the caller adds what they become)."""
+        fresh = self._fresh
+        if max_lines is None:
+            self._fresh = []
+            self._bytes -= self._fresh_bytes
+            self._fresh_bytes = 0
+            self._fresh_first = self.stats.pushed
+            return fresh
+        lines = size = n = 0
+        for raw, _version in fresh:
+            if n and lines >= max_lines:
+                break
+            lines += raw.count(b"\n") + 1
+            size += len(raw) + 1 + FRAME_OVERHEAD
+            n += 1
+        first = fresh[:n]
+        del fresh[:n]
+        self._bytes -= size
+        self._fresh_bytes -= size
+        self._fresh_first += lines
+        return first
 
     def _as_barriers(self, fresh: list[tuple[bytes, int | None]]) -> None:
         """Frames that skip merging: waiting as they came, closing the tail run (nothing may
@@ -381,7 +414,9 @@ class OutboundQueue:
 
     # -- take -----------------------------------------------------------------------------
 
-    def take(self, now: float, limit: int | None = None) -> tuple[list[bytes], float | None]:
+    def take(
+        self, now: float, limit: int | None = None, *, look: bool = True
+    ) -> tuple[list[bytes], float | None]:
         """What is ready to write now (at most about ``limit`` bytes: whole lines, at least
         one), and when to call again.
 
@@ -390,6 +425,11 @@ class OutboundQueue:
         rate limit; ``None`` means "call again when something is pushed". What is not taken
         stays in the queue, where later updates of its entities still merge into it: a writer
         that takes only what its peer can accept now keeps the backlog mergeable.
+
+        With ``look`` (a writer that cannot see its peer's pace) the frames pushed since the
+        last pass are merged first, when it pays; without (the writer merges with ``look()``
+        while it waits for the peer), what was merged goes first, then fresh frames as they
+        came, unparsed.
         """
         self._in_lines = self._in_bytes = 0
         self._now = now
@@ -399,11 +439,12 @@ class OutboundQueue:
             self._pace.taken(self.stats.written - written, now)
             return limited
         if self._fresh:
-            if self._done or len(self._fresh) > 1:
+            if look and (self._done or len(self._fresh) > 1):
                 self._pass()  # (when it pays; else the frames wait as they came, unparsed)
-            else:  # one frame alone (one read): it waited behind nothing, so it is not parsed
-                self._done.append(self._fresh.pop()[0])
-                self._fresh_bytes = 0
+            elif not self._done or limit is None or self._bytes <= limit:
+                # Unparsed, as they came (one frame alone waited behind nothing): about the
+                # piece taken, the rest stays fresh and mergeable.
+                self._unlooked(None if self._done else limit)
         done = self._done
         if not done:
             return [], None
@@ -427,6 +468,24 @@ class OutboundQueue:
         self.stats.written += self._count
         self._bytes = self._count = 0
         return out, None
+
+    def _unlooked(self, limit: int | None) -> None:
+        """The first fresh frames (all, or about ``limit`` bytes) join the waiting entries as
+        they came, unparsed; nothing merges across them."""
+        if limit is None or self._fresh_bytes <= limit:
+            fresh = self._first_of(None)
+        else:
+            lines = size = 0
+            for raw, _version in self._fresh:
+                if lines and size >= limit:
+                    break
+                lines += raw.count(b"\n") + 1
+                size += len(raw) + 1
+            fresh = self._first_of(lines)
+        self._index.clear()
+        for raw, _version in fresh:
+            self._done.append(raw)
+            self._bytes += len(raw) + 1 + FRAME_OVERHEAD
 
     def _take_some(self, limit: int, now: float) -> bytes:
         """The first entries, about ``limit`` bytes of them (whole lines, at least one); the
@@ -485,51 +544,21 @@ class OutboundQueue:
         return frames
 
     def _take_limited(self, now: float) -> tuple[list[bytes], float | None]:
-        # Entries up to the last barrier are due regardless: a barrier releases what precedes it.
-        done = self._done
-        last_barrier = -1
-        for i, entry in enumerate(done):
-            if type(entry) is bytes:
-                last_barrier = i
+        due, held, deadline = self._rate.split(self._done, now)
         parts: list[bytes] = []
         written = 0
-        held: list[_Entry] = []
-        deadline: float | None = None
-        for i, entry in enumerate(done):
-            if type(entry) is bytes:
+        for entry in due:
+            if isinstance(entry, bytes):
                 parts.append(entry)
                 written += entry.count(b"\n") + 1
-                continue
-            assert isinstance(entry, Group)
-            key = entry.key
-            if i > last_barrier:
-                written_at = self._last_written.get(key)
-                # Compare with the very deadline returned, so taking at it always releases.
-                due = written_at + self._interval if written_at is not None else now
-                if now < due:
-                    held.append(entry)
-                    deadline = due if deadline is None else min(deadline, due)
-                    continue
-            parts.extend(self._written(entry))
-            written += entry.lines
-            self._last_written[key] = now
-        self._done = held
-        self._index = {}
+            else:
+                parts.extend(self._written(entry))
+                written += entry.lines
+        self._done = list(held)
+        self._index = {entry.key: (i, entry.spec) for i, entry in enumerate(held)}
         self._base = 0
-        for i, entry in enumerate(held):
-            assert isinstance(entry, Group)
-            self._index[entry.key] = (i, entry.spec)
         self._groups = len(held)
-        self._count = sum(e.lines for e in held if isinstance(e, Group))
-        self._bytes = sum(e.charge for e in held if isinstance(e, Group))
+        self._count = sum(entry.lines for entry in held)
+        self._bytes = sum(entry.charge for entry in held)
         self.stats.written += written
-        self._prune(now)
         return ([b"\n".join(parts) + b"\n"] if parts else []), deadline
-
-    def _prune(self, now: float) -> None:
-        """Forget entities written longer than the interval ago (they can no longer be held)."""
-        if len(self._last_written) < self._prune_at:
-            return
-        horizon = now - self._interval
-        self._last_written = {k: t for k, t in self._last_written.items() if t > horizon}
-        self._prune_at = max(1024, 2 * len(self._last_written))
