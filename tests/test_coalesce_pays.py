@@ -7,6 +7,7 @@ The queue is pure (times are passed in); the outbox test runs the real writer ta
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.shell.outbox import (
+    GATE_IDLE_MAX_S,
+    GATE_MIN_S,
     GATE_UNREAD,
     STARVED_UNREAD,
     WRITE_CHUNK,
@@ -253,6 +256,53 @@ def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
     assert len(queue) == 0 and queue.pending_bytes == 0
 
 
+def test_a_paused_peer_s_merges_are_encoded_ahead_and_a_later_merge_undoes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A look with nothing fresh to merge (a paused peer, a full queue) encodes the merged
+    groups ahead of the write, from the head, counted in what the queue holds; the write then
+    encodes nothing. A group that merges a later line drops what was encoded: it writes the
+    later state."""
+    queue = OutboundQueue(CoalesceConfig(), coalesce=True)
+    queue.consumed(len(tcu(status="0")) * 100, 1.0)  # 100 lines a second: merging pays
+    for raw in (tcu("t1", status="a"), tcu("t2", status="a"), REQ):
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    for raw in (tcu("t3", status="a"), tcu("t3", status="b"), tcu("t4", status="a")):
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    queue.push(OutFrame(tcu("t4", status="b"), None, 2), 0.0)
+    queue.look(0.0, 1.0)  # merges: t3 and t4 become groups
+    groups = [e for e in queue._done if isinstance(e, Group)]
+    assert len(groups) == 2 and all(g.ready is None for g in groups)
+    before = queue.pending_bytes
+    queue.look(0.0, 1.0)  # nothing fresh: encoded ahead
+    assert [g.ready for g in groups] == [[tcu("t3", status="b")], [tcu("t4", status="b")]]
+    encoded = sum(len(tcu(t, status="b")) for t in ("t3", "t4"))
+    assert queue.pending_bytes - before > encoded
+    assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    queue.push(OutFrame(tcu("t4", status="c"), None, 2), 0.0)
+    queue.look(0.0, 1.0)  # t4 merges the later line: its encoding is dropped
+    assert groups[0].ready is not None and groups[1].ready is None
+    assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    encodes: list[Group] = []
+    encode = Group._encode
+
+    def counting(group: Group) -> list[bytes]:
+        encodes.append(group)
+        return encode(group)
+
+    monkeypatch.setattr(Group, "_encode", counting)
+    out, _ = queue.take(0.0, look=False)
+    assert written(out) == [
+        tcu("t1", status="a"),
+        tcu("t2", status="a"),
+        REQ,
+        tcu("t3", status="b"),
+        tcu("t4", status="c"),
+    ]
+    assert encodes == [groups[1]]  # t3 was written as encoded ahead
+    assert queue.pending_bytes == 0
+
+
 def test_a_take_without_a_pass_leaves_what_it_did_not_take_mergeable() -> None:
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     queue.consumed(len(tcu(status="0")) * 100, 1.0)
@@ -338,26 +388,60 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
     assert peak[0] <= GATE_UNREAD + 2 * WRITE_CHUNK, peak[0]
 
 
+def test_a_paused_peer_is_looked_at_less_and_less_often_but_a_resumed_one_at_once() -> None:
+    """While the peer reads nothing and its pace is unknown, the writer's wait doubles from
+    ``GATE_MIN_S`` up to ``GATE_IDLE_MAX_S`` (a paused client costs few wake-ups, and one that
+    resumes waits at most that long); as soon as it reads, the wait starts short again."""
+    r, w = os.pipe()
+    stream = FdStream(None, w, close_fds=False)
+    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    try:
+        fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4 * GATE_UNREAD)
+        outbox.queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+        assert os.write(w, b"x" * (2 * GATE_UNREAD)) == 2 * GATE_UNREAD
+        waits = [outbox.gate(0.001 * n) for n in range(7)]
+        assert waits == [
+            GATE_MIN_S,
+            2 * GATE_MIN_S,
+            4 * GATE_MIN_S,
+            8 * GATE_MIN_S,
+            GATE_IDLE_MAX_S,
+            GATE_IDLE_MAX_S,
+            GATE_IDLE_MAX_S,
+        ]
+        os.read(r, GATE_UNREAD // 2)  # it resumed, and is still behind
+        wait = outbox.gate(0.007)
+        assert wait is not None and wait < GATE_IDLE_MAX_S
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
-    """A pipe whose reader keeps it nearly empty for a rate window: the peer waits for the
-    proxy, so the queue stops merging; more than half of ``GATE_UNREAD`` unread again, and it
-    merges again."""
+    """A look that finds the peer's pipe (nearly) empty: the peer waits for the proxy, so the
+    queue stops merging at once (a paused client that resumed is fed at the pace of a plain
+    queue); it merges again only once more than half of ``GATE_UNREAD`` stayed unread for a
+    rate window after that."""
     r, w = os.pipe()
     stream = FdStream(None, w, close_fds=False)
     outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
     queue = outbox.queue
     try:
         queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+        os.write(w, b"x" * (GATE_UNREAD // 2 + 1))
         assert queue.peer_waits and outbox.gate(0.0) is None and outbox.gauged
-        os.write(w, b"x" * (STARVED_UNREAD - 1))
-        assert outbox.gate(0.0 + RATE_WINDOW_S / 2) is None and queue.peer_waits
-        assert outbox.gate(0.0 + RATE_WINDOW_S) is None and not queue.peer_waits
-        os.write(w, b"x" * (GATE_UNREAD // 2 - STARVED_UNREAD + 1))  # exactly half: not yet
+        assert queue.peer_waits  # never drained: behind
+        os.read(r, GATE_UNREAD // 2 + 1 - (STARVED_UNREAD - 1))  # one byte short of 16 KiB left
+        outbox.gate(0.001)
+        assert not queue.peer_waits
+        os.write(w, b"x" * (GATE_UNREAD // 2 - STARVED_UNREAD + 2))  # half of GATE_UNREAD + 1
+        outbox.gate(0.001 + RATE_WINDOW_S / 2)
+        assert not queue.peer_waits  # behind, but not for a rate window yet
+        outbox.gate(0.001 + RATE_WINDOW_S)
+        assert queue.peer_waits
+        os.read(r, GATE_UNREAD)
         outbox.gate(0.1)
         assert not queue.peer_waits
-        os.write(w, b"x")
-        outbox.gate(0.2)
-        assert queue.peer_waits
     finally:
         os.close(r)
         os.close(w)

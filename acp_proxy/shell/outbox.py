@@ -36,6 +36,9 @@ WRITE_CHUNK = 64 * 1024
 GATE_UNREAD = 64 * 1024
 GATE_MIN_S = 0.0005
 GATE_MAX_S = 0.02
+# While the peer reads nothing (paused), the writer looks again after at most this long: a
+# peer that resumes waits no longer for the proxy (about 200 wake-ups a second of pause).
+GATE_IDLE_MAX_S = 0.005
 # A peer whose kernel buffer stays below this for a rate window reads everything the proxy
 # gives it: it waits for the proxy, not the other way round, so the queue stops merging (until
 # more than half of ``GATE_UNREAD`` waits unread again).
@@ -73,14 +76,15 @@ class Outbox:
     """
 
     __slots__ = (
+        "_drained_at",
         "_gate_at",
+        "_gate_idle",
         "_gate_read",
         "_gate_sent",
         "_gate_unread",
         "_gate_window",
         "_ready",
         "_space",
-        "_starved_since",
         "broken",
         "busy",
         "closed",
@@ -118,7 +122,11 @@ class Outbox:
         self._gate_at: float | None = None  # the gate's last look: when, unread, bytes sent
         self._gate_unread = self._gate_sent = self._gate_read = 0
         self._gate_window = 0.0  # the start of the window the peer's pace is measured over
-        self._starved_since: float | None = None  # since when the peer has had little unread
+        # How long to wait while the peer's pace is unknown: doubled at each look that finds
+        # it read nothing (a paused peer costs few wake-ups), back to ``GATE_MIN_S`` when it
+        # reads (a peer that resumed is fed within ``GATE_IDLE_MAX_S``).
+        self._gate_idle = GATE_MIN_S
+        self._drained_at: float | None = None  # when a look last found the peer had read it all
         # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
         # writer then merges while it waits for the peer (``queue.look``), not when it takes.
         self.gauged = False
@@ -327,21 +335,23 @@ class Outbox:
             return None
         self.gauged = True
         if unread < STARVED_UNREAD:
-            if self._starved_since is None:
-                self._starved_since = now
-            elif now - self._starved_since >= RATE_WINDOW_S:
-                queue.peer_waits = False
-        else:
-            self._starved_since = None
-            if unread > GATE_UNREAD // 2:
-                queue.peer_waits = True
+            # The peer read (nearly) all it was given: it waits for the proxy, where merging
+            # could only make it wait longer (a paused client that resumed, a fast one).
+            self._drained_at = now
+            queue.peer_waits = False
+        elif unread > GATE_UNREAD // 2 and (
+            self._drained_at is None or now - self._drained_at >= RATE_WINDOW_S
+        ):
+            queue.peer_waits = True  # it has left data unread for a rate window: it is behind
         sent = self.stats.bytes
         rate = 0.0
         last = self._gate_at
         if last is not None and now - last > 4 * RATE_WINDOW_S and unread < GATE_UNREAD:
             last = None  # not looked for a while and nothing much waits: a fresh start
         if last is not None:
-            self._gate_read += max(0, self._gate_unread + (sent - self._gate_sent) - unread)
+            read = max(0, self._gate_unread + (sent - self._gate_sent) - unread)
+            self._gate_read += read
+            self._gate_idle = GATE_MIN_S if read else min(2 * self._gate_idle, GATE_IDLE_MAX_S)
             span = now - self._gate_window
             if span >= RATE_WINDOW_S:
                 rate = self._gate_read / span
@@ -351,11 +361,12 @@ class Outbox:
                 rate = self._gate_read / (now - self._gate_window)
         else:
             self._gate_window, self._gate_read = now, 0
+            self._gate_idle = GATE_MIN_S
         self._gate_at, self._gate_unread, self._gate_sent = now, unread, sent
         if unread <= GATE_UNREAD or not queue.merging(now):
             return None
         if rate <= 0.0:
-            return GATE_MAX_S
+            return self._gate_idle
         return min(max((unread - GATE_UNREAD) / rate, GATE_MIN_S), GATE_MAX_S)
 
     def flush_now(self, now: float) -> None:

@@ -43,7 +43,7 @@ How it works:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import orjson
 
@@ -51,7 +51,7 @@ from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify, table_of
-from acp_proxy.wire.coalesce_merge import Group
+from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
 
@@ -71,6 +71,9 @@ _MAX_SKIP = 1 << 16
 # 15 µs on the bench's notify and mixed v2 streams (``bench/slow_client.py``). A pass pays when
 # the lines it merges away would have taken the consumer longer to read than the pass takes.
 MERGE_COST_S = 15e-6
+# What encoding a merged group for the write costs (parse its last line, splice the merged
+# members): a look with nothing to merge encodes about its wait's worth ahead of the write.
+ENCODE_COST_S = 30e-6
 
 
 @value
@@ -135,6 +138,7 @@ class OutboundQueue:
         "_merge",
         "_now",
         "_pace",
+        "_prepared",
         "_pushed_bytes",
         "_rate",
         "_ratio",
@@ -153,6 +157,7 @@ class OutboundQueue:
         # Looked at by a merge pass (or skipped it), in order; the tail run is indexed.
         self._done: list[_Entry] = []
         self._base = 0  # the position of ``_done[0]`` since the queue was last empty
+        self._prepared = 0  # the position up to which groups were encoded ahead (``look``)
         self._fresh: list[tuple[bytes, int | None]] = []  # pushed since the last pass
         self._fresh_bytes = 0
         self._fresh_first = 0  # ``stats.pushed`` before the first of them
@@ -245,10 +250,6 @@ class OutboundQueue:
 
     # -- when merging pays ----------------------------------------------------------------
 
-    def drain_rate(self, now: float) -> float:
-        """The consumer's pace in lines a second (``coalesce_pace``; 0.0: unknown or none)."""
-        return self._pace.lines_per_s(now)
-
     def consumed(self, nbytes: int, span: float) -> None:
         """The writer saw the peer read ``nbytes`` in the last ``span`` seconds (from what the
         kernel says is still unread): its pace, in lines of the size of the lines pushed."""
@@ -265,7 +266,7 @@ class OutboundQueue:
             and self._ratio * _YIELD >= 1.0
             and self.stats.pushed >= self._skip_until
             and self.peer_waits
-            and self._ratio >= MERGE_COST_S * self.drain_rate(now)
+            and self._ratio >= MERGE_COST_S * self._pace.lines_per_s(now)
         )
 
     def _pays(self, now: float) -> bool:
@@ -277,7 +278,7 @@ class OutboundQueue:
             return True
         if self._fresh_first < self._skip_until or not self.peer_waits:
             return False
-        return self._ratio >= MERGE_COST_S * self.drain_rate(now)
+        return self._ratio >= MERGE_COST_S * self._pace.lines_per_s(now)
 
     # -- merge pass -----------------------------------------------------------------------
 
@@ -286,8 +287,17 @@ class OutboundQueue:
         frames pushed since the last pass for about ``seconds`` (``MERGE_COST_S`` a line), time
         the peer needs anyway. What is left waits, still fresh, for the next look."""
         self._now = now
-        if self._fresh and self._interval == 0.0 and self._pays(now):
+        if self._interval != 0.0:
+            return
+        if self._fresh and self._pays(now):
             self._pass(max(_MIN_PASS, int(seconds / MERGE_COST_S)))
+        elif self._groups:
+            # Nothing fresh (a paused peer, a full queue): encode merged groups ahead of the
+            # write, from the head, so that a peer that resumes gets a plain queue's pace.
+            budget = max(_MIN_PASS // 4, int(seconds / ENCODE_COST_S))
+            end, charge = encode_ahead(self._done, max(0, self._prepared - self._base), budget)
+            self._bytes += charge
+            self._prepared = self._base + end
 
     def _pass(self, max_lines: int | None = None) -> None:
         """Look at the frames pushed since the last pass (the first of them, about
@@ -326,11 +336,16 @@ class OutboundQueue:
         else:
             self._skip = 0
 
-    def _first_of(self, max_lines: int | None) -> list[tuple[bytes, int | None]]:
-        """The first fresh frames (all, or about ``max_lines`` lines: whole frames), no longer
-        fresh: their charge leaves ``_bytes`` (the caller adds what they become)."""
+    def _first_of(
+        self, max_lines: int | None, max_bytes: int | None = None
+    ) -> list[tuple[bytes, int | None]]:
+        """The first fresh frames (all, or about ``max_lines`` lines or ``max_bytes`` bytes:
+        whole frames), no longer fresh: their charge leaves ``_bytes`` (the caller adds what
+        they become)."""
         fresh = self._fresh
-        if max_lines is None:
+        if max_bytes is not None and self._fresh_bytes > max_bytes:
+            max_lines = 0
+        elif max_lines is None:
             self._fresh = []
             self._bytes -= self._fresh_bytes
             self._fresh_bytes = 0
@@ -338,7 +353,9 @@ class OutboundQueue:
             return fresh
         lines = size = n = 0
         for raw, _version in fresh:
-            if n and lines >= max_lines:
+            if n and (
+                lines >= max_lines if max_bytes is None else size - n * FRAME_OVERHEAD >= max_bytes
+            ):
                 break
             lines += raw.count(b"\n") + 1
             size += len(raw) + 1 + FRAME_OVERHEAD
@@ -450,19 +467,11 @@ class OutboundQueue:
             return [], None
         if limit is not None and self._bytes > limit:
             return [self._take_some(limit, now)], None
-        if self._groups:
-            parts: list[bytes] = []
-            for entry in done:
-                if isinstance(entry, bytes):
-                    parts.append(entry)
-                else:
-                    parts.extend(self._written(entry))
-        else:
-            parts = done  # type: ignore[assignment]
+        parts: list[bytes] = self._frames_of(done)[0] if self._groups else done  # type: ignore[assignment]
         out = [parts[0] + b"\n" if len(parts) == 1 else b"\n".join(parts) + b"\n"]
         self._pace.taken(self._count, now)
         self._done = []
-        self._base = 0
+        self._base = self._prepared = 0
         self._index.clear()
         self._groups = 0
         self.stats.written += self._count
@@ -472,16 +481,7 @@ class OutboundQueue:
     def _unlooked(self, limit: int | None) -> None:
         """The first fresh frames (all, or about ``limit`` bytes) join the waiting entries as
         they came, unparsed; nothing merges across them."""
-        if limit is None or self._fresh_bytes <= limit:
-            fresh = self._first_of(None)
-        else:
-            lines = size = 0
-            for raw, _version in self._fresh:
-                if lines and size >= limit:
-                    break
-                lines += raw.count(b"\n") + 1
-                size += len(raw) + 1
-            fresh = self._first_of(lines)
+        fresh = self._first_of(None, limit)
         self._index.clear()
         for raw, _version in fresh:
             self._done.append(raw)
@@ -526,12 +526,25 @@ class OutboundQueue:
         del done[:taken]
         self._base += taken
         if not done:
-            self._base = 0
+            self._base = self._prepared = 0
             self._index.clear()
         self._count -= lines
         self.stats.written += lines
         self._pace.taken(lines, now)
         return b"\n".join(parts) + b"\n"
+
+    def _frames_of(self, entries: Sequence[_Entry]) -> tuple[list[bytes], int]:
+        """The frames ``entries`` write (merged groups encoded and told), and how many."""
+        parts: list[bytes] = []
+        lines = 0
+        for entry in entries:
+            if isinstance(entry, bytes):
+                parts.append(entry)
+                lines += entry.count(b"\n") + 1
+            else:
+                parts.extend(self._written(entry))
+                lines += entry.lines
+        return parts, lines
 
     def _written(self, group: Group) -> list[bytes]:
         frames = group.frames()
@@ -545,18 +558,10 @@ class OutboundQueue:
 
     def _take_limited(self, now: float) -> tuple[list[bytes], float | None]:
         due, held, deadline = self._rate.split(self._done, now)
-        parts: list[bytes] = []
-        written = 0
-        for entry in due:
-            if isinstance(entry, bytes):
-                parts.append(entry)
-                written += entry.count(b"\n") + 1
-            else:
-                parts.extend(self._written(entry))
-                written += entry.lines
+        parts, written = self._frames_of(due)
         self._done = list(held)
         self._index = {entry.key: (i, entry.spec) for i, entry in enumerate(held)}
-        self._base = 0
+        self._base = self._prepared = 0
         self._groups = len(held)
         self._count = sum(entry.lines for entry in held)
         self._bytes = sum(entry.charge for entry in held)

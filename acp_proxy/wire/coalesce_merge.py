@@ -43,6 +43,9 @@ from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, plain_envelope
 PARSED_FACTOR = 6
 PARSED_BASE = 512
 GROUP_OVERHEAD = 256  # the group object, its lists, its slot in the queue
+# Frames encoded ahead of the write: the list, and each bytes object beyond its bytes.
+READY_OVERHEAD = 64
+FRAME_BYTES_OVERHEAD = 41
 
 
 def update_of(message: JsonObject) -> JsonObject:
@@ -120,6 +123,7 @@ class Group:
         "parsed",
         "pieces",
         "plain",
+        "ready",
         "sizes",
         "spec",
         "state",
@@ -147,12 +151,17 @@ class Group:
         self.state: bool | None = None
         self.plain = False  # the envelope is exactly jsonrpc, method, params{sessionId, update}
         self.parsed = 0  # what the parsed objects it keeps take (an upper estimate)
+        # Its frames encoded ahead of time (``prepare``); dropped when a later line merges in.
+        self.ready: list[bytes] | None = None
         self.charge = len(raw) + 1 + GROUP_OVERHEAD
 
     def _recharge(self) -> int:
         """Recompute ``charge``; returns its change."""
         before = self.charge
         held = len(self.first) + (len(self.last) if self.last is not None else 0) + 1
+        ready = self.ready
+        if ready is not None:
+            held += READY_OVERHEAD + sum(len(f) + FRAME_BYTES_OVERHEAD for f in ready)
         self.charge = GROUP_OVERHEAD + held + self.parsed
         return self.charge - before
 
@@ -166,6 +175,10 @@ class Group:
             self.state = self._open()
         if not self.state or not rawscan.reencodes_exactly(raw):
             return None
+        if self.ready is not None:
+            # What was encoded ahead will not hold (the caller recounts ``charge``).
+            self.ready = None
+            self._recharge()
         if not (self.plain and plain_envelope(message)):
             written = self.last if self.last is not None else self.first
             if not same_envelope(orjson.loads(written), message):
@@ -261,8 +274,20 @@ class Group:
 
     # -- writing --------------------------------------------------------------------------
 
+    def prepare(self) -> int:
+        """Encode the frames now, ahead of the write (a paused peer's queue, while the writer
+        waits anyway). Returns the change of ``charge``: the encoded bytes count too."""
+        if self.ready is None and self.last is not None:
+            self.ready = self._encode()
+            return self._recharge()
+        return 0
+
     def frames(self) -> list[bytes]:
         """The frames to write, without their newlines."""
+        ready = self.ready
+        return ready if ready is not None else self._encode()
+
+    def _encode(self) -> list[bytes]:
         last = self.last
         if last is None:
             return [self.first]
@@ -279,6 +304,20 @@ class Group:
             data = base64.b64encode(b"".join(self.pieces)).decode("ascii")
             merged = {**head, "data": data}
         return [_splice(last, base, merged)]
+
+
+def encode_ahead(entries: list[bytes | Group], start: int, budget: int) -> tuple[int, int]:
+    """Encode the groups among ``entries`` from ``start``, about ``budget`` of them, ahead of
+    the write (``Group.prepare``). Returns the position walked to and the change of their
+    charge."""
+    i, end, charge = start, len(entries), 0
+    while i < end and budget > 0:
+        entry = entries[i]
+        i += 1
+        if not isinstance(entry, bytes):
+            charge += entry.prepare()
+            budget -= 1
+    return i, charge
 
 
 def _sizes(update: JsonObject) -> dict[str, int]:
