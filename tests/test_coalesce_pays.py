@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.shell.outbox import (
+    DRAINED_SENT,
     GATE_IDLE_MAX_S,
     GATE_MIN_S,
+    GATE_PAUSED_S,
     GATE_UNREAD,
     STARVED_UNREAD,
     WRITE_CHUNK,
@@ -388,6 +390,53 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
     assert peak[0] <= GATE_UNREAD + 2 * WRITE_CHUNK, peak[0]
 
 
+@pytest.mark.anyio
+async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() -> None:
+    """A reader that pauses: at first the writer keeps its pipe short and merges what waits;
+    once the peer has read nothing for ``GATE_PAUSED_S`` and nothing is left to merge or encode
+    ahead, the writer fills the pipe and waits in the write, as with coalescing off (the kernel
+    wakes it the moment the peer reads). The reader then ends in the exact state."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    stream = FdStream(None, w, close_fds=False)
+    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    # 2,000 tool calls, two updates each: merged, still more than the pipe holds.
+    frames = [tcu(f"t{i // 2}", status=str(i), rawOutput={"log": "y" * 600}) for i in range(4000)]
+    received = bytearray()
+    unread: dict[str, int] = {}
+
+    def read_later() -> None:
+        time.sleep(GATE_PAUSED_S / 2)
+        unread["early"] = stream.unread() or 0
+        time.sleep(10 * GATE_PAUSED_S)
+        unread["late"] = stream.unread() or 0
+        while data := os.read(r, 1 << 16):
+            received.extend(data)
+
+    reader = threading.Thread(target=read_later, daemon=True)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write_all, outbox, lambda: None, lambda: None)
+        now = time.monotonic()
+        assert outbox.queue.has_room()
+        outbox.push(tuple(OutFrame(f, None, 2) for f in frames), now)
+        reader.start()
+        outbox.flush_now(now)
+        outbox.close()
+    os.close(w)
+    await anyio.to_thread.run_sync(reader.join)
+    os.close(r)
+    assert unread["early"] <= GATE_UNREAD + WRITE_CHUNK, unread
+    assert unread["late"] > (1 << 20) - WRITE_CHUNK, unread
+    lines = bytes(received).split(b"\n")[:-1]
+    model, direct = ClientModel(2), ClientModel(2)
+    for line in lines:
+        model.apply(orjson.loads(line))
+    for f in frames:
+        direct.apply(orjson.loads(f))
+    assert model.snapshot() == direct.snapshot()
+    assert len(lines) < len(frames)
+
+
 def test_a_paused_peer_is_looked_at_less_and_less_often_but_a_resumed_one_at_once() -> None:
     """While the peer reads nothing and its pace is unknown, the writer's wait doubles from
     ``GATE_MIN_S`` up to ``GATE_IDLE_MAX_S`` (a paused client costs few wake-ups, and one that
@@ -418,30 +467,40 @@ def test_a_paused_peer_is_looked_at_less_and_less_often_but_a_resumed_one_at_onc
 
 
 def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
-    """A look that finds the peer's pipe (nearly) empty: the peer waits for the proxy, so the
-    queue stops merging at once (a paused client that resumed is fed at the pace of a plain
-    queue); it merges again only once more than half of ``GATE_UNREAD`` stayed unread for a
-    rate window after that."""
+    """A look that finds the peer read what it was given, down to less than ``STARVED_UNREAD``:
+    the peer waits for the proxy, so the queue stops merging at once (a paused client that
+    resumed is fed at the pace of a plain queue). It merges again once more than half of
+    ``GATE_UNREAD`` stayed unread for a rate window, or ``DRAINED_SENT`` bytes later."""
     r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     stream = FdStream(None, w, close_fds=False)
     outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
     queue = outbox.queue
     try:
         queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+        assert outbox.gate(0.0) is None and outbox.gauged
+        assert queue.peer_waits  # nothing given, nothing read: no word yet
         os.write(w, b"x" * (GATE_UNREAD // 2 + 1))
-        assert queue.peer_waits and outbox.gate(0.0) is None and outbox.gauged
-        assert queue.peer_waits  # never drained: behind
-        os.read(r, GATE_UNREAD // 2 + 1 - (STARVED_UNREAD - 1))  # one byte short of 16 KiB left
         outbox.gate(0.001)
-        assert not queue.peer_waits
+        assert queue.peer_waits  # behind
+        os.read(r, GATE_UNREAD // 2 + 1 - (STARVED_UNREAD - 1))  # one byte short of 16 KiB left
+        outbox.gate(0.002)
+        assert not queue.peer_waits  # it read what it was given
         os.write(w, b"x" * (GATE_UNREAD // 2 - STARVED_UNREAD + 2))  # half of GATE_UNREAD + 1
-        outbox.gate(0.001 + RATE_WINDOW_S / 2)
+        outbox.gate(0.002 + RATE_WINDOW_S / 2)
         assert not queue.peer_waits  # behind, but not for a rate window yet
-        outbox.gate(0.001 + RATE_WINDOW_S)
+        outbox.gate(0.002 + RATE_WINDOW_S)
         assert queue.peer_waits
-        os.read(r, GATE_UNREAD)
-        outbox.gate(0.1)
+        os.read(r, 1 << 20)
+        os.write(w, b"x" * 100)
+        outbox.stats.bytes += 100  # as the writer counts what it wrote
+        outbox.gate(0.008)
         assert not queue.peer_waits
+        # It drained a moment ago, then the writer gave it more than DRAINED_SENT it left.
+        os.write(w, b"x" * (DRAINED_SENT + 1))
+        outbox.stats.bytes += DRAINED_SENT + 1
+        outbox.gate(0.0085)
+        assert queue.peer_waits
     finally:
         os.close(r)
         os.close(w)

@@ -39,9 +39,17 @@ GATE_MAX_S = 0.02
 # While the peer reads nothing (paused), the writer looks again after at most this long: a
 # peer that resumes waits no longer for the proxy (about 200 wake-ups a second of pause).
 GATE_IDLE_MAX_S = 0.005
-# A peer whose kernel buffer stays below this for a rate window reads everything the proxy
-# gives it: it waits for the proxy, not the other way round, so the queue stops merging (until
-# more than half of ``GATE_UNREAD`` waits unread again).
+# A peer that read everything it was given counts as keeping up (no merging, no gate) until
+# it leaves more than half of ``GATE_UNREAD`` unread for a rate window, or for this many bytes
+# written since.
+DRAINED_SENT = 4 * GATE_UNREAD
+# A peer that read nothing for this long while the queue had nothing left to merge or encode
+# ahead is paused: the writer fills its kernel buffer and waits in the write (the kernel wakes
+# it the moment the peer reads, as with coalescing off).
+GATE_PAUSED_S = 0.1
+# A look that finds the peer read what it was given, down to less than this unread: the peer
+# waits for the proxy, not the other way round, so the queue stops merging (until it falls
+# behind again: ``DRAINED_SENT``).
 STARVED_UNREAD = 16 * 1024
 
 
@@ -77,12 +85,14 @@ class Outbox:
 
     __slots__ = (
         "_drained_at",
+        "_drained_sent",
         "_gate_at",
         "_gate_idle",
         "_gate_read",
         "_gate_sent",
         "_gate_unread",
         "_gate_window",
+        "_idle_since",
         "_ready",
         "_space",
         "broken",
@@ -126,7 +136,9 @@ class Outbox:
         # it read nothing (a paused peer costs few wake-ups), back to ``GATE_MIN_S`` when it
         # reads (a peer that resumed is fed within ``GATE_IDLE_MAX_S``).
         self._gate_idle = GATE_MIN_S
+        self._idle_since: float | None = None  # since when the peer has read nothing
         self._drained_at: float | None = None  # when a look last found the peer had read it all
+        self._drained_sent = 0  # ... and the bytes sent by then
         # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
         # writer then merges while it waits for the peer (``queue.look``), not when it takes.
         self.gauged = False
@@ -312,7 +324,10 @@ class Outbox:
 
     def note_write(self, partial: bool) -> None:
         """What a write says of the peer: a partial write, that it is behind; a complete one,
-        that it keeps up, unless its unread bytes can be asked (``gate`` looks at those)."""
+        that it keeps up. Once its unread bytes were asked, ``gate`` alone decides: a peer that
+        reads everything at once still sees partial writes while the proxy writes faster."""
+        if self.gauged:
+            return
         if partial:
             self.queue.peer_waits = True
         elif self.unread is None:
@@ -334,17 +349,9 @@ class Outbox:
         if unread is None:
             return None
         self.gauged = True
-        if unread < STARVED_UNREAD:
-            # The peer read (nearly) all it was given: it waits for the proxy, where merging
-            # could only make it wait longer (a paused client that resumed, a fast one).
-            self._drained_at = now
-            queue.peer_waits = False
-        elif unread > GATE_UNREAD // 2 and (
-            self._drained_at is None or now - self._drained_at >= RATE_WINDOW_S
-        ):
-            queue.peer_waits = True  # it has left data unread for a rate window: it is behind
         sent = self.stats.bytes
         rate = 0.0
+        read = 0
         last = self._gate_at
         if last is not None and now - last > 4 * RATE_WINDOW_S and unread < GATE_UNREAD:
             last = None  # not looked for a while and nothing much waits: a fresh start
@@ -352,6 +359,10 @@ class Outbox:
             read = max(0, self._gate_unread + (sent - self._gate_sent) - unread)
             self._gate_read += read
             self._gate_idle = GATE_MIN_S if read else min(2 * self._gate_idle, GATE_IDLE_MAX_S)
+            if read:
+                self._idle_since = None
+            elif self._idle_since is None:
+                self._idle_since = last
             span = now - self._gate_window
             if span >= RATE_WINDOW_S:
                 rate = self._gate_read / span
@@ -361,13 +372,36 @@ class Outbox:
                 rate = self._gate_read / (now - self._gate_window)
         else:
             self._gate_window, self._gate_read = now, 0
-            self._gate_idle = GATE_MIN_S
+            self._gate_idle, self._idle_since = GATE_MIN_S, None
         self._gate_at, self._gate_unread, self._gate_sent = now, unread, sent
+        self._judge(now, unread, read, sent)
         if unread <= GATE_UNREAD or not queue.merging(now):
             return None
         if rate <= 0.0:
             return self._gate_idle
         return min(max((unread - GATE_UNREAD) / rate, GATE_MIN_S), GATE_MAX_S)
+
+    def _judge(self, now: float, unread: int, read: int, sent: int) -> None:
+        """Whether the peer is behind the proxy (``queue.peer_waits``: merging may pay), from
+        what it left unread and what it ``read`` since the gate's last look."""
+        if read and unread < STARVED_UNREAD:
+            # It read (nearly) all it was given: it waits for the proxy, where merging could
+            # only make it wait longer (a fast peer, a paused one that resumed).
+            self._drained_at, self._drained_sent = now, sent
+            self.queue.peer_waits = False
+        elif unread > GATE_UNREAD // 2 and (
+            self._drained_at is None
+            or now - self._drained_at >= RATE_WINDOW_S
+            or sent - self._drained_sent > DRAINED_SENT
+        ):
+            # It left data unread for a rate window, or fell behind a few writes since it last
+            # read everything (the writer does not dump the queue into a peer that stopped).
+            self.queue.peer_waits = True
+
+    def paused(self, now: float) -> bool:
+        """The peer has read nothing for ``GATE_PAUSED_S`` (as far as the gate looked)."""
+        since = self._idle_since
+        return since is not None and now - since >= GATE_PAUSED_S
 
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""
@@ -455,9 +489,9 @@ async def write_all(
         else:
             now = time.monotonic()
             wait = outbox.gate(now)
-            if wait is not None:
-                # Merging fills time the peer needs anyway to read down its buffer.
-                queue.look(now, wait)
+            # Merging (or encoding ahead) fills time the peer needs anyway to read down its
+            # buffer; a paused peer, once nothing is left to do, gets its buffer filled.
+            if wait is not None and (queue.look(now, wait) or not outbox.paused(now)):
                 await outbox.wait_ready(now + wait)
                 continue
             written = queue.stats.written

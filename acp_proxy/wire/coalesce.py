@@ -67,6 +67,7 @@ PAUSE_INPUT_FACTOR = 2
 _YIELD = 8
 _MIN_PASS = 64  # a pass over fewer lines says nothing about the stream
 _MAX_SKIP = 1 << 16
+_ROOM_PASS = 256  # lines merged at most when the bound is reached (a few ms; looks do the rest)
 # What a merge pass costs the proxy per line it looks at (parse, classify, index, merge): about
 # 15 µs on the bench's notify and mixed v2 streams (``bench/slow_client.py``). A pass pays when
 # the lines it merges away would have taken the consumer longer to read than the pass takes.
@@ -147,6 +148,7 @@ class OutboundQueue:
         "_version",
         "on_coalesced",
         "peer_waits",
+        "rate_limited",
         "stats",
     )
 
@@ -154,6 +156,8 @@ class OutboundQueue:
         self._config = config
         self._merge = coalesce and config.enabled
         self._interval = config.min_interval_ms / 1000.0 if self._merge else 0.0
+        # ``min_interval_ms`` applies: every frame must pass through ``push``.
+        self.rate_limited = self._interval != 0.0
         # Looked at by a merge pass (or skipped it), in order; the tail run is indexed.
         self._done: list[_Entry] = []
         self._base = 0  # the position of ``_done[0]`` since the queue was last empty
@@ -184,11 +188,6 @@ class OutboundQueue:
         # Told what each merged group became when it is written (the live view); None: nobody.
         self.on_coalesced: Callable[[Coalesced], None] | None = None
 
-    @property
-    def rate_limited(self) -> bool:
-        """True when ``min_interval_ms`` applies: every frame must pass through ``push``."""
-        return self._interval != 0.0
-
     def __len__(self) -> int:
         """Frames waiting (a merged group counts as the frames it will write)."""
         return self._count
@@ -215,7 +214,7 @@ class OutboundQueue:
             or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
         ):
             return False
-        self._pass()
+        self._pass(_ROOM_PASS)  # bounded: the reader's task holds the event loop meanwhile
         return (
             self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes
         )
@@ -282,22 +281,25 @@ class OutboundQueue:
 
     # -- merge pass -----------------------------------------------------------------------
 
-    def look(self, now: float, seconds: float) -> None:
+    def look(self, now: float, seconds: float) -> bool:
         """While the writer waits for a slow peer to read down its kernel buffer: merge the
         frames pushed since the last pass for about ``seconds`` (``MERGE_COST_S`` a line), time
-        the peer needs anyway. What is left waits, still fresh, for the next look."""
+        the peer needs anyway. What is left waits, still fresh, for the next look. False: there
+        was nothing left to merge or to encode ahead."""
         self._now = now
         if self._interval != 0.0:
-            return
+            return False
         if self._fresh and self._pays(now):
             self._pass(max(_MIN_PASS, int(seconds / MERGE_COST_S)))
-        elif self._groups:
-            # Nothing fresh (a paused peer, a full queue): encode merged groups ahead of the
-            # write, from the head, so that a peer that resumes gets a plain queue's pace.
-            budget = max(_MIN_PASS // 4, int(seconds / ENCODE_COST_S))
-            end, charge = encode_ahead(self._done, max(0, self._prepared - self._base), budget)
-            self._bytes += charge
-            self._prepared = self._base + end
+            return True
+        # Nothing fresh (a paused peer, a full queue): encode merged groups ahead of the write,
+        # from the head, so that a peer that resumes gets a plain queue's pace.
+        start = max(0, self._prepared - self._base)
+        budget = max(_MIN_PASS // 4, int(seconds / ENCODE_COST_S))
+        end, charge = encode_ahead(self._done, start, budget) if self._groups else (start, 0)
+        self._bytes += charge
+        self._prepared = self._base + end
+        return end > start
 
     def _pass(self, max_lines: int | None = None) -> None:
         """Look at the frames pushed since the last pass (the first of them, about
