@@ -239,7 +239,14 @@ def test_a_paused_clients_merges_are_marked_on_the_timeline(browser: Any) -> Non
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(session.url)
+        # Found by the words their rows show (the list is virtualised: a merge written while
+        # the client was paused may be thousands of rows above the newest).
+        page.fill("#f-text", "updates merged into")
         page.wait_for_selector(".mark.coalesced")
+        assert (
+            page.locator(".row:visible").count()
+            == page.locator(".row:visible .mark.coalesced").count()
+        )
         row = page.locator(".row", has=page.locator(".mark.coalesced")).first
         assert "t-coalesced" in (row.get_attribute("class") or "")
         assert row.locator(".kind").inner_text() == "coalesced"
@@ -247,7 +254,13 @@ def test_a_paused_clients_merges_are_marked_on_the_timeline(browser: Any) -> Non
         name = row.locator(".name").inner_text()
         assert " agent_message_chunk updates merged into 1 frame (" in name
         assert "bytes sent; the client read slowly" in name
-        # The update filter keeps the merges of that kind, and the frames.
+        # The update and entity filters keep the merges of that kind and entity; another
+        # kind hides them.
+        page.fill("#f-update", "agent_message_chunk")
+        page.fill("#f-entity", "m1")
+        _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
+        page.fill("#f-update", "tool_call_update")
+        _until(page, lambda p: p.locator(".row:visible").count() == 0)
         page.fill("#f-update", "agent_message_chunk")
         _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
 
