@@ -404,12 +404,20 @@ async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() 
     frames = [tcu(f"t{i // 2}", status=str(i), rawOutput={"log": "y" * 600}) for i in range(4000)]
     received = bytearray()
     unread: dict[str, int] = {}
+    start = time.monotonic()  # the gate's first look is later: no fill before start + 100 ms
 
     def read_later() -> None:
-        time.sleep(GATE_PAUSED_S / 2)
-        unread["early"] = stream.unread() or 0
-        time.sleep(10 * GATE_PAUSED_S)
-        unread["late"] = stream.unread() or 0
+        early: list[int] = []
+        while True:
+            seen = stream.unread() or 0
+            at = time.monotonic() - start  # taken after the look: ``seen`` is no later
+            if at >= 10 * GATE_PAUSED_S:
+                break
+            if at < GATE_PAUSED_S:
+                early.append(seen)
+            time.sleep(0.002)
+        unread["early"] = max(early, default=-1)
+        unread["late"] = seen
         while data := os.read(r, 1 << 16):
             received.extend(data)
 
@@ -425,7 +433,7 @@ async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() 
     os.close(w)
     await anyio.to_thread.run_sync(reader.join)
     os.close(r)
-    assert unread["early"] <= GATE_UNREAD + WRITE_CHUNK, unread
+    assert 0 <= unread["early"] <= GATE_UNREAD + WRITE_CHUNK, unread
     assert unread["late"] > (1 << 20) - WRITE_CHUNK, unread
     lines = bytes(received).split(b"\n")[:-1]
     model, direct = ClientModel(2), ClientModel(2)
