@@ -292,3 +292,48 @@ def test_a_new_record_is_private_and_only_own_private_files_are_taken(tmp_path: 
     assert refusal(stat.S_IFREG | 0o640, me, me) is not None
     assert refusal(stat.S_IFCHR | 0o600, me, me) == "it is not a regular file or a FIFO"
     assert refused(run_proxy("--record", "/dev/null")) == "it is not a regular file or a FIFO"
+
+
+def test_a_write_error_after_the_last_line_is_still_reported(tmp_path: Path) -> None:
+    """The writer thread may first fail while the recorder closes (a file at its ``ulimit -f``
+    as the session ends): the error is logged once, before the count of lines it cost."""
+    from acp_proxy.config import Config
+    from acp_proxy.shell.recorder import Recorder, build_redactor
+
+    logged: list[tuple[str, str, dict[str, Any]]] = []
+
+    class Log:
+        def error(self, event: str, **fields: Any) -> None:
+            logged.append(("error", event, fields))
+
+        def warning(self, event: str, **fields: Any) -> None:
+            logged.append(("warning", event, fields))
+
+    config = Config()
+    recorder = Recorder(
+        str(tmp_path / "r.jsonl"),
+        config.record,
+        build_redactor(config.record),
+        log=Log(),
+        agent=["agent"],
+        connect=None,
+        config=config,
+    )
+    writer = recorder._writer
+    close = writer.close
+
+    def failing_close(timeout: float) -> int:
+        close(timeout)
+        writer.error = OSError(27, "File too large")
+        return 3
+
+    writer.close = failing_close  # type: ignore[method-assign]
+    recorder.finish()
+    assert [(level, event) for level, event, _ in logged] == [
+        (
+            "error",
+            "cannot write the record; lines are dropped and counted until it takes them again",
+        ),
+        ("warning", "the record is missing lines the file did not take"),
+    ]
+    assert logged[0][2]["error"] == "File too large" and logged[1][2]["lost"] == 3

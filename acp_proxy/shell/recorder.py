@@ -313,17 +313,21 @@ class Recorder:
             self.written += len(line)
         error = self._writer.error
         if error is not None and not self._failing:
-            self._failing = True
-            self.log.error(
-                "cannot write the record; lines are dropped and counted until it takes them again",
-                record=self.path,
-                error=error.strerror or str(error),
-            )
+            self._report(error)
         elif error is None and self._failing:
             self._failing = False
             self.log.warning(
                 "the record file takes lines again", record=self.path, lost=self._writer.lost_total
             )
+
+    def _report(self, error: OSError) -> None:
+        """Log a write error once, until the file takes lines again."""
+        self._failing = True
+        self.log.error(
+            "cannot write the record; lines are dropped and counted until it takes them again",
+            record=self.path,
+            error=error.strerror or str(error),
+        )
 
     # -- SessionObserver --------------------------------------------------------------------
 
@@ -391,6 +395,11 @@ class Recorder:
             now,
         )
         lost = self._writer.close(timeout=wait)
+        error = self._writer.error
+        if error is not None and not self._failing:
+            # The file refused lines only after the last one was put (the writer thread runs
+            # beside the session): the reason is still said, before what it cost.
+            self._report(error)
         if lost:
             self.log.warning(
                 "the record is missing lines the file did not take",
