@@ -47,6 +47,14 @@ def tcu(tid: str = "t1", **fields: Any) -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "method": "session/update", "params": params})
 
 
+def _state(lines: list[bytes]) -> object:
+    """What a v2 client holds after applying ``lines`` in order."""
+    model = ClientModel(2)
+    for line in lines:
+        model.apply(orjson.loads(line))
+    return model.snapshot()
+
+
 def written(out: list[bytes]) -> list[bytes]:
     return [line for run in out for line in run[:-1].split(b"\n")]
 
@@ -166,6 +174,22 @@ def test_what_it_holds_is_counted_exactly_and_the_state_is_exact(
     assert model.snapshot() == direct.snapshot()
 
 
+def test_the_merge_at_the_bound_is_bounded_and_the_looks_do_the_rest() -> None:
+    """At its bound, ``has_room`` merges at most a few hundred waiting lines (the reader's task
+    holds the event loop meanwhile); what is left stays fresh for the writer's looks."""
+    queue = OutboundQueue(CoalesceConfig(max_queue_messages=600), coalesce=True)
+    queue.consumed(len(tcu(status="0")) * 100, 1.0)  # a slow peer: merging pays
+    frames = [tcu(f"t{i % 10}", status=str(i)) for i in range(1000)]
+    for raw in frames:
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    assert not queue.has_room()  # 256 of the 1,000 lines merged into 10; 744 wait fresh
+    assert len(queue) == 10 + 744 and len(queue._fresh) == 744 and queue.stats.merged == 246
+    while queue.look(0.0, 1.0):
+        pass
+    assert len(queue) == 10
+    assert _state(written(queue.take(0.0, look=False)[0])) == _state(frames)
+
+
 def test_a_group_counts_what_its_first_look_parsed() -> None:
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     big = {"log": "x" * 2000}
@@ -281,6 +305,12 @@ def test_a_paused_peer_s_merges_are_encoded_ahead_and_a_later_merge_undoes_it(
     encoded = sum(len(tcu(t, status="b")) for t in ("t3", "t4"))
     assert queue.pending_bytes - before > encoded
     assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    # t3 is offered a line it refuses (another notification-level _meta): its encoding holds.
+    traced = orjson.loads(tcu("t3", status="z"))
+    traced["params"]["_meta"] = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    queue.push(OutFrame(orjson.dumps(traced), None, 2), 0.0)
+    queue.look(0.0, 1.0)
+    assert groups[0].ready == [tcu("t3", status="b")]
     queue.push(OutFrame(tcu("t4", status="c"), None, 2), 0.0)
     queue.look(0.0, 1.0)  # t4 merges the later line: its encoding is dropped
     assert groups[0].ready is not None and groups[1].ready is None
@@ -299,7 +329,8 @@ def test_a_paused_peer_s_merges_are_encoded_ahead_and_a_later_merge_undoes_it(
         tcu("t2", status="a"),
         REQ,
         tcu("t3", status="b"),
-        tcu("t4", status="c"),
+        tcu("t4", status="c"),  # merged into its earlier place: before t3's later line
+        orjson.dumps(traced),
     ]
     assert encodes == [groups[1]]  # t3 was written as encoded ahead
     assert queue.pending_bytes == 0
@@ -380,12 +411,7 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
     await anyio.to_thread.run_sync(reader.join)
     os.close(r)
     lines = bytes(received).split(b"\n")[:-1]
-    model, direct = ClientModel(2), ClientModel(2)
-    for line in lines:
-        model.apply(orjson.loads(line))
-    for f in frames:
-        direct.apply(orjson.loads(f))
-    assert model.snapshot() == direct.snapshot()
+    assert _state(lines) == _state(frames)
     assert len(lines) < len(frames) // 2
     assert peak[0] <= GATE_UNREAD + 2 * WRITE_CHUNK, peak[0]
 
@@ -436,12 +462,7 @@ async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() 
     assert 0 <= unread["early"] <= GATE_UNREAD + WRITE_CHUNK, unread
     assert unread["late"] > (1 << 20) - WRITE_CHUNK, unread
     lines = bytes(received).split(b"\n")[:-1]
-    model, direct = ClientModel(2), ClientModel(2)
-    for line in lines:
-        model.apply(orjson.loads(line))
-    for f in frames:
-        direct.apply(orjson.loads(f))
-    assert model.snapshot() == direct.snapshot()
+    assert _state(lines) == _state(frames)
     assert len(lines) < len(frames)
 
 

@@ -263,6 +263,11 @@ def test_a_paused_clients_merges_are_marked_on_the_timeline(browser: Any) -> Non
         _until(page, lambda p: p.locator(".row:visible").count() == 0)
         page.fill("#f-update", "agent_message_chunk")
         _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
+        # A method filter keeps them when it matches session/update.
+        page.fill("#f-method", "session/prompt")
+        _until(page, lambda p: p.locator(".row:visible").count() == 0)
+        page.fill("#f-method", "session/*")
+        _until(page, lambda p: p.locator(".row:visible .mark.coalesced").count() > 0)
 
         def detail_shows_a_merge(p: Any) -> bool:
             # (the list is virtualised: a row element may show another event after a render)

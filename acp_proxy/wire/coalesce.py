@@ -353,17 +353,16 @@ class OutboundQueue:
             self._fresh_bytes = 0
             self._fresh_first = self.stats.pushed
             return fresh
-        lines = size = n = 0
+        lines = wire = n = 0
         for raw, _version in fresh:
-            if n and (
-                lines >= max_lines if max_bytes is None else size - n * FRAME_OVERHEAD >= max_bytes
-            ):
+            if n and (lines >= max_lines if max_bytes is None else wire >= max_bytes):
                 break
             lines += raw.count(b"\n") + 1
-            size += len(raw) + 1 + FRAME_OVERHEAD
+            wire += len(raw) + 1
             n += 1
         first = fresh[:n]
         del fresh[:n]
+        size = wire + n * FRAME_OVERHEAD  # what they held
         self._bytes -= size
         self._fresh_bytes -= size
         self._fresh_first += lines

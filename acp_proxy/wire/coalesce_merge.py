@@ -175,10 +175,6 @@ class Group:
             self.state = self._open()
         if not self.state or not rawscan.reencodes_exactly(raw):
             return None
-        if self.ready is not None:
-            # What was encoded ahead will not hold (the caller recounts ``charge``).
-            self.ready = None
-            self._recharge()
         if not (self.plain and plain_envelope(message)):
             written = self.last if self.last is not None else self.first
             if not same_envelope(orjson.loads(written), message):
@@ -202,10 +198,12 @@ class Group:
         elif not self._merge_upsert(raw, update):
             return None
         else:
+            self.ready = None  # what was encoded ahead no longer holds
             return self._recharge()
         if self.last is None:
             self.first = b""  # the chunk's first text or bytes are kept, its line is not
         self.last = raw
+        self.ready = None
         return self._recharge()
 
     def _open(self) -> bool:
