@@ -108,8 +108,11 @@ def test_an_entity_whose_last_entry_never_merges_starts_a_new_entry() -> None:
 
 def test_a_full_queue_merges_what_waits_then_refuses_and_drops_nothing() -> None:
     queue = OutboundQueue(CoalesceConfig(max_queue_messages=4), coalesce=True)
-    frames = [tcu("t1", status="a"), tcu("t2", status="a"), tcu("t1", status="b"), REQ]
-    for raw in frames:
+    for raw in (tcu("t0", status="a"), tcu("t1", status="a"), tcu("t2", status="a")):
+        queue.push(OutFrame(raw, None, 2), 0.0)
+    # The writer takes one line (the peer reads slowly): t1 and t2 wait, looked at.
+    assert queue.take(0.0, 1) == ([tcu("t0", status="a") + b"\n"], None)
+    for raw in (tcu("t1", status="b"), REQ):
         assert queue.has_room()
         queue.push(OutFrame(raw, None, 2), 0.0)
     assert len(queue) == 4
@@ -163,7 +166,9 @@ def test_a_paused_client_stops_the_reading_even_when_everything_merges() -> None
     while queue.has_room() and read < 10_000:  # bounded: it used to read forever
         queue.push(OutFrame(tcu(rawOutput={"p": read}), None, 2), 0.0)
         read += 1
-    assert 200 <= read <= 300 and len(queue) <= 100
+    assert read == 100  # the bound's worth, as with merging off
+    assert queue.look(0.0, 1.0) and len(queue) == 1  # merged while the writer waits...
+    assert not queue.has_room()  # ... but the writer took nothing: the reading stays stopped
     assert queue.take(0.0) == ([tcu(rawOutput={"p": read - 1}) + b"\n"], None)
     assert queue.has_room()  # the writer made progress: reading resumes
 
@@ -307,3 +312,21 @@ def test_what_is_never_classified() -> None:
         [good],
     ):
         assert classify(broken, table) is None
+
+
+def test_a_merged_update_is_written_without_parsing_its_line_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[bytes] = []
+    real = orjson.loads
+
+    def counting(data: bytes) -> Any:
+        seen.append(data)
+        return real(data)
+
+    monkeypatch.setattr(orjson, "loads", counting)
+    frames = [tcu(status="a", title="T"), tcu(status="b"), tcu(rawOutput={"n": 1})]
+    assert waited(frames) == [tcu(rawOutput={"n": 1}, status="b", title="T")]
+    # Each line parsed once to classify it, the first once more to open the group; the merged
+    # frame is spliced into the last line with the parse the merge already had.
+    assert seen == [frames[0], frames[1], frames[0], frames[2]]

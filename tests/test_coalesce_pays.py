@@ -34,9 +34,10 @@ from acp_proxy.shell.outbox import (
     write_all,
 )
 from acp_proxy.shell.transports import FdStream
-from acp_proxy.wire.coalesce import FRAME_OVERHEAD, MERGE_COST_S, OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce import MERGE_COST_S, OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce_merge import Group
 from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
+from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
 
@@ -182,12 +183,15 @@ def test_the_merge_at_the_bound_is_bounded_and_the_looks_do_the_rest() -> None:
     frames = [tcu(f"t{i % 10}", status=str(i)) for i in range(1000)]
     for raw in frames:
         queue.push(OutFrame(raw, None, 2), 0.0)
-    assert not queue.has_room()  # 256 of the 1,000 lines merged into 10; 744 wait fresh
-    assert len(queue) == 10 + 744 and len(queue._fresh) == 744 and queue.stats.merged == 246
+    first, _ = queue.take(0.0, 1, look=False)  # the writer took a line: reading may go on
+    assert first == [frames[0] + b"\n"]
+    assert not queue.has_room()  # 256 of the 999 lines merged into 10; 743 wait fresh
+    assert len(queue) == 10 + 743 and len(queue._fresh) == 743 and queue.stats.merged == 246
     while queue.look(0.0, 1.0):
         pass
     assert len(queue) == 10
-    assert _state(written(queue.take(0.0, look=False)[0])) == _state(frames)
+    rest = written(queue.take(0.0, look=False)[0])
+    assert _state([frames[0], *rest]) == _state(frames)
 
 
 def test_a_group_counts_what_its_first_look_parsed() -> None:

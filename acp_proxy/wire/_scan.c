@@ -1,4 +1,4 @@
-/* The optional C accelerator of acp_proxy.wire.scan (issue 13, pass-through speed).
+/* The optional C accelerator of acp_proxy.wire.scan, for pass-through speed.
  *
  * Contract: exactly ``acp_proxy.wire.scan.scan_py`` (the pure-Python reference; read its
  * docstring for the meaning of the result), in one pass over the block: memchr finds each
@@ -169,7 +169,7 @@ scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 
-/* ---- member_span: where a member sits in a frame (issue 13, the fused annotation path) ----
+/* ---- member_span: where a member sits in a frame (the fused annotation path) ----
  *
  * Contract: the fast path of ``acp_proxy.wire.rawjson.member_span_py`` (read its docstring).
  * ``raw`` has been parsed by orjson already, so it is valid JSON; the walk below only skips
@@ -411,7 +411,7 @@ member_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* splice_member(raw, path, key, member_key, value, expect) -> bytes | None: ``raw`` with member
  * ``key`` of the object at ``path`` written as the encoded ``value``, in one pass and one copy
- * (issue 13: the Python steps around member_span cost more than the walk). ``expect`` None:
+ * (the Python steps around member_span cost more than the walk). ``expect`` None:
  * the member must be absent, and ``member_key`` (``"key":``) + ``value`` is added last, after a
  * comma unless the object is empty (where ``rawjson.splice_member`` adds it). ``expect`` bytes:
  * the member's value must be exactly those bytes (the caller's canonical encoding of the old
@@ -538,7 +538,7 @@ malformed:
     Py_RETURN_NONE;
 }
 
-/* ---- numbers_risky: the coalescer's number check (issue 13) ----
+/* ---- numbers_risky: the coalescer's number check ----
  *
  * Contract: exactly ``rawjson._risky_numbers(rawjson._outside_strings(raw))``: whether a number
  * outside the strings of ``raw`` has an exponent or a run of 17 digits and dots (orjson could

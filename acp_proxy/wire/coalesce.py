@@ -25,9 +25,12 @@ How it works:
 * It pays for itself or it stops: a merge pass in which fewer than one line in eight merged
   makes the queue skip merging for the next lines (as many as the pass looked at, doubling while
   nothing merges), so a stream that does not merge costs a FIFO again; and while the writer makes
-  no progress (a paused client) the proxy reads at most ``PAUSE_INPUT_FACTOR`` times the bound
-  before ``has_room`` says no, however well the frames merge: a paused client does not make the
-  proxy burn CPU merging an endless stream.
+  no progress (a paused client) the proxy reads at most the bound's worth before ``has_room``
+  says no, however well the frames merge: a paused client costs no more reading than with
+  merging off, and does not make the proxy burn CPU merging an endless stream.
+* A text chunk whose bytes repeat a waiting group's last line around another text (same
+  message, same envelope) merges without a parse (``Group.text_of``): a streamed reply costs a
+  few byte comparisons and the decoding of its text per chunk.
 * The byte bound counts what the queue holds in memory: the frames' bytes, a fixed overhead per
   waiting line and index entry, and the parsed objects a merged group keeps (an upper estimate).
 
@@ -54,19 +57,16 @@ from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify
 from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
+from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, take_some
 
 _NEEDLE = b'"session/update"'
-# Memory a waiting frame or line takes beyond its bytes: the bytes object, its tuple and list
-# slots (one figure for both: an upper estimate for a line split out of a frame).
-FRAME_OVERHEAD = 128
 # One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.
 INDEX_OVERHEAD = 400
-# While the writer makes no progress, at most this many times the bound is read.
-PAUSE_INPUT_FACTOR = 2
 # A merge pass that merged fewer than one line in this many makes the next lines skip merging.
 _YIELD = 8
 _MIN_PASS = 64  # a pass over fewer lines says nothing about the stream
 _MAX_SKIP = 1 << 16
+_HOT = 4  # text groups tried before a line is parsed
 _ROOM_PASS = 256  # lines merged at most when the bound is reached (a few ms; looks do the rest)
 # What a merge pass costs the proxy per line it looks at (parse, classify, index, merge): about
 # 15 µs on the bench's notify and mixed v2 streams (``bench/slow_client.py``). A pass pays when
@@ -132,6 +132,7 @@ class OutboundQueue:
         "_fresh_bytes",
         "_fresh_first",
         "_groups",
+        "_hot",
         "_in_bytes",
         "_in_lines",
         "_index",
@@ -170,6 +171,9 @@ class OutboundQueue:
         self._index: dict[EntityKey, tuple[int, Spec]] = {}
         self._version: int | None = None  # the version the index was built for
         self._groups = 0  # entries of ``_done`` that are groups
+        # Text groups that merged a line lately (at most ``_HOT``): the next chunk of their
+        # message merges without a parse (``_merge_hot``).
+        self._hot: list[Group] = []
         self._rate = RateLimit(self._interval)  # used only when ``_interval`` is set
         self._bytes = 0  # held in memory (without the index, counted by its length)
         self._count = 0  # frames it will write
@@ -202,17 +206,17 @@ class OutboundQueue:
         """True while below both bounds; the shell stops reading from the producer otherwise.
 
         At the bound, the frames pushed since the last merge pass are merged first (when merging
-        pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
-        is read, however well it merges."""
+        pays). While the writer takes nothing, at most the bound's worth is read (its messages,
+        or its bytes as they came), however well it merges: a paused peer then costs no more
+        reading than without merging, and what was read is merged while it waits."""
         config = self._config
+        if self._merge and (
+            self._in_lines >= config.max_queue_messages or self._in_bytes >= config.max_queue_bytes
+        ):
+            return False
         if self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes:
             return True
         if not self._fresh or not self._merge or not self._pays(self._now):
-            return False
-        if (
-            self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
-            or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
-        ):
             return False
         self._pass(_ROOM_PASS)  # bounded: the reader's task holds the event loop meanwhile
         return (
@@ -315,6 +319,7 @@ class OutboundQueue:
         for raw, version in fresh:
             if version != self._version:
                 self._index.clear()  # a new index for each version
+                self._hot = []
                 self._version = version
             table = table_of(version)
             if table is None:
@@ -380,6 +385,8 @@ class OutboundQueue:
 
     def _add(self, line: bytes, table: Table) -> None:
         """One line: merged into its entity's last waiting entry of the tail run, or appended."""
+        if self._hot and self._merge_hot(line):
+            return
         done = self._done
         message: object = None
         if _NEEDLE in line:
@@ -419,6 +426,8 @@ class OutboundQueue:
                 self.stats.merged += 1
                 target.merged += 1
                 self._count += target.lines - lines - 1
+                if target.tpl is not None and target not in self._hot:
+                    self._hot = [target, *self._hot[: _HOT - 1]]
                 return
         self._index[key] = (self._base + len(done), spec)
         if self._interval:
@@ -429,6 +438,26 @@ class OutboundQueue:
         else:
             done.append(line)
             self._bytes += len(line) + 1 + FRAME_OVERHEAD
+
+    def _merge_hot(self, line: bytes) -> bool:
+        """``line`` merged, without a parse, into a hot text group whose bytes it repeats
+        around another text (``Group.text_of``), if that group is still its entity's last
+        waiting entry of the tail run."""
+        for group in self._hot:
+            text = group.text_of(line)
+            if text is None:
+                continue
+            hit = self._index.get(group.key)
+            pos = -1 if hit is None else hit[0] - self._base
+            if pos < 0 or self._done[pos] is not group:  # written, or behind a barrier
+                self._hot.remove(group)
+                return False
+            self._bytes += group.add_text(line, text)
+            self.stats.merged += 1
+            group.merged += 1
+            self._count -= 1
+            return True
+        return False
 
     # -- take -----------------------------------------------------------------------------
 
@@ -474,6 +503,7 @@ class OutboundQueue:
         self._done = []
         self._base = self._prepared = 0
         self._index.clear()
+        self._hot = []
         self._groups = 0
         self.stats.written += self._count
         self._bytes = self._count = 0
@@ -491,48 +521,18 @@ class OutboundQueue:
     def _take_some(self, limit: int, now: float) -> bytes:
         """The first entries, about ``limit`` bytes of them (whole lines, at least one); the
         rest waits, its index entries still valid."""
-        done = self._done
-        parts: list[bytes] = []
-        size = lines = taken = 0
-        for entry in done:
-            if size >= limit:
-                break
-            if isinstance(entry, bytes):
-                room = limit - size
-                if len(entry) >= room and b"\n" in entry:
-                    # A run of lines bigger than the room: its first lines go, the rest waits.
-                    cut = entry.rfind(b"\n", 0, room)
-                    if cut < 0:
-                        cut = entry.find(b"\n")
-                    head, rest = entry[:cut], entry[cut + 1 :]
-                    parts.append(head)
-                    n = head.count(b"\n") + 1
-                    lines += n
-                    size += len(head) + 1
-                    self._bytes -= len(head) + 1
-                    done[taken] = rest
-                    break
-                parts.append(entry)
-                lines += entry.count(b"\n") + 1
-                size += len(entry) + 1
-                self._bytes -= len(entry) + 1 + FRAME_OVERHEAD
-            else:
-                frames = self._written(entry)
-                parts.extend(frames)
-                lines += entry.lines
-                size += sum(len(f) + 1 for f in frames)
-                self._bytes -= entry.charge
-                self._groups -= 1
-            taken += 1
-        del done[:taken]
-        self._base += taken
-        if not done:
+        taken = take_some(self._done, limit, self._written)
+        self._bytes -= taken.freed
+        self._groups -= taken.groups
+        self._base += taken.entries
+        if not self._done:
             self._base = self._prepared = 0
             self._index.clear()
-        self._count -= lines
-        self.stats.written += lines
-        self._pace.taken(lines, now)
-        return b"\n".join(parts) + b"\n"
+        self._hot = []
+        self._count -= taken.lines
+        self.stats.written += taken.lines
+        self._pace.taken(taken.lines, now)
+        return taken.data
 
     def _frames_of(self, entries: Sequence[_Entry]) -> tuple[list[bytes], int]:
         """The frames ``entries`` write (merged groups encoded and told), and how many."""
@@ -561,6 +561,7 @@ class OutboundQueue:
         due, held, deadline = self._rate.split(self._done, now)
         parts, written = self._frames_of(due)
         self._done = list(held)
+        self._hot = []
         self._index = {entry.key: (i, entry.spec) for i, entry in enumerate(held)}
         self._base = self._prepared = 0
         self._groups = len(held)

@@ -113,6 +113,7 @@ class Group:
     """One waiting line of a mergeable kind and what was merged into it (owned by the queue)."""
 
     __slots__ = (
+        "base",
         "charge",
         "first",
         "head",
@@ -128,6 +129,7 @@ class Group:
         "spec",
         "state",
         "texts",
+        "tpl",
         "updates",
     )
 
@@ -140,10 +142,17 @@ class Group:
         self.last: bytes | None = None
         self.head: JsonObject | None = None  # chunks: the first line's update (the template)
         self.updates: list[JsonObject] = []  # upserts: 1 or 2 (a clear, then an object)
+        # Upserts: the parse of ``last``. The merged update shares its unchanged members with
+        # it, so the splice sees them as unchanged by identity and copies their bytes.
+        self.base: JsonObject | None = None
         # Upserts: the encoded size of each member of the last update (a merge measures only
         # the members it takes from the new line, so its work follows the changed members).
         self.sizes: dict[str, int] = {}
         self.texts: list[str] = []  # text chunks: the texts to join
+        # Text chunks: the last line's bytes before and after its text (the literal), when it
+        # is known: a later line with exactly these bytes around a text merges without a parse
+        # (``absorb_text``), and the frame is encoded from them.
+        self.tpl: tuple[bytes, bytes] | None = None
         self.pieces: list[bytes] = []  # terminal output chunks: the bytes to join
         self.lines = 1  # frames it will write
         self.merged = 0  # later lines merged into it (the queue counts them)
@@ -188,6 +197,7 @@ class Group:
                 return None
             self.texts.append(text)
             self.parsed += sys.getsizeof(text) + 8
+            self.tpl = _template(raw)
         elif cls is Class.B64_CHUNK:
             data = b64_bytes(update)
             assert self.head is not None
@@ -195,7 +205,7 @@ class Group:
                 return None
             self.pieces.append(data)
             self.parsed += len(data) + 41
-        elif not self._merge_upsert(raw, update):
+        elif not self._merge_upsert(raw, message):
             return None
         else:
             self.ready = None  # what was encoded ahead no longer holds
@@ -203,6 +213,35 @@ class Group:
         if self.last is None:
             self.first = b""  # the chunk's first text or bytes are kept, its line is not
         self.last = raw
+        self.ready = None
+        return self._recharge()
+
+    def text_of(self, line: bytes) -> str | None:
+        """The text of ``line`` when it is the last merged line with another text literal, byte
+        for byte (``tpl``): a chunk of the same message with the same envelope, so only its
+        text needs decoding (``add_text`` merges it). ``None``: ``absorb`` judges it."""
+        tpl = self.tpl
+        if tpl is None:
+            return None
+        head, tail = tpl
+        cut, end = len(head), len(line) - len(tail)
+        if end - cut < 2 or not line.startswith(head) or not line.endswith(tail):
+            return None
+        literal = line[cut:end]
+        # A ``\u`` escape may be a surrogate (``rawscan.reencodes_exactly``): ``absorb`` judges.
+        if literal[0] != 0x22 or literal[-1] != 0x22 or b"\\u" in literal:
+            return None
+        try:
+            text = orjson.loads(literal)
+        except orjson.JSONDecodeError:
+            return None
+        return text if type(text) is str else None
+
+    def add_text(self, line: bytes, text: str) -> int:
+        """Merge ``line``, whose text ``text_of`` gave; returns the change of ``charge``."""
+        self.texts.append(text)
+        self.parsed += sys.getsizeof(text) + 8
+        self.last = line
         self.ready = None
         return self._recharge()
 
@@ -237,8 +276,9 @@ class Group:
         self._recharge()
         return True
 
-    def _merge_upsert(self, raw: bytes, update: JsonObject) -> bool:
+    def _merge_upsert(self, raw: bytes, message: JsonObject) -> bool:
         """Upserts and snapshots: ``updates.merge_updates`` decides (one or two updates)."""
+        update = update_of(message)
         version = self.spec.version
         updates = self.updates
         last = updates[-1]
@@ -247,7 +287,7 @@ class Group:
             return False  # not combinable: the new line waits behind this group
         if len(updates) == 1 and len(result) == 1 and result[0] is update:
             # The later update replaces the earlier whole (a snapshot): keep its exact bytes.
-            self.first, self.last = raw, None
+            self.first, self.last, self.base = raw, None, None
             updates[0] = update
             self.sizes = _sizes(update)
             self.parsed = _parsed_charge(self.sizes)
@@ -267,7 +307,7 @@ class Group:
             self.parsed = sum(_parsed_charge(_sizes(u)) for u in merged)
         self.updates = merged
         self.lines = len(merged)
-        self.first, self.last = b"", raw
+        self.first, self.last, self.base = b"", raw, message
         return True
 
     # -- writing --------------------------------------------------------------------------
@@ -289,9 +329,14 @@ class Group:
         last = self.last
         if last is None:
             return [self.first]
-        base = orjson.loads(last)
+        tpl = self.tpl
+        if tpl is not None:  # the bytes ``_splice`` gives, without parsing ``last``
+            return [b"".join((tpl[0], orjson.dumps("".join(self.texts)), tpl[1]))]
         if self.updates:
-            return [_splice(last, base, u) for u in self.updates]
+            parsed = self.base
+            assert parsed is not None  # set with ``last``
+            return [_splice(last, parsed, u) for u in self.updates]
+        base = orjson.loads(last)
         head = self.head
         assert head is not None
         if self.spec.cls is Class.TEXT_CHUNK:
@@ -302,6 +347,17 @@ class Group:
             data = base64.b64encode(b"".join(self.pieces)).decode("ascii")
             merged = {**head, "data": data}
         return [_splice(last, base, merged)]
+
+
+_TEXT_PATH = (b"params", b"update", b"content")
+
+
+def _template(line: bytes) -> tuple[bytes, bytes] | None:
+    """``line``'s bytes before and after the literal of ``params.update.content.text``."""
+    span = rawsplice.member_span(line, _TEXT_PATH, b"text")
+    if span is None or span[2] < 0:
+        return None
+    return line[: span[2]], line[span[3] :]
 
 
 def encode_ahead(entries: list[bytes | Group], start: int, budget: int) -> tuple[int, int]:

@@ -213,16 +213,8 @@ def id_bytes(raw: bytes) -> bytes | None:
 # Bytes that may change when orjson writes back what it parsed: digits and dots (17 of them in a
 # row are more significant digits than a double keeps) and exponents.
 _NUMBER_SHAPES = bytes.maketrans(b"0123456789.eE", b"00000000000ee")
-_SURROGATE_ESCAPES = (
-    b"\\ud8",
-    b"\\ud9",
-    b"\\uda",
-    b"\\udb",
-    b"\\udc",
-    b"\\udd",
-    b"\\ude",
-    b"\\udf",
-)
+# ``\ud800``-``\udfff`` in any case (a ``\U`` is not JSON, but it costs nothing to count it).
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")
 
 
 def _risky_numbers(data: bytes) -> bool:
@@ -250,14 +242,12 @@ def reencodes_exactly(raw: bytes) -> bool:
     surrogate escape occurs. Conservative: a False only stops the coalescer from merging the frame
     (it is then written as it came).
     """
-    if raw.find(b"\\") >= 0:
-        lowered = raw.lower()
-        if any(lowered.find(e) >= 0 for e in _SURROGATE_ESCAPES):
-            return False
-    if not _risky_numbers(raw):
-        return True
-    if _numbers_risky_c is not None:  # the same answer in one C pass (``_scan.c``)
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        return False
+    if _numbers_risky_c is not None:  # the exact answer in one C pass (``_scan.c``)
         return not _numbers_risky_c(raw)
+    if not _risky_numbers(raw):  # the cheap check: no number could change
+        return True
     try:
         return not _risky_numbers(_outside_strings(raw))
     except Unparseable:
