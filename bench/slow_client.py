@@ -448,8 +448,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(scenario: str, r: Result) -> str:
     return (
-        f"{scenario:8} {r.variant:38} cpu {r.cpu_s:6.2f}s rss {r.maxrss_mb:6.1f}MiB "
-        f"wall {r.wall_s:6.2f}s after-resume {r.after_resume_s:5.2f}s "
+        f"{scenario:8} {r.variant:38} cpu {r.cpu_s:6.3f}s rss {r.maxrss_mb:6.1f}MiB "
+        f"wall {r.wall_s:6.2f}s after-resume {r.after_resume_s:6.3f}s "
         f"msgs {r.messages_out}/{r.messages_in} bytes {r.bytes_out}/{r.bytes_in} "
         f"{r.state} {r.error}"
     )
@@ -473,8 +473,8 @@ def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
             per = r["cpu_s"] / max(1, r["messages_in"]) * 1e6
             share = r["messages_out"] / max(1, r["messages_in"])
             out.append(
-                f"| {r['variant']} | {r['cpu_s']:.2f} | {per:.1f} | {r['maxrss_mb']:.1f} | "
-                f"{r['wall_s']:.2f} ({r['after_resume_s']:.2f}) | "
+                f"| {r['variant']} | {r['cpu_s']:.3f} | {per:.1f} | {r['maxrss_mb']:.1f} | "
+                f"{r['wall_s']:.2f} ({r['after_resume_s']:.3f}) | "
                 f"{r['messages_out']:,} / {r['messages_in']:,} | {share:.2f} | "
                 f"{r['bytes_out'] / 2**20:.1f} MiB | {r['state'] or '-'} |"
             )

@@ -166,10 +166,16 @@ def test_a_paused_client_stops_the_reading_even_when_everything_merges() -> None
     while queue.has_room() and read < 10_000:  # bounded: it used to read forever
         queue.push(OutFrame(tcu(rawOutput={"p": read}), None, 2), 0.0)
         read += 1
-    assert read == 100  # the bound's worth, as with merging off
-    assert queue.look(0.0, 1.0) and len(queue) == 1  # merged while the writer waits...
-    assert not queue.has_room()  # ... but the writer took nothing: the reading stays stopped
-    assert queue.take(0.0) == ([tcu(rawOutput={"p": read - 1}) + b"\n"], None)
+    assert read == 200  # twice the bound, merged at the bound as it came
+    assert len(queue) <= 100 and not queue.has_room()
+    while queue.look(0.0, 1.0):  # merged while the writer waits...
+        pass
+    assert len(queue) == 1 and not queue.has_room()  # ... the writer took nothing: no reading
+    # Filling a paused peer's buffer is no progress: the reading stays stopped.
+    assert queue.take(0.0, paused=True) == ([tcu(rawOutput={"p": read - 1}) + b"\n"], None)
+    assert not queue.has_room()
+    queue.push(OutFrame(tcu(status="x"), None, 2), 0.0)  # (a reply owed, pushed regardless)
+    assert queue.take(0.0) == ([tcu(status="x") + b"\n"], None)
     assert queue.has_room()  # the writer made progress: reading resumes
 
 

@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.shell.outbox import (
-    DRAINED_SENT,
     GATE_IDLE_MAX_S,
     GATE_MIN_S,
     GATE_PAUSED_S,
@@ -503,7 +502,8 @@ def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
     """A look that finds the peer read what it was given, down to less than ``STARVED_UNREAD``:
     the peer waits for the proxy, so the queue stops merging at once (a paused client that
     resumed is fed at the pace of a plain queue). It merges again once more than half of
-    ``GATE_UNREAD`` stayed unread for a rate window, or ``DRAINED_SENT`` bytes later."""
+    ``GATE_UNREAD`` stayed unread for a rate window, not sooner: right after a burst of writes
+    a peer that keeps up has not read them yet."""
     r, w = os.pipe()
     fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     stream = FdStream(None, w, close_fds=False)
@@ -529,11 +529,36 @@ def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
         outbox.stats.bytes += 100  # as the writer counts what it wrote
         outbox.gate(0.008)
         assert not queue.peer_waits
-        # It drained a moment ago, then the writer gave it more than DRAINED_SENT it left.
-        os.write(w, b"x" * (DRAINED_SENT + 1))
-        outbox.stats.bytes += DRAINED_SENT + 1
+        # A burst of writes it has not read yet (1 MiB): no merging within the rate window.
+        os.write(w, b"x" * ((1 << 20) - 200))
+        outbox.stats.bytes += (1 << 20) - 200
         outbox.gate(0.0085)
+        assert not queue.peer_waits
+        outbox.gate(0.008 + RATE_WINDOW_S)
         assert queue.peer_waits
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_paused_peer_that_resumed_is_seen_to_have_read_its_buffer() -> None:
+    """The first look after a long pause compares with the last one, however long ago: a peer
+    that read down its full buffer is fed at once, without merging."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    stream = FdStream(None, w, close_fds=False)
+    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    queue = outbox.queue
+    try:
+        queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
+        os.write(w, b"x" * (1 << 19))
+        outbox.stats.bytes += 1 << 19
+        outbox.gate(0.0)
+        outbox.gate(0.1)
+        assert queue.peer_waits and outbox.paused(0.2)  # it read nothing
+        os.read(r, 1 << 20)  # three seconds later it reads all of it
+        assert outbox.gate(3.0) is None
+        assert not queue.peer_waits and not outbox.paused(3.0)
     finally:
         os.close(r)
         os.close(w)

@@ -168,3 +168,10 @@ def test_the_template_writes_what_the_general_path_writes(
         general = waited(frames)
     assert fast == general
     assert reduce(fast, 2) == reduce(frames, 2)
+
+
+def test_a_text_joined_to_empty_ones_keeps_its_line_as_it_came() -> None:
+    escaped = json.dumps(json.loads(chunk("é")), separators=(",", ":")).encode()
+    # The joined text equals the last one: the general path keeps that line's bytes (nothing
+    # changed); the template path must too, not respell its escape.
+    assert waited([chunk(""), chunk(""), escaped]) == [escaped]

@@ -646,11 +646,10 @@ def test_has_room_is_false_exactly_at_the_message_bound() -> None:
     assert queue.has_room()
     queue.push(OutFrame(tick("call_002", status="pending"), None, 2), 0.0)
     assert len(queue) == 2 and not queue.has_room()
-    queue.push(OutFrame(tick("call_001", status="completed"), None, 2), 0.0)  # owed
-    # The writer took nothing since the bound's worth was read: no merge makes room.
-    assert not queue.has_room() and len(queue) == 3
+    queue.push(OutFrame(tick("call_001", status="completed"), None, 2), 0.0)  # merges
+    assert not queue.has_room() and len(queue) == 2  # at the bound, waiting frames merge
     queue.push(OutFrame(BARRIERS["error response"], None, 2), 0.0)  # pushed regardless
-    assert len(queue) == 4 and not queue.has_room()
+    assert len(queue) == 3 and not queue.has_room()
     out, _ = take(queue, 0.0)  # never dropped
     assert out == lines(
         tick("call_001", status="completed"),

@@ -39,17 +39,13 @@ GATE_MAX_S = 0.02
 # While the peer reads nothing (paused), the writer looks again after at most this long: a
 # peer that resumes waits no longer for the proxy (about 200 wake-ups a second of pause).
 GATE_IDLE_MAX_S = 0.005
-# A peer that read everything it was given counts as keeping up (no merging, no gate) until
-# it leaves more than half of ``GATE_UNREAD`` unread for a rate window, or for this many bytes
-# written since.
-DRAINED_SENT = 4 * GATE_UNREAD
 # A peer that read nothing for this long while the queue had nothing left to merge or encode
 # ahead is paused: the writer fills its kernel buffer and waits in the write (the kernel wakes
 # it the moment the peer reads, as with coalescing off).
 GATE_PAUSED_S = 0.1
 # A look that finds the peer read what it was given, down to less than this unread: the peer
-# waits for the proxy, not the other way round, so the queue stops merging (until it falls
-# behind again: ``DRAINED_SENT``).
+# waits for the proxy, not the other way round, so the queue stops merging, until the peer
+# leaves more than half of ``GATE_UNREAD`` unread for a rate window.
 STARVED_UNREAD = 16 * 1024
 
 
@@ -85,7 +81,6 @@ class Outbox:
 
     __slots__ = (
         "_drained_at",
-        "_drained_sent",
         "_gate_at",
         "_gate_idle",
         "_gate_read",
@@ -138,7 +133,6 @@ class Outbox:
         self._gate_idle = GATE_MIN_S
         self._idle_since: float | None = None  # since when the peer has read nothing
         self._drained_at: float | None = None  # when a look last found the peer had read it all
-        self._drained_sent = 0  # ... and the bytes sent by then
         # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
         # writer then merges while it waits for the peer (``queue.look``), not when it takes.
         self.gauged = False
@@ -353,10 +347,13 @@ class Outbox:
         rate = 0.0
         read = 0
         last = self._gate_at
+        if last is not None:
+            # What it read since the last look, however long ago (a paused peer that resumed
+            # and read down its buffer is seen to have read it all: ``_judge``).
+            read = max(0, self._gate_unread + (sent - self._gate_sent) - unread)
         if last is not None and now - last > 4 * RATE_WINDOW_S and unread < GATE_UNREAD:
             last = None  # not looked for a while and nothing much waits: a fresh start
         if last is not None:
-            read = max(0, self._gate_unread + (sent - self._gate_sent) - unread)
             self._gate_read += read
             self._gate_idle = GATE_MIN_S if read else min(2 * self._gate_idle, GATE_IDLE_MAX_S)
             if read:
@@ -374,28 +371,27 @@ class Outbox:
             self._gate_window, self._gate_read = now, 0
             self._gate_idle, self._idle_since = GATE_MIN_S, None
         self._gate_at, self._gate_unread, self._gate_sent = now, unread, sent
-        self._judge(now, unread, read, sent)
+        self._judge(now, unread, read)
         if unread <= GATE_UNREAD or not queue.merging(now):
             return None
         if rate <= 0.0:
             return self._gate_idle
         return min(max((unread - GATE_UNREAD) / rate, GATE_MIN_S), GATE_MAX_S)
 
-    def _judge(self, now: float, unread: int, read: int, sent: int) -> None:
+    def _judge(self, now: float, unread: int, read: int) -> None:
         """Whether the peer is behind the proxy (``queue.peer_waits``: merging may pay), from
         what it left unread and what it ``read`` since the gate's last look."""
         if read and unread < STARVED_UNREAD:
             # It read (nearly) all it was given: it waits for the proxy, where merging could
             # only make it wait longer (a fast peer, a paused one that resumed).
-            self._drained_at, self._drained_sent = now, sent
+            self._drained_at = now
             self.queue.peer_waits = False
         elif unread > GATE_UNREAD // 2 and (
-            self._drained_at is None
-            or now - self._drained_at >= RATE_WINDOW_S
-            or sent - self._drained_sent > DRAINED_SENT
+            self._drained_at is None or now - self._drained_at >= RATE_WINDOW_S
         ):
-            # It left data unread for a rate window, or fell behind a few writes since it last
-            # read everything (the writer does not dump the queue into a peer that stopped).
+            # It left data unread for a rate window since it last read everything. Not
+            # sooner: right after a write a peer that keeps up has not read it yet, and merging
+            # would make it wait (a peer that stops gets at most its kernel buffer unmerged).
             self.queue.peer_waits = True
 
     def paused(self, now: float) -> bool:
@@ -495,7 +491,10 @@ async def write_all(
                 await outbox.wait_ready(now + wait)
                 continue
             written = queue.stats.written
-            frames, deadline = queue.take(now, WRITE_CHUNK, look=not outbox.gauged)
+            # (A paused peer's buffer is filled: what the reader read while it pauses still
+            # counts against what it may read before the peer reads again.)
+            paused = wait is not None
+            frames, deadline = queue.take(now, WRITE_CHUNK, look=not outbox.gauged, paused=paused)
             if not frames:
                 if outbox.closed and deadline is None:
                     break

@@ -25,9 +25,10 @@ How it works:
 * It pays for itself or it stops: a merge pass in which fewer than one line in eight merged
   makes the queue skip merging for the next lines (as many as the pass looked at, doubling while
   nothing merges), so a stream that does not merge costs a FIFO again; and while the writer makes
-  no progress (a paused client) the proxy reads at most the bound's worth before ``has_room``
-  says no, however well the frames merge: a paused client costs no more reading than with
-  merging off, and does not make the proxy burn CPU merging an endless stream.
+  no progress (a paused client; filling its kernel buffer is no progress) the proxy reads at
+  most ``PAUSE_INPUT_FACTOR`` times the bound before ``has_room`` says no, however well the
+  frames merge (even while merging keeps the queue below its bound): a paused client does not
+  make the proxy burn CPU merging an endless stream.
 * A text chunk whose bytes repeat a waiting group's last line around another text (same
   message, same envelope) merges without a parse (``Group.text_of``): a streamed reply costs a
   few byte comparisons and the decoding of its text per chunk.
@@ -66,6 +67,9 @@ INDEX_OVERHEAD = 400
 _YIELD = 8
 _MIN_PASS = 64  # a pass over fewer lines says nothing about the stream
 _MAX_SKIP = 1 << 16
+# While the writer takes nothing (or only fills a paused peer's buffer), at most this many times
+# the bound is read: about what the queue holds with merging off once that buffer is filled.
+PAUSE_INPUT_FACTOR = 2
 _HOT = 4  # text groups tried before a line is parsed
 _ROOM_PASS = 256  # lines merged at most when the bound is reached (a few ms; looks do the rest)
 # What a merge pass costs the proxy per line it looks at (parse, classify, index, merge): about
@@ -206,12 +210,14 @@ class OutboundQueue:
         """True while below both bounds; the shell stops reading from the producer otherwise.
 
         At the bound, the frames pushed since the last merge pass are merged first (when merging
-        pays). While the writer takes nothing, at most the bound's worth is read (its messages,
-        or its bytes as they came), however well it merges: a paused peer then costs no more
-        reading than without merging, and what was read is merged while it waits."""
+        pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
+        is read (its messages, or its bytes as they came), however well it merges: a paused
+        peer costs about the reading it costs without merging, and what was read is merged
+        while it waits."""
         config = self._config
         if self._merge and (
-            self._in_lines >= config.max_queue_messages or self._in_bytes >= config.max_queue_bytes
+            self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
+            or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
         ):
             return False
         if self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes:
@@ -373,15 +379,16 @@ class OutboundQueue:
         self._fresh_first += lines
         return first
 
-    def _as_barriers(self, fresh: list[tuple[bytes, int | None]]) -> None:
-        """Frames that skip merging: waiting as they came, closing the tail run (nothing may
-        merge across a line that was not looked at)."""
+    def _as_barriers(self, fresh: list[tuple[bytes, int | None]], skipped: bool = True) -> None:
+        """Frames that skip merging (or are taken unparsed: not ``skipped``): waiting as they
+        came, closing the tail run (nothing may merge across a line that was not looked at)."""
         self._index.clear()
         done = self._done
         for raw, _version in fresh:
             done.append(raw)
             self._bytes += len(raw) + 1 + FRAME_OVERHEAD
-            self.stats.skipped += raw.count(b"\n") + 1
+            if skipped:
+                self.stats.skipped += raw.count(b"\n") + 1
 
     def _add(self, line: bytes, table: Table) -> None:
         """One line: merged into its entity's last waiting entry of the tail run, or appended."""
@@ -462,7 +469,7 @@ class OutboundQueue:
     # -- take -----------------------------------------------------------------------------
 
     def take(
-        self, now: float, limit: int | None = None, *, look: bool = True
+        self, now: float, limit: int | None = None, *, look: bool = True, paused: bool = False
     ) -> tuple[list[bytes], float | None]:
         """What is ready to write now (at most about ``limit`` bytes: whole lines, at least
         one), and when to call again.
@@ -478,7 +485,8 @@ class OutboundQueue:
         while it waits for the peer), what was merged goes first, then fresh frames as they
         came, unparsed.
         """
-        self._in_lines = self._in_bytes = 0
+        if not paused:  # (``paused``: this take fills a paused peer's buffer, no progress)
+            self._in_lines = self._in_bytes = 0
         self._now = now
         if self._interval != 0.0:
             written = self.stats.written
@@ -491,7 +499,7 @@ class OutboundQueue:
             elif not self._done or limit is None or self._bytes <= limit:
                 # Unparsed, as they came (one frame alone waited behind nothing): about the
                 # piece taken, the rest stays fresh and mergeable.
-                self._unlooked(None if self._done else limit)
+                self._as_barriers(self._first_of(None, None if self._done else limit), False)
         done = self._done
         if not done:
             return [], None
@@ -508,15 +516,6 @@ class OutboundQueue:
         self.stats.written += self._count
         self._bytes = self._count = 0
         return out, None
-
-    def _unlooked(self, limit: int | None) -> None:
-        """The first fresh frames (all, or about ``limit`` bytes) join the waiting entries as
-        they came, unparsed; nothing merges across them."""
-        fresh = self._first_of(None, limit)
-        self._index.clear()
-        for raw, _version in fresh:
-            self._done.append(raw)
-            self._bytes += len(raw) + 1 + FRAME_OVERHEAD
 
     def _take_some(self, limit: int, now: float) -> bytes:
         """The first entries, about ``limit`` bytes of them (whole lines, at least one); the

@@ -331,7 +331,10 @@ class Group:
             return [self.first]
         tpl = self.tpl
         if tpl is not None:  # the bytes ``_splice`` gives, without parsing ``last``
-            return [b"".join((tpl[0], orjson.dumps("".join(self.texts)), tpl[1]))]
+            joined = "".join(self.texts)
+            if joined == self.texts[-1]:  # the earlier texts were empty: ``last`` as it came
+                return [last]
+            return [b"".join((tpl[0], orjson.dumps(joined), tpl[1]))]
         if self.updates:
             parsed = self.base
             assert parsed is not None  # set with ``last``
