@@ -484,17 +484,8 @@ def test_consumer_that_keeps_up_sees_every_frame_unchanged() -> None:
     assert queue.stats.merged == 0
 
 
-def test_pushing_never_parses_and_a_waiting_line_is_parsed_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[bytes] = []
-    real = orjson.loads
-
-    def counting(data: bytes) -> Any:
-        calls.append(data)
-        return real(data)
-
-    monkeypatch.setattr(orjson, "loads", counting)
+def test_pushing_never_parses_and_a_waiting_line_is_parsed_once(parses: list[bytes]) -> None:
+    calls = parses
     queue = OutboundQueue(CFG, coalesce=True)
     queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
     assert take(queue, 0.0) == (lines(tcu(status="a")), None)  # alone: never parsed

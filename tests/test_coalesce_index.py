@@ -12,7 +12,6 @@ import base64
 import gc
 import tracemalloc
 from collections.abc import Callable
-from typing import Any
 
 import orjson
 import pytest
@@ -129,17 +128,8 @@ def test_a_full_queue_merges_what_waits_then_refuses_and_drops_nothing() -> None
 # --- a pass that does not pay ------------------------------------------------------------------
 
 
-def test_merging_that_does_not_pay_is_skipped_then_tried_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[bytes] = []
-    real = orjson.loads
-
-    def counting(data: bytes) -> Any:
-        calls.append(data)
-        return real(data)
-
-    monkeypatch.setattr(orjson, "loads", counting)
+def test_merging_that_does_not_pay_is_skipped_then_tried_again(parses: list[bytes]) -> None:
+    calls = parses
     queue = OutboundQueue(CFG, coalesce=True)
     distinct = [tcu(f"t{i}", status="a") for i in range(200)]
     for raw in distinct[:100]:
@@ -320,19 +310,9 @@ def test_what_is_never_classified() -> None:
         assert classify(broken, table) is None
 
 
-def test_a_merged_update_is_written_without_parsing_its_line_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    seen: list[bytes] = []
-    real = orjson.loads
-
-    def counting(data: bytes) -> Any:
-        seen.append(data)
-        return real(data)
-
-    monkeypatch.setattr(orjson, "loads", counting)
+def test_a_merged_update_is_written_without_parsing_its_line_again(parses: list[bytes]) -> None:
     frames = [tcu(status="a", title="T"), tcu(status="b"), tcu(rawOutput={"n": 1})]
     assert waited(frames) == [tcu(rawOutput={"n": 1}, status="b", title="T")]
     # Each line parsed once to classify it, the first once more to open the group; the merged
     # frame is spliced into the last line with the parse the merge already had.
-    assert seen == [frames[0], frames[1], frames[0], frames[2]]
+    assert parses == [frames[0], frames[1], frames[0], frames[2]]

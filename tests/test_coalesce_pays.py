@@ -7,10 +7,12 @@ The queue is pure (times are passed in); the outbox test runs the real writer ta
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -208,20 +210,8 @@ def test_a_group_counts_what_its_first_look_parsed() -> None:
 # -- merging pays only for a slow consumer ---------------------------------------------------
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    calls: list[bytes] = []
-    real = orjson.loads
-
-    def counting(data: bytes) -> Any:
-        calls.append(data)
-        return real(data)
-
-    monkeypatch.setattr(orjson, "loads", counting)
-    return calls
-
-
-def test_a_fast_consumer_gets_the_frames_unparsed(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counting(monkeypatch)
+def test_a_fast_consumer_gets_the_frames_unparsed(parses: list[bytes]) -> None:
+    calls = parses
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     # The writer measured the peer reading 10 MB a second: 1 / MERGE_COST_S lines and more.
     queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
@@ -234,8 +224,8 @@ def test_a_fast_consumer_gets_the_frames_unparsed(monkeypatch: pytest.MonkeyPatc
     assert written(out) == [tcu(status="a"), *frames] and calls == []
 
 
-def test_a_slow_consumer_gets_them_merged(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counting(monkeypatch)
+def test_a_slow_consumer_gets_them_merged(parses: list[bytes]) -> None:
+    calls = parses
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
     queue.consumed(len(tcu(status="a")) * 100, 1.0)  # 100 lines a second
@@ -262,7 +252,7 @@ def test_a_peer_that_takes_every_write_at_once_is_not_waited_for() -> None:
 
 
 def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
-    monkeypatch: pytest.MonkeyPatch,
+    parses: list[bytes],
 ) -> None:
     """A look merges about as many lines as fit in the time given (``MERGE_COST_S`` a line);
     a take without a pass writes what was merged first, then the rest as it came, unparsed."""
@@ -271,7 +261,8 @@ def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
     frames = [tcu(f"t{i % 2}", status=str(i)) for i in range(200)]
     for raw in frames:
         queue.push(OutFrame(raw, None, 2), 0.0)
-    calls = _counting(monkeypatch)
+    parses.clear()  # (pushing parses nothing)
+    calls = parses
     queue.look(0.0, 70.5 * MERGE_COST_S)  # 70 lines (whole frames)
     # Each line parsed once, and each group's first line once more when the group forms.
     assert len(calls) == 72 and set(calls) == set(frames[:70])
@@ -498,18 +489,27 @@ def test_a_paused_peer_is_looked_at_less_and_less_often_but_a_resumed_one_at_onc
         os.close(w)
 
 
+@contextlib.contextmanager
+def _piped_outbox() -> Iterator[tuple[int, int, Outbox]]:
+    """An outbox writing into a real pipe of 1 MiB: (its read end, its write end, the outbox)."""
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        stream = FdStream(None, w, close_fds=False)
+        yield r, w, Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
     """A look that finds the peer read what it was given, down to less than ``STARVED_UNREAD``:
     the peer waits for the proxy, so the queue stops merging at once (a paused client that
     resumed is fed at the pace of a plain queue). It merges again once more than half of
     ``GATE_UNREAD`` stayed unread for a rate window, not sooner: right after a burst of writes
     a peer that keeps up has not read them yet."""
-    r, w = os.pipe()
-    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    stream = FdStream(None, w, close_fds=False)
-    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
-    queue = outbox.queue
-    try:
+    with _piped_outbox() as (r, w, outbox):
+        queue = outbox.queue
         queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
         assert outbox.gate(0.0) is None and outbox.gauged
         assert queue.peer_waits  # nothing given, nothing read: no word yet
@@ -536,20 +536,13 @@ def test_a_peer_that_reads_everything_at_once_stops_the_merging() -> None:
         assert not queue.peer_waits
         outbox.gate(0.008 + RATE_WINDOW_S)
         assert queue.peer_waits
-    finally:
-        os.close(r)
-        os.close(w)
 
 
 def test_a_paused_peer_that_resumed_is_seen_to_have_read_its_buffer() -> None:
     """The first look after a long pause compares with the last one, however long ago: a peer
     that read down its full buffer is fed at once, without merging."""
-    r, w = os.pipe()
-    fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-    stream = FdStream(None, w, close_fds=False)
-    outbox = Outbox(OutboundQueue(CoalesceConfig(), coalesce=True), stream, SideStats())
-    queue = outbox.queue
-    try:
+    with _piped_outbox() as (r, w, outbox):
+        queue = outbox.queue
         queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
         os.write(w, b"x" * (1 << 19))
         outbox.stats.bytes += 1 << 19
@@ -559,6 +552,3 @@ def test_a_paused_peer_that_resumed_is_seen_to_have_read_its_buffer() -> None:
         os.read(r, 1 << 20)  # three seconds later it reads all of it
         assert outbox.gate(3.0) is None
         assert not queue.peer_waits and not outbox.paused(3.0)
-    finally:
-        os.close(r)
-        os.close(w)

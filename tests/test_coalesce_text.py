@@ -10,7 +10,6 @@ barrier, a written group, another message, another envelope.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import orjson
 import pytest
@@ -45,20 +44,6 @@ def waited(frames: list[bytes]) -> list[bytes]:
         queue.push(OutFrame(raw, None, 2), 0.0)
     out, _ = queue.take(0.0)
     return [line for run in out for line in run[:-1].split(b"\n")]
-
-
-@pytest.fixture
-def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """What ``orjson.loads`` is given from here on."""
-    seen: list[bytes] = []
-    real = orjson.loads
-
-    def counting(data: bytes) -> Any:
-        seen.append(data)
-        return real(data)
-
-    monkeypatch.setattr(orjson, "loads", counting)
-    return seen
 
 
 def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(parses: list[bytes]) -> None:
