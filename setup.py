@@ -1,4 +1,4 @@
-"""Build the optional C accelerator of the block scan (issue 13), MarkupSafe-style.
+"""Build the optional C accelerator of the block scan, MarkupSafe-style.
 
 Everything else is declared in pyproject.toml. ``acp_proxy/wire/_scan.c`` is compiled when a C
 compiler and the Python headers are present; when the build fails (no compiler, no headers, an

@@ -1,9 +1,9 @@
-"""Peak memory under hostile input (issue 10): the proxy against its own stated bounds.
+"""Peak memory under hostile input: the proxy against its own stated bounds.
 
 Contract: measures and prints; asserts nothing. Each case runs the real proxy
 (``python -m acp_proxy``) under ``bench/spawn_rusage``-style accounting (a small launcher forks the
 proxy and reports its ``ru_maxrss``), in this tree and, with ``--baseline-ref``, in a checkout of
-that ref (default: main before issue 10), interleaved, and prints the peaks in MiB:
+that ref (default: main before the bounds work), interleaved, and prints the peaks in MiB:
 
   * ``frame-of-empty-objects``: the agent answers a request with one legal 60 MiB result made of
     20 million ``{}`` (no config: the tracker needs the response's id);

@@ -1,4 +1,4 @@
-"""Bytecodes per round trip of the proxy, function by function (issue 13).
+"""Bytecodes per round trip of the proxy, function by function.
 
 Contract: measures and reports, never asserts. ``bench/instructions.py --round-trips`` says how
 many instructions a round trip costs the process in the path; this says where they go in the

@@ -1,4 +1,4 @@
-"""A tiny ACP agent answering every request at once, for round-trip latency (issue 6, scen. 3).
+"""A tiny ACP agent answering every request at once, for round-trip latency (scenario 3).
 
 Contract: reads newline-delimited JSON-RPC from stdin and writes one response per request:
 ``initialize`` -> the client's version (v1 or v2 result shape), ``session/new`` -> a session id,

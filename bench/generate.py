@@ -1,4 +1,4 @@
-"""Deterministic, seeded generator of realistic ACP traffic for the benchmark suite (issue 6).
+"""Deterministic, seeded generator of realistic ACP traffic for the benchmark suite.
 
 Contract: owns the benchmark data sets. Each data set is a pair of newline-delimited JSON files:
 

@@ -1,4 +1,4 @@
-"""Instructions per message of the whole relay process, counted by callgrind (issue 13).
+"""Instructions per message of the whole relay process, counted by callgrind.
 
 Contract: measures and reports, never asserts. Wall and CPU time on a shared machine moved by
 2-5 x within one session here, and the annotation target (CPU per message against the orjson
@@ -23,7 +23,7 @@ own), N interleaved repetitions, median [min..max] of the per-repetition ratios 
 It cancels start-up exactly, which scenario 2's subtraction of a separately measured start-up
 cannot (one start-up sample moved by +-40 ms here, +-1.7 us per message on 16 MiB).
 
-``--round-trips N``: the round trip instead (issue 13): the process in the path (the minimal
+``--round-trips N``: the round trip instead: the process in the path (the minimal
 asyncio relay ``bench/relay_asyncio.py``, the proxy, and with ``--baseline-ref REF`` the proxy at
 git ``REF``) in front of ``bench/echo_agent.py`` under callgrind, driven by N and then 3 N
 sequential ``session/prompt`` requests (each waits for its response, as in ``bench/rtt_cpu.py``);

@@ -1,4 +1,4 @@
-"""A relay on the official Python SDK (``agent-client-protocol``), for bench/run.py (issue 13).
+"""A relay on the official Python SDK (``agent-client-protocol``), for bench/run.py.
 
 Contract: ``python bench/peer_sdk_relay.py AGENT_CMD [ARG...]`` with the SDK importable
 (bench/setup_peers.py installs it into bench/build/peers/py). Two ``acp.connection.Connection``

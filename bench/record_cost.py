@@ -1,4 +1,4 @@
-"""The cost of ``--record`` (issue 11): the same agent stream through the proxy with and without
+"""The cost of ``--record``: the same agent stream through the proxy with and without
 a record, in one run, interleaved, best of N.
 
 Contract: generates an agent stream (the ``initialize`` response, then MESSAGES

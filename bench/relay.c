@@ -1,4 +1,4 @@
-/* A byte relay in C: `cat` between two pipes (issue 6, scenario 1 baseline).
+/* A byte relay in C: `cat` between two pipes (scenario 1 baseline).
  *
  * Reads what is available from stdin (64 KiB at a time) and writes it all to stdout, until EOF.
  * No framing, no parsing: the floor for any relay process. Compiled at run time by bench/run.py

@@ -1,4 +1,4 @@
-"""A minimal two-way asyncio relay in front of an agent: the round-trip floor (issue 13).
+"""A minimal two-way asyncio relay in front of an agent: the round-trip floor.
 
 Contract: ``python bench/relay_asyncio.py AGENT [ARGS...]`` spawns the agent on pipes and copies
 bytes both ways (client stdin -> agent stdin, agent stdout -> client stdout) with ``os.read`` on

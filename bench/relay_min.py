@@ -1,4 +1,4 @@
-"""The hand-written minimal Python relays the proxy is measured against (issue 6, scenario 1).
+"""The hand-written minimal Python relays the proxy is measured against (scenario 1).
 
 Contract: a one-way stdin -> stdout relay of newline-delimited JSON, in two flavours:
 

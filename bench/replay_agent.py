@@ -1,4 +1,4 @@
-"""A fake ACP agent that replays a generated agent file as fast as the pipe takes it (issue 6).
+"""A fake ACP agent that replays a generated agent file as fast as the pipe takes it.
 
 Contract: waits for the first client line (the ``initialize`` request, so the proxy has seen the
 request before the response that negotiates the version), then writes the file to stdout with
@@ -11,7 +11,7 @@ proxy's reaped children. Usage: ``python bench/replay_agent.py AGENT_FILE [REPEA
 REPEAT > 1, everything after the first two lines (the initialize and session/new responses) is
 sent REPEAT times, for files whose body is notifications only (generate.py profile ``notify``).
 
-``--renumber CLIENT_FILE`` (issue 13, the peers): a peer (the conductor, the Python-SDK relay)
+``--renumber CLIENT_FILE`` (the peers): a peer (the conductor, the Python-SDK relay)
 renumbers the requests it forwards, so the file's responses, which carry the client's ids, would
 answer nothing. In this mode every response in the file to a request of CLIENT_FILE is held back
 until that request has arrived (the n-th request of a method in CLIENT_FILE is the n-th request

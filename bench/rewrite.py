@@ -1,4 +1,4 @@
-"""The cost of a rewrite, in process: this tree against a baseline git ref (issue 9).
+"""The cost of a rewrite, in process: this tree against a baseline git ref.
 
 Contract: measures and prints; asserts nothing. For each case it times
 ``Connection.handle_many`` on a batch of agent frames that the annotation rule
@@ -31,7 +31,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-DEFAULT_BASELINE = "5a1562d"  # main before issue 9 (re-encoded every rewritten message whole)
+DEFAULT_BASELINE = (
+    "5a1562d"  # main before exact rewrites (it re-encoded every rewritten message whole)
+)
 
 CHILD = r"""
 import json, sys, time

@@ -7,7 +7,7 @@ the proxy at git ``REF``), then sends sequential ``session/prompt`` requests, in
 alternate between the variants, and prints per variant the p50 and p99 round trip and the user +
 system CPU of the process in the path (``/proc/PID/stat``, not its children) per round trip. CPU
 per round trip is what each wake-up and hop costs, and it is far steadier than wall time on a
-shared machine (issue 13: "fewer wake-ups and task switches per message on the hot path").
+shared machine (the goal: fewer wake-ups and task switches per message on the hot path).
 
 Usage: ``python bench/rtt_cpu.py [--pairs N] [--baseline-ref REF]``.
 """

@@ -1,4 +1,4 @@
-"""Bench set-up step: install the peers the proxy is measured against (issue 13).
+"""Bench set-up step: install the peers the proxy is measured against.
 
 Contract: ``python bench/setup_peers.py [--build-dir DIR]`` installs, into ``DIR/peers``
 (default ``bench/build/peers``, gitignored), the TypeScript conductor ``@thinkwell/conductor``

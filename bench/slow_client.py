@@ -345,10 +345,14 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, l
 
     def interleaved(one: Callable[[str, Any], Result], scenario: str) -> list[dict[str, Any]]:
         """``one`` run per variant, ``--repeat`` rounds interleaved (drift hits every variant
-        alike); per variant the median of each time and count, the largest RSS."""
+        alike), every other round in reverse order; per variant the median of each time and
+        count, the largest RSS."""
         runs: dict[str, list[Result]] = {name: [] for name in found}
-        for _ in range(args.repeat):
-            for name, spec in found.items():
+        for round_ in range(args.repeat):
+            # Every other round in reverse: a variant's place in the round (what ran just before
+            # it) moved the time after the first read by 5-10 ms on a shared 2-core machine.
+            order = list(found.items())
+            for name, spec in order if round_ % 2 == 0 else reversed(order):
                 runs[name].append(one(name, spec))
         rows = []
         for group in runs.values():

@@ -1,4 +1,4 @@
-/* Run a command and write its resource usage as JSON (issue 6, scenarios 2 and 4).
+/* Run a command and write its resource usage as JSON (scenarios 2 and 4).
  *
  * usage: spawn_rusage OUTFILE CMD [ARG...]
  *

@@ -1,4 +1,4 @@
-"""Start-up wall time of ``acp-proxy -- true`` against a minimal Python relay's (issue 13).
+"""Start-up wall time of ``acp-proxy -- true`` against a minimal Python relay's.
 
 Contract: measures and reports, never asserts. Each repetition runs, interleaved, every variant
 once with stdin from ``/dev/null`` (so each exits at once) and records its wall time from
@@ -10,7 +10,7 @@ once with stdin from ``/dev/null`` (so each exits at once) and records its wall 
   program pays);
 * ``proxy``: ``python -m acp_proxy --log-level warning -- true`` (spawns ``true``, waits for it,
   exits);
-* the peers (issue 13), when bench/setup_peers.py installed them: ``conductor``,
+* the peers, when bench/setup_peers.py installed them: ``conductor``,
   ``node bench/peer_conductor.mjs true`` (Node, the conductor's module; it spawns its agent only
   on the client's ``initialize``, so at EOF it never starts ``true``), and ``sdk-relay``,
   ``python bench/peer_sdk_relay.py true`` (imports the SDK, spawns ``true``, waits for it).
@@ -241,7 +241,7 @@ def _first_response(argv: list[str], env: dict[str, str], cwd: Path) -> float:
 
 
 def first_response(reps: int, boots: list[int], baseline_ref: str | None) -> str:
-    """Issue 13, start-up as users feel it: the time from starting ``acp-proxy -- AGENT`` to
+    """Start-up as users feel it: the time from starting ``acp-proxy -- AGENT`` to
     the agent's answer to ``initialize``, against starting the agent directly, for an agent
     that boots in ``boot`` ms (``echo_agent.py --boot-ms``). The proxy starts the agent before
     importing its event loop (``acp_proxy/shell/spawn.py``), so a slow agent's boot hides it."""

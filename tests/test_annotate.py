@@ -99,7 +99,7 @@ def test_v2_unchanged(meta: Any, annotation: Annotation) -> None:
     messages, status = _v2(message, annotation)
     assert status is UNCHANGED
     assert messages[0] is message
-    # The fused path's answer (issue 13) for the same update: nothing to change, built alone.
+    # The fused path's answer for the same update: nothing to change, built alone.
     assert v2_meta_after(message["params"]["update"], [annotation]) is OMITTED
     assert v2_meta_after(message["params"]["update"], [annotation, annotation]) is OMITTED
 
@@ -482,7 +482,7 @@ def test_v1_stateful_law(metas: list[Any], annotation: Annotation, first_meta: A
     ],
 )
 def test_v2_meta_after(meta: Any, annotations: list[Annotation], expected: Any) -> None:
-    """The fused path's `_meta` (issue 13), case by case; tests/test_fused.py checks it against
+    """The fused path's `_meta`, case by case; tests/test_fused.py checks it against
     the general path on generated frames."""
     update = with_meta(TCU, meta)
     got = v2_meta_after(update, annotations)

@@ -267,7 +267,7 @@ def plain_block_is_one_frame_with_exact_bytes() -> None:
 def test_a_batch_or_blank_line_in_a_block_does_not_split_the_rest_into_lines(
     scan_name: str,
 ) -> None:
-    """Issue 13: a batch (or a blank line) among plain updates goes through the per-line path
+    """A batch (or a blank line) among plain updates goes through the per-line path
     alone; the ``{"`` lines around it are still forwarded as whole runs (it used to send the
     entire run line by line: a stream with the odd batch in it lost the block fast path)."""
     with scanner(scan_name):

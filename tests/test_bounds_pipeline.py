@@ -1,4 +1,4 @@
-"""Issue 10, "bounded memory": the parse budget and the pending-request table, with real processes.
+"""Bounded memory: the parse budget and the pending-request table, with real processes.
 
 Each proxy runs under an address-space cap (``RLIMIT_AS``) so a regression fails here instead of
 swapping the machine, and its peak RSS is measured through the small launcher of

@@ -80,7 +80,7 @@ CASES: list[tuple[str, list[bytes], list[bytes], int | None]] = [
     (
         "progress ticks of one tool call become the last tick",
         [tcu(status="in_progress", rawOutput={"p": 1}), tcu(rawOutput={"p": 2})],
-        # The last frame's bytes, the members only earlier frames had appended (issue 9).
+        # The last frame's bytes, the members only earlier frames had appended.
         lines(tcu(rawOutput={"p": 2}, status="in_progress")),
         2,
     ),
@@ -401,7 +401,7 @@ CASES: list[tuple[str, list[bytes], list[bytes], int | None]] = [
     (
         "v1: tool_call_update ticks merge",
         [tcu(status="in_progress"), tcu(rawOutput={"p": 1}), tcu(rawOutput={"p": 2})],
-        # The last frame's bytes, the members only earlier frames had appended (issue 9).
+        # The last frame's bytes, the members only earlier frames had appended.
         lines(tcu(rawOutput={"p": 2}, status="in_progress")),
         1,
     ),
@@ -829,7 +829,7 @@ def _finish(seq: list[Item], version: int, batch_source: list[bytes]) -> list[It
 
 
 def messages_of(raw: bytes) -> list[JsonObject]:
-    # An exact parse (issue 9): a merge that respelled a number would change the state.
+    # An exact parse: a merge that respelled a number would change the state.
     value = json.loads(raw, parse_float=decimal.Decimal)
     return value if isinstance(value, list) else [value]
 
@@ -1008,7 +1008,7 @@ def test_lines_joined_by_the_shell_are_split_when_they_wait() -> None:
     assert (queue.stats.pushed, queue.stats.written, queue.stats.merged) == (7, 5, 2)
 
 
-# --- issue 9: merging never changes a number -------------------------------------------------
+# --- merging never changes a number -------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
+from acp_proxy.shell import outbox as outbox_module
 from acp_proxy.shell.outbox import (
     GATE_IDLE_MAX_S,
     GATE_MIN_S,
-    GATE_PAUSED_S,
     GATE_UNREAD,
     STARVED_UNREAD,
     WRITE_CHUNK,
@@ -411,11 +411,17 @@ async def test_the_writer_keeps_a_slow_reader_s_pipe_short() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() -> None:
+async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A reader that pauses: at first the writer keeps its pipe short and merges what waits;
     once the peer has read nothing for ``GATE_PAUSED_S`` and nothing is left to merge or encode
     ahead, the writer fills the pipe and waits in the write, as with coalescing off (the kernel
     wakes it the moment the peer reads). The reader then ends in the exact state."""
+    # 0.4 s instead of 0.1 s: under load the sampling thread may start 100 ms late, and would
+    # then have nothing to judge the short pipe by.
+    paused_s = 0.4
+    monkeypatch.setattr(outbox_module, "GATE_PAUSED_S", paused_s)
     r, w = os.pipe()
     fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     stream = FdStream(None, w, close_fds=False)
@@ -431,9 +437,9 @@ async def test_a_paused_peer_s_buffer_is_filled_once_nothing_is_left_to_merge() 
         while True:
             seen = stream.unread() or 0
             at = time.monotonic() - start  # taken after the look: ``seen`` is no later
-            if at >= 10 * GATE_PAUSED_S:
+            if at >= 3 * paused_s:
                 break
-            if at < GATE_PAUSED_S:
+            if at < paused_s:
                 early.append(seen)
             time.sleep(0.002)
         unread["early"] = max(early, default=-1)

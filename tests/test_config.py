@@ -62,7 +62,7 @@ def parse(text: str, env: dict[str, str] | None = None) -> Config:
 # --- errors: exact messages ----------------------------------------------------------------------
 
 ERRORS: list[tuple[str, str, str]] = [
-    # YAML syntax, in plain words with a hint (issue 14; more in test_config_quality.py)
+    # YAML syntax, in plain words with a hint (more in test_config_quality.py)
     (
         "yaml-unclosed-flow",
         "rules:\n  - name: a\n    match: {direction: both\n",
@@ -177,7 +177,7 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "binary-value",
         R + "    set_meta: {a/b: !!binary aGVsbG8=}\n",
-        # Issue 10: tags outside the YAML core schema are refused while composing the document.
+        # Tags outside the YAML core schema are refused while composing the document.
         "rules.yaml:3: unknown tag !!binary: only the standard YAML tags (!!str, !!int, "
         "!!float, !!bool, !!null, !!seq, !!map) are allowed; remove the tag",
     ),
@@ -354,7 +354,7 @@ ERRORS: list[tuple[str, str, str]] = [
     (
         "middleware-not-a-middleware",
         "middleware:\n  - use: custom_middleware:NotMiddleware\n",
-        # Issue 10: refused from the class itself, before it is called.
+        # Refused from the class itself, before it is called.
         'rules.yaml:2: middleware[0].use: "custom_middleware:NotMiddleware" is a class without '
         "a `__call__(message, ctx)` method: expected a middleware class "
         "(subclass acp_proxy.middleware.BaseMiddleware)",
@@ -628,7 +628,7 @@ def test_defaults() -> None:
         ('"64MiB"', 64 * 1024**2),
         ('"1GiB"', 1024**3),
         ('"1GB"', 10**9),
-        # issue 14: any case, a space or not, one-letter binary units
+        # any case, a space or not, one-letter binary units
         ('"64mb"', 64 * 1000**2),
         ('"64 MB"', 64 * 1000**2),
         ('"64mib"', 64 * 1024**2),

@@ -1,4 +1,4 @@
-"""Issue 10 item 5: a config file is data unless it says otherwise.
+"""A config file is data unless it says otherwise.
 
 ``use:`` may only name a middleware class, refused before anything is called; ``check-config``
 never instantiates; hostile YAML (alias bombs, recursive aliases, unknown tags, deep nesting) and

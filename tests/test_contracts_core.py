@@ -1,4 +1,4 @@
-"""Contracts of issues 2 (patch core) and 4 (coalescing), one rule per test, exact outputs.
+"""Contracts of the patch core and of coalescing, one rule per test, exact outputs.
 
 Each test states one rule of the issues or the RFD and asserts the exact result, so that a change
 of behaviour fails here. Every v2 message built below is validated against the official schema.

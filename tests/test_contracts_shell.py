@@ -1,4 +1,4 @@
-"""Contracts of issues 3 and 5 (the shell) end to end: behaviours no narrower test pins down.
+"""Contracts of the shell end to end: behaviours no narrower test pins down.
 
 Real ``python -m acp_proxy`` subprocesses, real fake agents, real pipes and sockets (loopback and
 Unix paths only). Every wait is bounded (``anyio.fail_after`` or a subprocess timeout).
@@ -110,7 +110,7 @@ async def interactive(cmd: list[str], env: dict[str, str]) -> AsyncIterator[Sess
 
 
 async def test_acp_proxy_config_is_used_when_config_flag_is_absent(tmp_path: Path) -> None:
-    # Issue 3: "ACP_PROXY_CONFIG may name the config file." The good file switches non-JSON agent
+    # "ACP_PROXY_CONFIG may name the config file." The good file switches non-JSON agent
     # output to "forward", which is visible on stdout (the default would divert the banner).
     good = write_config(tmp_path / "env.yaml", "non_json: forward\n")
     ran = await run(
@@ -227,7 +227,7 @@ def tool_call_update(call: str, meta: object = ..., **extra: object) -> dict[str
 async def test_batch_with_annotated_entries_is_one_array_then_the_follow_up(
     tmp_path: Path,
 ) -> None:
-    """Issue 3: a batch passes the chain entry by entry and leaves as one array in the same order;
+    """A batch passes the chain entry by entry and leaves as one array in the same order;
     the follow-up of a clear (``_meta: null`` + set_meta) is a separate frame right after the
     array, never wrapped into a batch; the next frame comes after both."""
     config = write_config(
@@ -420,7 +420,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_agent_that_stops_reading_stops_the_proxy_reading_the_client(tmp_path: Path) -> None:
-    """Issue 3: "when one side stops reading, the proxy stops reading from the other side".
+    """When one side stops reading, the proxy stops reading from the other side.
     The agent never reads its stdin; the client writes as fast as it can. The proxy must stop
     accepting client bytes after a bounded amount (pipes + its bounded queue), not buffer the
     whole stream; SIGTERM then takes the ladder down (agent ignores EOF: SIGTERM ends it)."""
@@ -637,7 +637,7 @@ class Counter(BaseMiddleware):
 
 
 async def test_listen_sessions_have_their_own_middleware_and_version(tmp_path: Path) -> None:
-    """Issue 5: each connection has its own chain (middleware instances) and its own protocol
+    """Each connection has its own chain (middleware instances) and its own protocol
     version: a counter middleware counts per connection, and a connection that has not
     negotiated yet is forwarded untouched even though another one has."""
     (tmp_path / "review_counter.py").write_text(COUNTER)

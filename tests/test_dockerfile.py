@@ -196,7 +196,7 @@ def test_dockerignore_keeps_what_the_build_copies(
 def test_sidecar_usage_is_documented() -> None:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert "acp-proxy --config /etc/acp-proxy/rules.yaml -- my-agent" in text
-    # Issue 12.3: the pod advice is a Unix socket in a shared volume (or the pod's loopback).
+    # The pod advice is a Unix socket in a shared volume (or the pod's loopback).
     assert '"--listen", "unix:///run/acp/acp.sock",' in text
     assert "`--listen tcp://127.0.0.1:7777` works as well" in text
 
@@ -204,7 +204,7 @@ def test_sidecar_usage_is_documented() -> None:
 def test_the_image_builds_the_c_scanner_in_the_build_stage_only(
     instructions: list[Instruction],
 ) -> None:
-    """Issue 13: the build stage has a compiler, builds the optional C block scanner and fails if
+    """The build stage has a compiler, builds the optional C block scanner and fails if
     it fell back to pure Python; the runtime stage gets the compiled module, not the compiler."""
     *builds, final = stages(instructions)
     (build,) = builds

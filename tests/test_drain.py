@@ -1,4 +1,4 @@
-"""The agent's last output reaches a slow or paused client (issue 9.4).
+"""The agent's last output reaches a slow or paused client.
 
 The client is a real process (``cat``) reading the proxy's stdout, stopped with SIGSTOP while the
 agent writes a few MB, exits, and leaves requests unanswered. Before the fix the proxy gave up on
@@ -156,7 +156,7 @@ async def test_a_short_drain_timeout_discards_and_logs_what(tmp_path: Path) -> N
 
 
 async def test_a_paused_client_stops_the_proxy_reading_the_agent(tmp_path: Path) -> None:
-    """Issue 13 moved the agent reader's work into the stream's readiness callback; it must still
+    """The agent reader's work moved into the stream's readiness callback; it must still
     stop reading once the queue toward a paused client is full. ``cat`` is stopped while the
     agent streams 64 MB: the agent cannot finish (it blocks on its full pipe), the proxy holds
     a few MiB, and once ``cat`` resumes every byte arrives, in order."""

@@ -1,9 +1,10 @@
-"""Issue 9 fault injection: what a direct connection delivers, the proxy delivers.
+"""Fault injection: what a direct connection delivers, the proxy delivers.
 
 Each case runs the real proxy (``python -m acp_proxy``) with a scripted agent
 (``fake_agent.py --replay``) over real pipes, and checks the client's bytes. Every case failed on
-the main branch before issue 9: numbers changed by a rewrite, frames orjson refuses dropped, log
-lines forwarded, and a float ``protocolVersion`` silently disabling every rule.
+the main branch before the exact-rewrite work: numbers changed by a rewrite, frames orjson
+refuses dropped, log lines forwarded, and a float ``protocolVersion`` silently disabling every
+rule.
 """
 
 from __future__ import annotations

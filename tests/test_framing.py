@@ -213,7 +213,7 @@ def test_scan_head_reports_keys_seen() -> None:
 
 
 def test_scan_head_keeps_the_id_bytes_exactly() -> None:
-    # Issue 9: error replies echo the request id's original bytes (2**64 + 1 is no float).
+    # Error replies echo the request id's original bytes (2**64 + 1 is no float).
     for spelled in (b"18446744073709551617", b"-0", b"1E2", b'"\\u00e9"', b"null"):
         info = scan_head(b'{"id":' + spelled + b',"method":"session/prompt","params":{')
         assert info.has_id and info.id_bytes == spelled
@@ -229,7 +229,7 @@ def test_read_request_id_never_raises(head: bytes) -> None:
 
 def test_scan_head_survives_a_deeply_nested_head() -> None:
     # A hostile head nested deeper than the standard decoder goes used to raise RecursionError
-    # out of the pipeline and take the whole proxy down (issue 9, found by the fault tests).
+    # out of the pipeline and take the whole proxy down (found by the fault tests).
     head = b'{"jsonrpc":"2.0","result":' + b"[" * 2000
     assert scan_head(head).keys == frozenset({"jsonrpc", "result"})
     assert read_response_id(head) == (False, None)

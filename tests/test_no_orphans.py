@@ -1,4 +1,4 @@
-"""No orphans, ever (issue 10, item 4): real proxies, real agents, real signals, Linux /proc.
+"""No orphans, ever: real proxies, real agents, real signals, Linux /proc.
 
 Each test fails on the code before the issue: the agent outliving ``kill -9`` of the proxy, a
 SIGTERM right after the spawn killing the proxy by the default action, a ``setsid`` grandchild

@@ -437,7 +437,7 @@ NON_JSON_CASES = [
     ("scalar", b'"just a string"', "text"),
     ("number", b"42", "text"),
     ("binary", b"\xff\xfe\x00", "text"),
-    # Issue 9: log lines that start like JSON but cannot be a frame (after ``{`` must come
+    # Log lines that start like JSON but cannot be a frame (after ``{`` must come
     # whitespace, ``"`` or ``}``; after ``[`` whitespace, ``]``, ``{`` or ``[``).
     ("bracketed level", b"[INFO] Starting server", "text"),
     ("timestamp", b"[2026-12-03 10:00:00] debug", "text"),
@@ -503,7 +503,7 @@ def test_malformed_client_frames_are_forwarded(raw: bytes) -> None:
     res = conn.handle(C2A, Line(raw))
     assert wire(res.forward) == [raw]
     assert res.reply == ()
-    # Issue 9: what could not be parsed is forwarded untouched, and said (warned once); a JSON
+    # What could not be parsed is forwarded untouched, and said (warned once); a JSON
     # scalar parses (the agent answers it), so it needs no word.
     unparsed = raw != b"42"
     expected = [(NotParsed, len(raw), True)] if unparsed else []
@@ -527,7 +527,7 @@ def test_malformed_client_frames_are_forwarded(raw: bytes) -> None:
 def test_unusual_protocol_version_is_said(
     version: bytes, expected: int | None, action: str
 ) -> None:
-    # Issue 9, "silent degradation": a float 2.0 used to disable every rule without a word.
+    # No silent degradation: a float 2.0 used to disable every rule without a word.
     conn = Connection(Chain([]))
     conn.handle(C2A, Line(INIT_REQ))
     response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":' + version + b"}}"
@@ -732,7 +732,7 @@ def test_prefilter_matches_chain_interested(
     assert conn._interested(raw) == (expected if any(expected) else None)
 
 
-# --- issue 10: the parse budget ---------------------------------------------------------------
+# --- the parse budget ---------------------------------------------------------------
 
 
 def test_a_frame_over_the_parse_budget_is_forwarded_and_tracked_from_its_head() -> None:

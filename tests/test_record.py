@@ -1,4 +1,4 @@
-"""Session records (issue 11): ``--record`` through the real proxy, real agent process and pipes.
+"""Session records: ``--record`` through the real proxy, real agent process and pipes.
 
 What the record must hold: every frame of both directions, in order, byte-exact against what
 each side wrote; ``sent`` exactly where the proxy changed a frame; generated frames marked;

@@ -1,4 +1,4 @@
-"""The pure record package (issue 11): redaction, line building, the transcript, the replay script.
+"""The pure record package: redaction, line building, the transcript, the replay script.
 
 Synchronous and table-driven; the shell tests (tests/test_record.py) run the real proxy.
 """

@@ -1,7 +1,7 @@
 """``FdStream`` (acp_proxy/shell/transports.py) over real pipes: what each receive costs in
 system calls, and that a cancelled receive loses nothing.
 
-Issue 13: a reader parked on an idle pipe used to be woken by the readiness callback only to read
+A reader parked on an idle pipe used to be woken by the readiness callback only to read
 the data itself; the fd was still readable at the next poll, whose stale event woke the reader
 again for a read that found nothing (strace of the round-trip bench: one EAGAIN read and one extra
 ``epoll_wait`` per message). Now the callback reads. The counts below are exact: ``os.read`` is
@@ -183,7 +183,7 @@ async def test_eof_and_errors_found_by_the_callback_reach_the_receiver() -> None
 
 
 async def test_a_consumer_handles_what_the_callback_reads_without_waking_the_receiver() -> None:
-    """``set_consumer`` (issue 13: the runtime handles a chunk on the readiness callback, no task
+    """``set_consumer`` (the runtime handles a chunk on the readiness callback, no task
     switch): HANDLED keeps the receive parked, HANDLED_WAKE returns None, NOT_HANDLED returns
     the bytes, and an exception in the consumer is raised by the receive."""
     r, w = os.pipe()
