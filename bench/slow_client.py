@@ -46,7 +46,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 PY = sys.executable
 
-Reader = Callable[[int, float], tuple[bytes, float | None]]
+# (everything read, when the first byte came, when the last byte came)
+Reader = Callable[[int, float], tuple[bytes, float | None, float | None]]
 
 
 @dataclass
@@ -57,7 +58,9 @@ class Result:
     cpu_s: float = 0.0
     maxrss_mb: float = 0.0
     wall_s: float = 0.0  # from the start until the client has everything
-    after_resume_s: float = 0.0  # from the client's first read until it has everything
+    # From the client's first read until it has the last byte (not until the end of the stream,
+    # which comes some 50 ms later, once the agent and the proxy have exited).
+    after_resume_s: float = 0.0
     messages_in: int = 0
     messages_out: int = 0
     bytes_in: int = 0
@@ -70,7 +73,7 @@ class Result:
 
 
 def paused_reader(pause_s: float) -> Reader:
-    def read(fd: int, timeout: float) -> tuple[bytes, float | None]:
+    def read(fd: int, timeout: float) -> tuple[bytes, float | None, float | None]:
         time.sleep(pause_s)
         return _read_all(fd, timeout, lambda _n: None)
 
@@ -78,7 +81,7 @@ def paused_reader(pause_s: float) -> Reader:
 
 
 def rate_reader(lines_per_s: float) -> Reader:
-    def read(fd: int, timeout: float) -> tuple[bytes, float | None]:
+    def read(fd: int, timeout: float) -> tuple[bytes, float | None, float | None]:
         start: float | None = None  # the first byte's arrival: no credit for waiting before
         seen = 0
 
@@ -96,26 +99,30 @@ def rate_reader(lines_per_s: float) -> Reader:
     return read
 
 
-def lagging_reader(fd: int, timeout: float) -> tuple[bytes, float | None]:
+def lagging_reader(fd: int, timeout: float) -> tuple[bytes, float | None, float | None]:
     return _read_all(fd, timeout, lambda _n: time.sleep(0.001), size=1 << 16)
 
 
 def _read_all(
     fd: int, timeout: float, after: Callable[[int], None], size: int = 1 << 20
-) -> tuple[bytes, float | None]:
-    """Everything the proxy writes, and when the first byte was read (None: nothing came)."""
+) -> tuple[bytes, float | None, float | None]:
+    """Everything the proxy writes, and when the first and the last byte were read (None:
+    nothing came)."""
     parts: list[bytes] = []
     first: float | None = None
+    last: float | None = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 1.0)
         if not ready:
             continue
         data = os.read(fd, size)
+        now = time.perf_counter()
         if first is None:
-            first = time.perf_counter()
+            first = now
         if not data:
-            return b"".join(parts), first
+            return b"".join(parts), first, last
+        last = now
         parts.append(data)
         after(data.count(b"\n"))
     raise TimeoutError("the client did not get everything in time")
@@ -202,11 +209,11 @@ def run_one(  # noqa: PLR0917 - one run's settings, named at every call
     proc.stdin.write(client_file.read_bytes())
     proc.stdin.flush()
     try:
-        out, first = reader(proc.stdout.fileno(), timeout)
+        out, first, last = reader(proc.stdout.fileno(), timeout)
     except TimeoutError as exc:
         _kill_group(proc)
         result.ok, result.error = False, str(exc)
-        out, first = b"", None
+        out, first, last = b"", None, None
     end = time.perf_counter()
     proc.stdin.close()
     proc.stdout.close()
@@ -219,7 +226,8 @@ def run_one(  # noqa: PLR0917 - one run's settings, named at every call
     result.cpu_s = cpu - agent_cpu - startup_cpu
     result.maxrss_mb = rss_kb / 1024
     result.wall_s = end - t0
-    result.after_resume_s = end - first if first is not None else 0.0
+    result.after_resume_s = last - first if first is not None and last is not None else 0.0
+    result.extra["eof_after_first_s"] = end - first if first is not None else 0.0
     result.messages_out = out.count(b"\n")
     result.bytes_out = len(out)
     return result, out
@@ -243,6 +251,10 @@ def _median(runs: list[Result]) -> Result:
         row.extra["share"] = row.messages_out / max(1, row.messages_in)
     if "cpu_us_per_message" in row.extra:
         row.extra["cpu_us_per_message"] = row.cpu_s / max(1, row.messages_in) * 1e6
+    if "eof_after_first_s" in row.extra:
+        row.extra["eof_after_first_s"] = statistics.median(
+            r.extra["eof_after_first_s"] for r in runs
+        )
     row.extra["runs"] = len(runs)
     return row
 
@@ -466,8 +478,8 @@ def markdown(results: dict[str, list[dict[str, Any]]]) -> str:
             continue
         out.append(f"\n### {scenario}\n")
         out.append(
-            "| variant | CPU s | CPU µs/msg | peak RSS MiB | has everything at s (after first "
-            "read) | messages out / in | share | bytes out | state |"
+            "| variant | CPU s | CPU µs/msg | peak RSS MiB | stream ends at s (last byte after "
+            "first read) | messages out / in | share | bytes out | state |"
         )
         out.append("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
