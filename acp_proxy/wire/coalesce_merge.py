@@ -151,7 +151,8 @@ class Group:
         self.texts: list[str] = []  # text chunks: the texts to join
         # Text chunks: the last line's bytes before and after its text (the literal), when it
         # is known: a later line with exactly these bytes around a text merges without a parse
-        # (``absorb_text``), and the frame is encoded from them.
+        # (``text_of``, ``add_text``), and the frame is encoded from them. Its two slices count
+        # in ``charge``.
         self.tpl: tuple[bytes, bytes] | None = None
         self.pieces: list[bytes] = []  # terminal output chunks: the bytes to join
         self.lines = 1  # frames it will write
@@ -171,6 +172,9 @@ class Group:
         ready = self.ready
         if ready is not None:
             held += READY_OVERHEAD + sum(len(f) + FRAME_BYTES_OVERHEAD for f in ready)
+        tpl = self.tpl
+        if tpl is not None:
+            held += len(tpl[0]) + len(tpl[1]) + 2 * FRAME_BYTES_OVERHEAD
         self.charge = GROUP_OVERHEAD + held + self.parsed
         return self.charge - before
 
