@@ -160,3 +160,31 @@ def test_a_text_joined_to_empty_ones_keeps_its_line_as_it_came() -> None:
     # The joined text equals the last one: the general path keeps that line's bytes (nothing
     # changed); the template path must too, not respell its escape.
     assert waited([chunk(""), chunk(""), escaped]) == [escaped]
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        b'"x\\"',  # an escaped quote where the literal should end: not JSON
+        b'"a\x01b"',  # a raw control character: not JSON
+        b'"\xff\xfe"',  # not UTF-8
+        b'"a","text":"b"',  # a second text member: JSON, the last one wins
+        b'"a"  ',  # whitespace after the literal
+        b"null",  # not a string
+    ],
+)
+def test_a_hostile_line_around_the_template_is_judged_by_the_general_path(literal: bytes) -> None:
+    line = chunk("b")
+    cut = line.index(b'"text":"b"') + len(b'"text":')
+    hostile = line[:cut] + literal + line[cut + len(b'"b"') :]
+    frames = [chunk("a"), chunk("b"), hostile, chunk("c")]
+    fast = waited(frames)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(coalesce_merge, "_template", lambda line: None)
+        general = waited(frames)
+    assert fast == general
+    try:
+        orjson.loads(hostile)
+    except orjson.JSONDecodeError:
+        # Not JSON: a barrier, written as it came, between the merges around it.
+        assert fast == [chunk("ab"), hostile, chunk("c")]
