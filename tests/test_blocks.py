@@ -156,6 +156,10 @@ def drive(
     notes: list[object] = []
 
     def take(res: Result) -> None:
+        for f in res.forward:
+            # A run of lines carries its line count (the outbound queue does not count its
+            # newlines again); a single line may leave it unset.
+            assert f.lines == f.raw.count(b"\n") + 1 if b"\n" in f.raw else f.lines in {0, 1}
         wire.extend(f.raw + b"\n" for f in res.forward)
         replies.extend(f.raw + b"\n" for f in res.reply)
         notes.extend(res.notes)
@@ -260,6 +264,7 @@ def plain_block_is_one_frame_with_exact_bytes() -> None:
         orjson.dumps(tagged),
         b"\n".join([notif("plan_update")] * 2),
     ]
+    assert [f.lines for f in res.forward] == [3, 0, 2]
     assert conn.stats.agent_to_client_in == 7 and conn.stats.agent_to_client_out == 7
 
 

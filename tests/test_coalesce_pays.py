@@ -38,7 +38,7 @@ from acp_proxy.shell.transports import FdStream
 from acp_proxy.wire.coalesce import MERGE_COST_S, OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce_merge import Group
 from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
-from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD
+from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
 
@@ -97,8 +97,11 @@ def _held(queue: OutboundQueue) -> int:
     """What the queue holds, entry by entry (its own count must be the same)."""
     total = 0
     for entry in queue._done:
-        total += len(entry) + 1 + FRAME_OVERHEAD if isinstance(entry, bytes) else entry.charge
-    for raw, _version in queue._fresh:
+        if isinstance(entry, Group):
+            total += entry.charge
+        else:
+            total += len(entry if isinstance(entry, bytes) else entry.raw) + 1 + FRAME_OVERHEAD
+    for raw, _version, _lines in queue._fresh:
         total += len(raw) + 1 + FRAME_OVERHEAD
     return total
 
@@ -116,6 +119,8 @@ _LINES = st.one_of(
 _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("push"), st.lists(_LINES, min_size=1, max_size=4)),
+        # A run of lines whose number the shell's scan found (not counted again).
+        st.tuples(st.just("push_counted"), st.lists(_LINES, min_size=1, max_size=4)),
         st.tuples(st.just("room"), st.none()),
         st.tuples(st.just("take"), st.sampled_from([None, 1, 300, 2000])),
         # The writer that sees its peer's pace: takes without a pass, merges while it waits.
@@ -127,9 +132,21 @@ _OPS = st.lists(
 
 
 def _lines_held(queue: OutboundQueue) -> int:
-    lines = sum(raw.count(b"\n") + 1 for raw, _version in queue._fresh)
+    """The lines the queue holds, counted in its entries' bytes; the line counts it keeps
+    beside them (a frame's, a run's) must be the same."""
+    lines = 0
+    for raw, _version, kept in queue._fresh:
+        assert kept == raw.count(b"\n") + 1
+        lines += kept
     for entry in queue._done:
-        lines += entry.count(b"\n") + 1 if isinstance(entry, bytes) else entry.lines
+        if isinstance(entry, bytes):
+            assert b"\n" not in entry  # one line
+            lines += 1
+        elif isinstance(entry, Run):
+            assert entry.lines == entry.raw.count(b"\n") + 1 > 1
+            lines += entry.lines
+        else:
+            lines += entry.lines
     return lines
 
 
@@ -144,8 +161,9 @@ def test_what_it_holds_is_counted_exactly_and_the_state_is_exact(
     now = 0.0
     for op, arg in ops:
         now += 0.001
-        if op == "push":
-            queue.push(OutFrame(b"\n".join(arg), None, 2), now)
+        if op in {"push", "push_counted"}:
+            lines = len(arg) if op == "push_counted" else 0
+            queue.push(OutFrame(b"\n".join(arg), None, 2, lines), now)
             sent.extend(arg)
         elif op == "room":
             queue.has_room()
@@ -558,3 +576,14 @@ def test_a_paused_peer_that_resumed_is_seen_to_have_read_its_buffer() -> None:
         os.read(r, 1 << 20)  # three seconds later it reads all of it
         assert outbox.gate(3.0) is None
         assert not queue.peer_waits and not outbox.paused(3.0)
+
+
+def test_the_rest_of_a_cut_run_keeps_its_line_count() -> None:
+    """What the kernel did not take of a direct write waits in the queue with its line count
+    (the written lines' newlines are counted, not the rest's); an unknown count stays unknown."""
+    lines = [tcu(f"t{i}", status="a") for i in range(5)]
+    raw = b"\n".join(lines)
+    cut = len(lines[0]) + 1 + len(lines[1]) + 1
+    rest = outbox_module._rest_of(OutFrame(raw, None, 2, 5), cut)
+    assert (rest.raw, rest.lines, rest.version) == (b"\n".join(lines[2:]), 3, 2)
+    assert outbox_module._rest_of(OutFrame(raw, None, 2), cut).lines == 0

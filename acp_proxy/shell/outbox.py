@@ -310,9 +310,7 @@ class Outbox:
         for frame in frames:
             end = pos + len(frame.raw) + 1
             if end > cut:
-                rest = (
-                    frame if pos >= cut else OutFrame(frame.raw[cut - pos :], None, frame.version)
-                )
+                rest = frame if pos >= cut else _rest_of(frame, cut - pos)
                 push(rest, now)
             pos = end
 
@@ -450,6 +448,14 @@ class Outbox:
     def close(self) -> None:
         self.closed = True
         self._ready.set()
+
+
+def _rest_of(frame: OutFrame, cut: int) -> OutFrame:
+    """The lines of ``frame`` from ``cut`` (the start of one of its lines) on; their number is
+    kept when the frame's was known (the written lines' newlines are counted)."""
+    raw = frame.raw
+    lines = frame.lines - raw.count(b"\n", 0, cut) if frame.lines else 0
+    return OutFrame(raw[cut:], None, frame.version, lines)
 
 
 async def write_all(

@@ -126,7 +126,7 @@ class Blocks:
         self._host._count_passed(direction, n)
         version = self._host.version
         if join:
-            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version))
+            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version, n))
         else:
             forward.extend([OutFrame(raw, None, version) for raw in run])
 
@@ -213,6 +213,6 @@ class Blocks:
         host = self._host
         if join:
             host._count_passed(direction, n)
-            acc.forward.append(OutFrame(run, None, host.version))
+            acc.forward.append(OutFrame(run, None, host.version, n))
         else:
             self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)

@@ -47,7 +47,8 @@ How it works:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import field
 
 import orjson
 
@@ -58,7 +59,7 @@ from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify
 from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
-from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, take_some
+from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run, frames_of, take_some
 
 _NEEDLE = b'"session/update"'
 # One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.
@@ -96,6 +97,10 @@ class OutFrame:
     message: JsonObject | None = None
     # The protocol version negotiated when the frame was produced.
     version: int | None = None
+    # How many lines ``raw`` holds, when its producer knows (a run of lines the shell joined:
+    # its scan counted them); 0: the queue counts them (a frame of one message has no newline).
+    # Counting the newlines of every byte again cost as much as the scan that found them.
+    lines: int = field(default=0, compare=False)
 
 
 @value(frozen=False)
@@ -122,9 +127,9 @@ class Coalesced:
     size: int
 
 
-# A waiting entry: a frame or line as it came (bytes, possibly several lines joined by ``\n``
-# when it is not a merge candidate), or a group of one entity's lines.
-_Entry = bytes | Group
+# A waiting entry: one line as it came (bytes), several lines as they came (a ``Run``: not merge
+# candidates), or a group of one entity's lines.
+_Entry = bytes | Run | Group
 
 
 class OutboundQueue:
@@ -171,7 +176,8 @@ class OutboundQueue:
         self._done: list[_Entry] = []
         self._base = 0  # the position of ``_done[0]`` since the queue was last empty
         self._prepared = 0  # the position up to which groups were encoded ahead (``look``)
-        self._fresh: list[tuple[bytes, int | None]] = []  # pushed since the last pass
+        # Pushed since the last pass: (bytes, version, lines).
+        self._fresh: list[tuple[bytes, int | None, int]] = []
         self._fresh_bytes = 0
         self._fresh_first = 0  # ``stats.pushed`` before the first of them
         # The tail run: entity -> (position of its last waiting entry, its spec); a position
@@ -241,7 +247,7 @@ class OutboundQueue:
         The caller has checked ``has_room`` (or must push regardless, e.g. a reply it owes).
         """
         raw = frame.raw
-        lines = raw.count(b"\n") + 1
+        lines = frame.lines or (raw.count(b"\n") + 1 if b"\n" in raw else 1)
         size = len(raw) + 1
         self._now = now
         self._pushed_bytes += size
@@ -250,12 +256,12 @@ class OutboundQueue:
         self._in_lines += lines
         self._in_bytes += size
         if not self._merge:
-            self._done.append(raw)
+            self._done.append(raw if lines == 1 else Run(raw, lines))
             self._bytes += size + FRAME_OVERHEAD
             return
         if not self._fresh:
             self._fresh_first = self.stats.pushed - lines
-        self._fresh.append((raw, frame.version))
+        self._fresh.append((raw, frame.version, lines))
         self._fresh_bytes += size + FRAME_OVERHEAD
         self._bytes += size + FRAME_OVERHEAD
         if self._interval:
@@ -326,18 +332,19 @@ class OutboundQueue:
         self.stats.passes += 1
         merged_before = self.stats.merged
         looked = 0
-        for raw, version in fresh:
+        for raw, version, n in fresh:
             if version != self._version:
                 self._index.clear()  # a new index for each version
                 self._hot = []
                 self._version = version
             table = table_of(version)
             if table is None:
-                self._done.append(raw)  # nothing merges before the version is known
+                # Nothing merges before the version is known.
+                self._done.append(raw if n == 1 else Run(raw, n))
                 self._bytes += len(raw) + 1 + FRAME_OVERHEAD
                 continue
-            lines = raw.split(b"\n") if b"\n" in raw else (raw,)
-            looked += len(lines)
+            lines = raw.split(b"\n") if n > 1 else (raw,)
+            looked += n
             for line in lines:
                 self._add(line, table)
         if looked < _MIN_PASS:
@@ -355,7 +362,7 @@ class OutboundQueue:
 
     def _first_of(
         self, max_lines: int | None, max_bytes: int | None = None
-    ) -> list[tuple[bytes, int | None]]:
+    ) -> list[tuple[bytes, int | None, int]]:
         """The first fresh frames (all, or about ``max_lines`` lines or ``max_bytes`` bytes:
         whole frames), no longer fresh: their charge leaves ``_bytes`` (the caller adds what
         they become)."""
@@ -369,10 +376,10 @@ class OutboundQueue:
             self._fresh_first = self.stats.pushed
             return fresh
         lines = wire = n = 0
-        for raw, _version in fresh:
+        for raw, _version, count in fresh:
             if n and (lines >= max_lines if max_bytes is None else wire >= max_bytes):
                 break
-            lines += raw.count(b"\n") + 1
+            lines += count
             wire += len(raw) + 1
             n += 1
         first = fresh[:n]
@@ -383,16 +390,18 @@ class OutboundQueue:
         self._fresh_first += lines
         return first
 
-    def _as_barriers(self, fresh: list[tuple[bytes, int | None]], skipped: bool = True) -> None:
+    def _as_barriers(
+        self, fresh: list[tuple[bytes, int | None, int]], skipped: bool = True
+    ) -> None:
         """Frames that skip merging (or are taken unparsed: not ``skipped``): waiting as they
         came, closing the tail run (nothing may merge across a line that was not looked at)."""
         self._index.clear()
         done = self._done
-        for raw, _version in fresh:
-            done.append(raw)
+        for raw, _version, lines in fresh:
+            done.append(raw if lines == 1 else Run(raw, lines))
             self._bytes += len(raw) + 1 + FRAME_OVERHEAD
             if skipped:
-                self.stats.skipped += raw.count(b"\n") + 1
+                self.stats.skipped += lines
 
     def _add(self, line: bytes, table: Table) -> None:
         """One line: merged into its entity's last waiting entry of the tail run, or appended."""
@@ -427,6 +436,7 @@ class OutboundQueue:
                 done[pos] = target
                 self._groups += 1
                 self._bytes += target.charge - (len(target.first) + 1 + FRAME_OVERHEAD)
+            assert isinstance(target, Group)  # the index holds lines and groups, never runs
             lines, charge = target.lines, target.charge
             assert isinstance(message, dict)
             merged = target.absorb(line, message) is not None
@@ -509,7 +519,7 @@ class OutboundQueue:
             return [], None
         if limit is not None and self._bytes > limit:
             return [self._take_some(limit, now)], None
-        parts: list[bytes] = self._frames_of(done)[0] if self._groups else done  # type: ignore[assignment]
+        parts = frames_of(done, self._written)[0]
         out = [parts[0] + b"\n" if len(parts) == 1 else b"\n".join(parts) + b"\n"]
         self._pace.taken(self._count, now)
         self._done = []
@@ -537,19 +547,6 @@ class OutboundQueue:
         self._pace.taken(taken.lines, now)
         return taken.data
 
-    def _frames_of(self, entries: Sequence[_Entry]) -> tuple[list[bytes], int]:
-        """The frames ``entries`` write (merged groups encoded and told), and how many."""
-        parts: list[bytes] = []
-        lines = 0
-        for entry in entries:
-            if isinstance(entry, bytes):
-                parts.append(entry)
-                lines += entry.count(b"\n") + 1
-            else:
-                parts.extend(self._written(entry))
-                lines += entry.lines
-        return parts, lines
-
     def _written(self, group: Group) -> list[bytes]:
         frames = group.frames()
         if len(frames) > 1:
@@ -562,7 +559,7 @@ class OutboundQueue:
 
     def _take_limited(self, now: float) -> tuple[list[bytes], float | None]:
         due, held, deadline = self._rate.split(self._done, now)
-        parts, written = self._frames_of(due)
+        parts, written = frames_of(due, self._written)
         self._done = list(held)
         self._hot = []
         self._index = {entry.key: (i, entry.spec) for i, entry in enumerate(held)}

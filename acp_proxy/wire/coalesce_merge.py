@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import sys
+from collections.abc import Sequence
 
 import orjson
 
@@ -367,7 +368,7 @@ def _template(line: bytes) -> tuple[bytes, bytes] | None:
     return line[: span[2]], line[span[3] :]
 
 
-def encode_ahead(entries: list[bytes | Group], start: int, budget: int) -> tuple[int, int]:
+def encode_ahead(entries: Sequence[object], start: int, budget: int) -> tuple[int, int]:
     """Encode the groups among ``entries`` from ``start``, about ``budget`` of them, ahead of
     the write (``Group.prepare``). Returns the position walked to and the change of their
     charge."""
@@ -375,7 +376,7 @@ def encode_ahead(entries: list[bytes | Group], start: int, budget: int) -> tuple
     while i < end and budget > 0:
         entry = entries[i]
         i += 1
-        if not isinstance(entry, bytes):
+        if isinstance(entry, Group):
             charge += entry.prepare()
             budget -= 1
     return i, charge

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from acp_proxy.wire.coalesce_keys import EntityKey
 from acp_proxy.wire.coalesce_merge import Group
+from acp_proxy.wire.coalesce_take import Run
 
 
 class RateLimit:
@@ -28,15 +29,15 @@ class RateLimit:
         self._prune_at = 1024
 
     def split(
-        self, entries: Sequence[bytes | Group], now: float
-    ) -> tuple[list[bytes | Group], list[Group], float | None]:
+        self, entries: Sequence[bytes | Run | Group], now: float
+    ) -> tuple[list[bytes | Run | Group], list[Group], float | None]:
         """``entries`` in order, as (due now, held, the earliest held entity's due time). A due
         group counts as written at ``now``."""
         last_barrier = -1
         for i, entry in enumerate(entries):
-            if type(entry) is bytes:
+            if not isinstance(entry, Group):  # a line or a run of lines as they came
                 last_barrier = i
-        due: list[bytes | Group] = []
+        due: list[bytes | Run | Group] = []
         held: list[Group] = []
         deadline: float | None = None
         last_written = self._last_written

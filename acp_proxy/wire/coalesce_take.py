@@ -1,22 +1,37 @@
 """Cutting the head of the coalescing queue for one write.
 
-Contract: a pure function over the queue's waiting entries (frames as they came, and merged
-groups), ``take_some``: the first entries up to a byte budget as one run of whole lines, each
-merged group encoded (``Group.frames``) and told, and what was taken removed from the list.
-A frame that holds several lines is cut at a line boundary when it does not fit, so a write
-never waits for more than about its budget. No I/O, no clock.
+Contract: pure functions over the queue's waiting entries (lines and runs of lines as they
+came, and merged groups), ``take_some``: the first entries up to a byte budget as one run of
+whole lines, each merged group encoded (``Group.frames``) and told, and what was taken removed
+from the list; ``frames_of``: every entry's frames. A run that does not fit is cut at a line
+boundary, so a write never waits for more than about its budget. A run carries its line count
+(``Run``): no line is counted by scanning its bytes again, except those of the shorter side of
+a cut. No I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from acp_proxy.base.values import value
 from acp_proxy.wire.coalesce_merge import Group
 
 # Memory a waiting frame or line takes beyond its bytes: the bytes object, its tuple and list
-# slots (one figure for both: an upper estimate for a line split out of a frame).
+# slots, a ``Run``'s object (one figure for all: an upper estimate for a line split out of a
+# frame).
 FRAME_OVERHEAD = 128
+
+
+class Run:
+    """Several whole lines waiting as they came, joined by ``\n`` (no trailing newline), and how
+    many there are: known from the scan that read them, so neither the queue nor the write
+    counts their newlines again. (One line waits as plain ``bytes``.)"""
+
+    __slots__ = ("lines", "raw")
+
+    def __init__(self, raw: bytes, lines: int) -> None:
+        self.raw = raw
+        self.lines = lines
 
 
 @value
@@ -32,7 +47,7 @@ class Taken:
 
 
 def take_some(
-    done: list[bytes | Group], limit: int, written: Callable[[Group], list[bytes]]
+    done: list[bytes | Run | Group], limit: int, written: Callable[[Group], list[bytes]]
 ) -> Taken:
     """The first entries of ``done``, about ``limit`` bytes of them (whole lines, at least one),
     removed from it; a run of lines bigger than what is left of ``limit`` leaves its first
@@ -43,24 +58,36 @@ def take_some(
     for entry in done:
         if size >= limit:
             break
-        if isinstance(entry, bytes):
-            room = limit - size
-            if len(entry) >= room and b"\n" in entry:
-                # A run of lines bigger than the room: its first lines go, the rest waits.
-                cut = entry.rfind(b"\n", 0, room)
-                if cut < 0:
-                    cut = entry.find(b"\n")
-                head = entry[:cut]
-                parts.append(head)
-                lines += head.count(b"\n") + 1
-                size += len(head) + 1
-                freed += len(head) + 1
-                done[taken] = entry[cut + 1 :]
-                break
+        if isinstance(entry, bytes):  # one line
             parts.append(entry)
-            lines += entry.count(b"\n") + 1
+            lines += 1
             size += len(entry) + 1
             freed += len(entry) + 1 + FRAME_OVERHEAD
+        elif isinstance(entry, Run):
+            raw = entry.raw
+            room = limit - size
+            if len(raw) >= room:
+                # A run of lines bigger than the room: its first lines go, the rest waits.
+                cut = raw.rfind(b"\n", 0, room)
+                if cut < 0:
+                    cut = raw.find(b"\n")
+                head = raw[:cut]
+                parts.append(head)
+                # The lines of the shorter side are counted (every newline ends a line).
+                if cut <= len(raw) - cut:
+                    head_lines = raw.count(b"\n", 0, cut) + 1
+                else:
+                    head_lines = entry.lines - raw.count(b"\n", cut + 1) - 1
+                lines += head_lines
+                size += cut + 1
+                freed += cut + 1
+                rest, left = raw[cut + 1 :], entry.lines - head_lines
+                done[taken] = rest if left == 1 else Run(rest, left)
+                break
+            parts.append(raw)
+            lines += entry.lines
+            size += len(raw) + 1
+            freed += len(raw) + 1 + FRAME_OVERHEAD
         else:
             frames = written(entry)
             parts.extend(frames)
@@ -70,4 +97,24 @@ def take_some(
             groups += 1
         taken += 1
     del done[:taken]
-    return Taken(b"\n".join(parts) + b"\n", taken, lines, freed, groups)
+    parts.append(b"")  # the last line's newline, in the same copy
+    return Taken(b"\n".join(parts), taken, lines, freed, groups)
+
+
+def frames_of(
+    entries: Sequence[bytes | Run | Group], written: Callable[[Group], list[bytes]]
+) -> tuple[list[bytes], int]:
+    """The frames ``entries`` write (each group's from ``written``), and how many lines."""
+    parts: list[bytes] = []
+    lines = 0
+    for entry in entries:
+        if isinstance(entry, bytes):
+            parts.append(entry)
+            lines += 1
+        elif isinstance(entry, Run):
+            parts.append(entry.raw)
+            lines += entry.lines
+        else:
+            parts.extend(written(entry))
+            lines += entry.lines
+    return parts, lines
