@@ -58,6 +58,7 @@ class Settings:
     annotate_config: Path
     passthrough_config: Path
     example_config: Path | None
+    baseline_ref: str | None = None  # scenario 8: also the proxy at this git ref
 
 
 # -- processes ------------------------------------------------------------------------------

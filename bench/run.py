@@ -80,6 +80,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         help="comma-separated subset, e.g. 3,4 (default: all but 8; 1 and 2 share their runs; "
         "6 is start-up; 8 is a client that falls behind, bench/slow_client.py)",
     )
+    ap.add_argument(
+        "--baseline-ref",
+        help="scenario 8: also run the proxy of this git ref (e.g. 5a1562d), interleaved",
+    )
     ap.add_argument("--data-dir", type=Path, default=BENCH / "data")
     ap.add_argument("--build-dir", type=Path, default=BENCH / "build")
     ap.add_argument("--annotate-config", type=Path, default=BENCH / "rules-annotate.yaml")
@@ -105,6 +109,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         annotate_config=a.annotate_config.resolve(),
         passthrough_config=a.passthrough_config.resolve(),
         example_config=example if example.exists() else None,
+        baseline_ref=a.baseline_ref,
     )
     return s, a.out, set(a.scenarios)
 

@@ -3,8 +3,9 @@
 Contract: runs ``slow_client.measure`` (the paused client, the fixed-rate reader, the no-merge
 stream to a lagging client; the proxy with coalescing on and off, and the TypeScript conductor
 when installed) with the suite's data directory, and turns its results into rows. Not in the
-default ``--scenarios`` (it pauses for seconds by design): ``bench/run.py --scenarios 8``;
-``bench/slow_client.py --baseline-ref REF`` runs an older tree beside the current one.
+default ``--scenarios`` (it pauses for seconds by design): ``bench/run.py --scenarios 8``, with
+``--baseline-ref REF`` the proxy of an older tree beside the current one (as
+``bench/slow_client.py --baseline-ref REF``), ``--reps`` interleaved rounds.
 Measures; never asserts.
 """
 
@@ -19,7 +20,9 @@ from rows import Row
 
 
 def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
-    argv = ["--data-dir", str(h.s.data_dir)]
+    argv = ["--data-dir", str(h.s.data_dir), "--repeat", str(h.s.reps)]
+    if h.s.baseline_ref:
+        argv += ["--baseline-ref", h.s.baseline_ref]
     if h.s.quick:
         argv += ["--pause", "0.5", "--paused-mb", "8", "--rate-messages", "2000"]
         argv += ["--lagging-messages", "2000"]
@@ -34,7 +37,19 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
                 for k, v in r.items()
                 if isinstance(v, int | float) and not isinstance(v, bool)
             }
-            metrics.update({k: float(v) for k, v in r["extra"].items()})
+            extra = dict(r["extra"])
+            vs = extra.pop("vs_off", None)
+            metrics.update({k: float(v) for k, v in extra.items()})
+            if vs:  # coalescing on against off, paired by round
+                lo, hi = vs["after_first_ms_ci95"]
+                metrics.update(
+                    vs_off_after_first_ms=float(vs["after_first_ms_median"]),
+                    vs_off_after_first_ms_ci_low=float(lo),
+                    vs_off_after_first_ms_ci_high=float(hi),
+                    vs_off_on_later_in=float(vs["on_later_in"]),
+                    vs_off_rounds=float(vs["rounds"]),
+                    vs_off_cpu_s=float(vs["cpu_s_median"]),
+                )
             status = "ok" if r["ok"] else "error"
             title = f"{r['variant']}, {scenario}"
             rows.append(
@@ -58,3 +73,14 @@ def markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
             f"| {r['profile']} | {r['variant']} | {m.get('cpu_s', 0):.2f} | "
             f"{m.get('maxrss_mb', 0):.1f} | {m.get('wall_s', 0):.2f} | {share:.2f} |"
         )
+    for r in mine:
+        m = r["metrics"]
+        if "vs_off_after_first_ms" in m:
+            out.append(
+                f"\n{r['profile']}, {r['variant']} against off, paired by round: last byte "
+                f"{m['vs_off_after_first_ms']:+.1f} ms (95 % CI "
+                f"{m['vs_off_after_first_ms_ci_low']:+.1f} to "
+                f"{m['vs_off_after_first_ms_ci_high']:+.1f}), later in "
+                f"{m['vs_off_on_later_in']:.0f} of {m['vs_off_rounds']:.0f} rounds, CPU "
+                f"{m['vs_off_cpu_s']:+.3f} s"
+            )
