@@ -59,7 +59,7 @@ from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify
 from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
-from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run, frames_of, take_some
+from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run, frames_of, take_some, waiting
 
 _NEEDLE = b'"session/update"'
 # One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.
@@ -256,7 +256,7 @@ class OutboundQueue:
         self._in_lines += lines
         self._in_bytes += size
         if not self._merge:
-            self._done.append(raw if lines == 1 else Run(raw, lines))
+            self._done.append(waiting(raw, lines))
             self._bytes += size + FRAME_OVERHEAD
             return
         if not self._fresh:
@@ -340,7 +340,7 @@ class OutboundQueue:
             table = table_of(version)
             if table is None:
                 # Nothing merges before the version is known.
-                self._done.append(raw if n == 1 else Run(raw, n))
+                self._done.append(waiting(raw, n))
                 self._bytes += len(raw) + 1 + FRAME_OVERHEAD
                 continue
             lines = raw.split(b"\n") if n > 1 else (raw,)
@@ -398,7 +398,7 @@ class OutboundQueue:
         self._index.clear()
         done = self._done
         for raw, _version, lines in fresh:
-            done.append(raw if lines == 1 else Run(raw, lines))
+            done.append(waiting(raw, lines))
             self._bytes += len(raw) + 1 + FRAME_OVERHEAD
             if skipped:
                 self.stats.skipped += lines

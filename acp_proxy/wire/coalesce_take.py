@@ -34,6 +34,12 @@ class Run:
         self.lines = lines
 
 
+def waiting(raw: bytes, lines: int) -> bytes | Run:
+    """How ``lines`` whole lines (``raw``) wait as they came: one line as its bytes, more as a
+    ``Run``."""
+    return raw if lines == 1 else Run(raw, lines)
+
+
 @value
 class Taken:
     """What ``take_some`` took: the bytes to write (newlines included), the entries removed
@@ -82,7 +88,7 @@ def take_some(
                 size += cut + 1
                 freed += cut + 1
                 rest, left = raw[cut + 1 :], entry.lines - head_lines
-                done[taken] = rest if left == 1 else Run(rest, left)
+                done[taken] = waiting(rest, left)
                 break
             parts.append(raw)
             lines += entry.lines
