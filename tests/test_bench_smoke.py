@@ -324,3 +324,58 @@ def test_bytecodes_bench_prints_the_function_table_and_the_totals() -> None:
     )
     assert relay_loop > 0 and relay_own > 0
     assert proxy_own > relay_own  # the proxy parses and tracks; the relay copies bytes
+
+
+_SLOW_CLIENT_PROBE = r"""
+import json, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import slow_client as sc
+
+def r(after, cpu):
+    return sc.Result("x", after_resume_s=after, cpu_s=cpu)
+
+on = [r(0.110, 0.5), r(0.120, 0.6), r(0.095, 0.4)]
+off = [r(0.100, 0.3), r(0.100, 0.3), r(0.100, 0.3)]
+paired = sc.paired(on, off)
+# The editor client: lines cut across reads are parsed whole; the last byte is read and parsed.
+def line(i):
+    return json.dumps({"jsonrpc": "2.0", "method": "m", "params": {"i": i}}).encode()
+lines = [line(i) for i in range(2000)]
+data = b"\n".join(lines) + b"\n"
+rfd, wfd = os.pipe()
+def write():
+    for i in range(0, len(data), 777):
+        os.write(wfd, data[i : i + 777])
+    os.close(wfd)
+threading.Thread(target=write).start()
+got, first, last = sc.editor_reader(0.0)(rfd, 10.0)
+broken_r, broken_w = os.pipe()
+os.write(broken_w, b'{"a":1}\n{not json\n')
+os.close(broken_w)
+try:
+    sc.editor_reader(0.0)(broken_r, 10.0)
+    refused = False
+except ValueError:
+    refused = True
+out = {"paired": paired, "same": got == data, "timed": first <= last, "refused": refused}
+print(json.dumps(out))
+"""
+
+
+def test_slow_client_pairs_on_and_off_by_round_and_its_editor_parses_every_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _SLOW_CLIENT_PROBE, str(BENCH)],
+        capture_output=True,
+        check=True,
+        cwd=BENCH,
+    )
+    got = json.loads(out.stdout)
+    paired = got["paired"]
+    # Round differences: +10, +20 and -5 ms; CPU +0.2, +0.3 and +0.1 s.
+    assert math.isclose(paired["after_first_ms_median"], 10.0)
+    assert paired["on_later_in"] == 2 and paired["rounds"] == 3
+    assert math.isclose(paired["cpu_s_median"], 0.2)
+    low, high = paired["after_first_ms_ci95"]
+    # A bootstrap of three differences: the interval holds the median, inside their range.
+    assert -5.0 - 1e-9 <= low <= 10.0 <= high <= 20.0 + 1e-9
+    assert got["same"] and got["timed"] and got["refused"]
