@@ -39,6 +39,7 @@ from acp_proxy.wire.coalesce import MERGE_COST_S, OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce_merge import Group
 from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
 from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run
+from acp_proxy.wire.written import rest_of
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
 
@@ -584,6 +585,6 @@ def test_the_rest_of_a_cut_run_keeps_its_line_count() -> None:
     lines = [tcu(f"t{i}", status="a") for i in range(5)]
     raw = b"\n".join(lines)
     cut = len(lines[0]) + 1 + len(lines[1]) + 1
-    rest = outbox_module._rest_of(OutFrame(raw, None, 2, 5), cut)
+    rest = rest_of(OutFrame(raw, None, 2, 5), cut)
     assert (rest.raw, rest.lines, rest.version) == (b"\n".join(lines[2:]), 3, 2)
-    assert outbox_module._rest_of(OutFrame(raw, None, 2), cut).lines == 0
+    assert rest_of(OutFrame(raw, None, 2), cut).lines == 0

@@ -23,9 +23,13 @@ from acp_proxy.base.values import value
 from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
+from acp_proxy.wire.written import after_written, frames_size, line_end_within, parts_of
 
-# A frame at least this big is written with writev (frame, newline) rather than copied.
+# A frame (or the frames of one write) at least this big is written with writev (each frame,
+# its newline) rather than copied; of more frames than ``_MAX_PARTS`` (two buffers each, within
+# the kernel's 1,024) one copy is made.
 _BIG_FRAME = 64 * 1024
+_MAX_PARTS = 256
 # What the writer takes from the queue for one write: about what a pipe holds (Linux: 64 KiB).
 # The rest stays queued, where later updates still merge into it; handing the whole backlog to
 # one write would commit it to the peer unmerged while the peer reads it slowly.
@@ -119,7 +123,7 @@ class Outbox:
             try_send if callable(try_send) else None
         )
         try_sendv = getattr(tx, "try_sendv", None)
-        self.try_sendv: Callable[[list[bytes]], int] | None = (
+        self.try_sendv: Callable[[list[bytes | memoryview]], int] | None = (
             try_sendv if callable(try_sendv) else None
         )
         unread = getattr(tx, "unread", None)
@@ -267,52 +271,51 @@ class Outbox:
                 self.tail = [b"\n"]
                 self._ready.set()
             return
-        data = (
-            frames[0].raw + b"\n"
-            if len(frames) == 1
-            else b"\n".join([f.raw for f in frames]) + b"\n"
-        )
         if now is None:
-            self._send_now(data)
+            self._send_now(_joined(frames))
             return
-        self._send_rest_queued(data, frames, now)
+        self._send_rest_queued(frames, now)
 
-    def _send_rest_queued(self, data: bytes, frames: tuple[OutFrame, ...], now: float) -> None:
-        """One non-blocking write of ``data`` (``frames`` joined, each line ending in a newline).
-        Only the line the kernel cuts is a tail; the whole lines after it wait in the queue,
-        where later updates of a slow client's entities still merge into them (as a tail, a
-        read's worth of updates went out unmerged every time the writer fell idle). While the
-        queue merges, only what keeps the peer's unread bytes within ``GATE_UNREAD`` is
-        written (whole lines); the rest waits in the queue too."""
+    def _send_rest_queued(self, frames: tuple[OutFrame, ...], now: float) -> None:
+        """One non-blocking write of ``frames`` (each line ending in a newline). Only the line
+        the kernel cuts is a tail; the whole lines after it wait in the queue, where later
+        updates of a slow client's entities still merge into them (as a tail, a read's worth of
+        updates went out unmerged every time the writer fell idle). While the queue merges, only
+        what keeps the peer's unread bytes within ``GATE_UNREAD`` is written (whole lines); the
+        rest waits in the queue too. A big write goes out with ``writev`` of the frames as they
+        are (``written``), not joined: a read in full flow is two or three frames, and joining
+        them copied the whole read twice more."""
         assert self.try_send is not None
-        offer = len(data)
+        size = frames_size(frames)
+        vector = size >= _BIG_FRAME and self.try_sendv is not None and len(frames) <= _MAX_PARTS
+        data = None if vector else _joined(frames)
+        offer = size
         if offer > GATE_UNREAD and self.unread is not None and self.queue.merging(now):
             unread = self.unread()
             if unread is not None and unread + offer > GATE_UNREAD:
-                offer = data.rfind(b"\n", 0, max(0, GATE_UNREAD - unread)) + 1
+                offer = line_end_within(frames, max(0, GATE_UNREAD - unread))
         try:
-            written = self.try_send(data if offer == len(data) else data[:offer]) if offer else 0
+            if not offer:
+                written = 0
+            elif data is None:
+                assert self.try_sendv is not None
+                written = self.try_sendv(parts_of(frames, offer))
+            else:
+                written = self.try_send(data if offer == size else memoryview(data)[:offer])
         except STREAM_ERRORS:
             written = 0  # the writer task hits the same error and handles it
         self.stats.writes += 1
         self.stats.bytes += written
         self.note_write(written < offer or offer == 0)
-        if written >= len(data):
+        if written >= size:
             return
-        if written == 0 or data[written - 1] == 10:  # a line boundary: no tail
-            cut = written
-        else:
-            cut = data.find(b"\n", written) + 1
-            self.tail = [memoryview(data)[written:cut]]
+        tail, rest = after_written(frames, written)
+        if tail:
+            self.tail = tail
         self._ready.set()
-        pos = 0
         push = self.queue.push
-        for frame in frames:
-            end = pos + len(frame.raw) + 1
-            if end > cut:
-                rest = frame if pos >= cut else _rest_of(frame, cut - pos)
-                push(rest, now)
-            pos = end
+        for frame in rest:
+            push(frame, now)
 
     def note_write(self, partial: bool) -> None:
         """What a write says of the peer: a partial write, that it is behind; a complete one,
@@ -450,12 +453,11 @@ class Outbox:
         self._ready.set()
 
 
-def _rest_of(frame: OutFrame, cut: int) -> OutFrame:
-    """The lines of ``frame`` from ``cut`` (the start of one of its lines) on; their number is
-    kept when the frame's was known (the written lines' newlines are counted)."""
-    raw = frame.raw
-    lines = frame.lines - raw.count(b"\n", 0, cut) if frame.lines else 0
-    return OutFrame(raw[cut:], None, frame.version, lines)
+def _joined(frames: tuple[OutFrame, ...]) -> bytes:
+    """``frames`` as one buffer, each line ending in a newline (one copy)."""
+    if len(frames) == 1:
+        return frames[0].raw + b"\n"
+    return b"\n".join([*[frame.raw for frame in frames], b""])
 
 
 async def write_all(

@@ -272,7 +272,7 @@ class FdStream(anyio.abc.ByteStream):
                 kind = self._write_kind = False
         return kind
 
-    def try_sendv(self, parts: list[bytes]) -> int:
+    def try_sendv(self, parts: list[bytes | memoryview]) -> int:
         """``try_send`` of the concatenation of ``parts`` without building it (``writev``)."""
         fd = self._write_fd
         if fd is None or self._write_closed:

@@ -520,7 +520,8 @@ class OutboundQueue:
         if limit is not None and self._bytes > limit:
             return [self._take_some(limit, now)], None
         parts = frames_of(done, self._written)[0]
-        out = [parts[0] + b"\n" if len(parts) == 1 else b"\n".join(parts) + b"\n"]
+        parts.append(b"")  # the last line's newline, in the same copy
+        out = [b"\n".join(parts)]
         self._pace.taken(self._count, now)
         self._done = []
         self._base = self._prepared = 0
@@ -568,4 +569,7 @@ class OutboundQueue:
         self._count = sum(entry.lines for entry in held)
         self._bytes = sum(entry.charge for entry in held)
         self.stats.written += written
-        return ([b"\n".join(parts) + b"\n"] if parts else []), deadline
+        if not parts:
+            return [], deadline
+        parts.append(b"")  # the last line's newline, in the same copy
+        return [b"\n".join(parts)], deadline
