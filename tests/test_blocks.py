@@ -311,3 +311,40 @@ def test_feed_blocks_splits_like_feed() -> None:
         "Line",
         "Oversize",
     ]
+
+
+@pytest.mark.parametrize("scan_name", SCANNERS)
+def test_a_block_whose_picked_lines_all_pass_is_forwarded_as_it_came(scan_name: str) -> None:
+    """Batches of plain updates among plain updates: every line the scan picked passes
+    untouched, so the block goes on as ONE frame, the very bytes object it came in (no run is
+    cut out of it, which copied the read again); a batch holding a request still goes alone."""
+    with scanner(scan_name):
+        block_whose_picked_lines_all_pass()
+
+
+def block_whose_picked_lines_all_pass() -> None:
+    conn = Connection(Chain([Link(TagToolCalls())]))
+    conn.handle_many(C2A, LineSplitter(1 << 20).feed(CLIENT_LINES[0] + b"\n"))
+    conn.handle_many(A2C, LineSplitter(1 << 20).feed(LINES[0] + b"\n"))
+    chunk = notif("agent_message_chunk")
+    batch = b"[" + chunk + b"," + notif("plan_update") + b"]"
+    body = b"\n".join([batch, chunk, chunk, batch, chunk, batch])
+    events = LineSplitter(1 << 20).feed_blocks(body + b"\n")
+    assert events == [Block(body)]
+    res = conn.handle_many(A2C, events, join=True)
+    assert len(res.forward) == 1
+    block = events[0]
+    assert isinstance(block, Block) and res.forward[0].raw is block.raw
+    assert res.forward[0].lines == 6
+    assert conn.stats.agent_to_client_in == 1 + 6 and conn.stats.agent_to_client_out == 1 + 6
+
+    asks = b'[{"jsonrpc":"2.0","id":9,"method":"fs/read_text_file","params":{"sessionId":"s"}}]'
+    body = b"\n".join([chunk, batch, chunk, asks, chunk])
+    res = conn.handle_many(A2C, LineSplitter(1 << 20).feed_blocks(body + b"\n"), join=True)
+    assert [f.raw for f in res.forward] == [
+        chunk,
+        batch,
+        chunk,
+        asks,
+        chunk,
+    ]

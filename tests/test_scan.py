@@ -24,8 +24,10 @@ try:
     from acp_proxy.wire import _scan
 
     C_SCAN: Scanner | None = _scan.scan
+    C_CONTAINS: Callable[[bytes, bytes], bool] | None = _scan.contains
 except ImportError:
     C_SCAN = None
+    C_CONTAINS = None
 
 needs_c = pytest.mark.skipif(C_SCAN is None, reason="the C accelerator is not built")
 SCANNERS = [
@@ -141,6 +143,42 @@ def test_c_and_python_agree_on_needles_at_every_offset(
     raw = b"\n".join(lines)
     assert C_SCAN is not None
     assert C_SCAN(raw, (needle,)) == scan_py(raw, (needle,)) == definition(raw, (needle,))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 200),
+    st.integers(1, 40),
+    st.data(),
+)
+def test_contains_is_the_definition_at_every_offset(
+    length: int, k: int, data: st.DataObject
+) -> None:
+    """``contains`` (the C one, and ``contains_py``) is ``needle in raw``: a needle of 1..40
+    bytes, or a near miss of it, at a drawn offset of a line around the 16-byte steps."""
+    needle = b'"' + bytes([0x41 + i % 26 for i in range(k - 2)]) + b'"' if k > 1 else b'"'
+    raw = b'{"' + b"x" * length
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(raw)))
+        placed = needle
+        if data.draw(st.booleans()):
+            j = data.draw(st.integers(0, k - 1))
+            placed = needle[:j] + b"~" + needle[j + 1 :]
+        raw = raw[:at] + placed + raw[at:]
+    assert C_CONTAINS is not None
+    assert C_CONTAINS(raw, needle) is scan_module.contains_py(raw, needle) is (needle in raw)
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(hostile_bytes, hostile_bytes.map(lambda b: b[:8]))
+def test_contains_agrees_on_hostile_bytes(raw: bytes, needle: bytes) -> None:
+    assert C_CONTAINS is not None
+    assert C_CONTAINS(raw, needle) is (needle in raw)
+    assert C_CONTAINS(raw + needle, needle) is True
+    with pytest.raises(TypeError):
+        C_CONTAINS("text", needle)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("scanner", SCANNERS)

@@ -21,8 +21,9 @@ from acp_proxy.wire.divert import FRAME_STARTS
 from acp_proxy.wire.framing import Block, Line, Oversize
 from acp_proxy.wire.host import UNSET, Acc, Host, Unset
 from acp_proxy.wire.notes import Note, Result
-from acp_proxy.wire.prefilter import ESCAPES, agent_needs_parse, client_needs_parse
+from acp_proxy.wire.prefilter import ESCAPES, ID_KEY, agent_needs_parse, client_needs_parse
 from acp_proxy.wire.rewrite import Rewriter
+from acp_proxy.wire.scan import contains
 
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
@@ -154,13 +155,18 @@ class Blocks:
         # output: the per-line path diverts what cannot be a frame). The runs of ``{"`` lines
         # between them are forwarded whole (a stream of updates with the odd batch in it).
         lines, specials = block_scan.scan(raw, needles)
-        index = 0  # the line index of ``pos``
-        pos = 0
-        special: list[Line | Oversize] = []  # consecutive lines for the per-line path
         # The fused lane: a v2 notification that the one fusable middleware answers goes
         # straight from here to ``Rewriter.fused_bytes``, skipping the per-line path's steps
         # that cannot change its outcome there (see ``Rewriter.lane``).
         lane = host._fused is not None and host.version == 2 and host._chain_on
+        if specials and self._pass_as_is(direction, raw, specials, lane):
+            # Every line the scan picked passes untouched too (a batch of notifications in a
+            # stream of them): the block is one run, forwarded without cutting runs out of it
+            # (each cut copied its bytes).
+            specials = []
+        index = 0  # the line index of ``pos``
+        pos = 0
+        special: list[Line | Oversize] = []  # consecutive lines for the per-line path
         for line_index, start, stop in specials:
             if line_index > index:
                 if special:  # one call per group (a block of updates that all need a look)
@@ -170,7 +176,7 @@ class Blocks:
             index = line_index + 1
             pos = stop + 1
             line = raw[start:stop]
-            if lane and line[:2] == b'{"' and line.find(b'"id"') < 0:
+            if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
                 out = self._rw.lane(direction, line, self._max_parse)
                 if out is not None:
                     if special:
@@ -207,6 +213,36 @@ class Blocks:
                 needles.extend(link_needles)
             needles.extend(self._escapes)
         return tuple(needles)
+
+    def _pass_as_is(
+        self,
+        direction: Direction,
+        raw: bytes,
+        specials: list[tuple[int, int, int]],
+        lane: bool,
+    ) -> bool:
+        """Whether each of the ``specials`` lines of ``raw`` passes untouched and unparsed: what
+        ``many`` decides for a line (no link interested, a frame start, no ``"id"``, for a
+        client's line no escape either), and no blank line (dropped) nor a fused-lane line."""
+        host = self._host
+        if host._inspect_all:
+            return False
+        a2c = direction is _A2C
+        chain_on = host._chain_on
+        for _, start, stop in specials:
+            line = raw[start:stop]
+            if not line or line.isspace():
+                return False
+            if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
+                return False
+            if chain_on and host._interested(line) is not None:
+                return False
+            if a2c:
+                if line[:2] not in FRAME_STARTS or agent_needs_parse(line):
+                    return False
+            elif client_needs_parse(line):
+                return False
+        return True
 
     def _plain_run(self, direction: Direction, run: bytes, n: int, acc: Acc, join: bool) -> None:
         """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""

@@ -83,12 +83,14 @@ from acp_proxy.wire.notes import (
 from acp_proxy.wire.observe import frame_info, method_of, observed
 from acp_proxy.wire.oversize import INVALID_REQUEST, oversize
 from acp_proxy.wire.prefilter import (
+    ID_KEY,
     agent_needs_parse,
     client_needs_parse,
     has_any,
     parse_cost,
 )
 from acp_proxy.wire.rewrite import Rewriter, encode
+from acp_proxy.wire.scan import contains
 from acp_proxy.wire.tracking import RequestTracker, error_frame_bytes, is_id
 from acp_proxy.wire.unparsed import ParseBudget
 
@@ -229,7 +231,7 @@ class Connection:
         if self._inspect_all:
             return self.handle_many(direction, [Line(raw)])
         interested = self._interested(raw) if self._chain_on else None
-        if interested is None and raw.find(b'"id"') >= 0:
+        if interested is None and contains(raw, ID_KEY):
             message = self._tracked(direction, raw)
             if message is not None:
                 return message

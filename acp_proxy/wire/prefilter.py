@@ -10,6 +10,11 @@ memory a parse may take (the parse budget, README "Bounds").
 
 from __future__ import annotations
 
+from acp_proxy.wire.scan import contains
+
+# The bytes of an ``id`` key (see ``agent_needs_parse``).
+ID_KEY = b'"id"'
+
 # What one parsed container or element costs at least (an empty dict is 64 bytes in CPython).
 _CONTAINER_COST = 64
 _NESTING_SLACK = 1024  # values not after a comma: at most one per nesting level (see parse_cost)
@@ -46,7 +51,7 @@ def agent_needs_parse(raw: bytes) -> bool:
     fast path (``acp_proxy.wire.blocks``) uses the same test, so both paths agree frame for
     frame.
     """
-    return raw.find(b'"id"') >= 0
+    return contains(raw, ID_KEY)
 
 
 def client_needs_parse(raw: bytes) -> bool:
@@ -54,7 +59,7 @@ def client_needs_parse(raw: bytes) -> bool:
 
     Client traffic is small, so this one is exact: a full scan, and escaped frames are parsed.
     """
-    return raw.find(b'"id"') >= 0 or has_escape(raw)
+    return contains(raw, ID_KEY) or has_escape(raw)
 
 
 def has_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:

@@ -122,3 +122,14 @@ ACCELERATOR, SCANNER = _choose()
 scan: Callable[[bytes, tuple[bytes, ...]], ScanResult] = (
     scan_py if ACCELERATOR is None else ACCELERATOR.scan
 )
+
+
+def contains_py(raw: bytes, needle: bytes) -> bool:
+    """Whether ``needle`` occurs in ``raw`` (``bytes.find``: about 1 GB/s on JSON, whose ``"``
+    starts most needles; the C one uses the scan's SIMD search)."""
+    return raw.find(needle) >= 0
+
+
+contains: Callable[[bytes, bytes], bool] = (
+    contains_py if ACCELERATOR is None else ACCELERATOR.contains
+)
