@@ -11,7 +11,7 @@
  * CPython's search runs at 1-2 GB/s per needle, over the whole block once per needle. Here a
  * needle of two bytes or more is found with the SSE2 "first and last byte" filter (Wojciech
  * Mula's generic SIMD substring search): 16 candidate positions per step, each surviving one
- * checked with memcmp; without SSE2 a memchr on the needle's first byte plus memcmp.
+ * checked byte by byte; without SSE2 a memchr on the needle's first byte plus that check.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,6 +26,20 @@ typedef struct {
     const char *p;
     Py_ssize_t n;
 } needle_t;
+
+/* Whether ``a[0:n]`` equals ``b[0:n]``: inline for the middle of the usual needles (``"id"``
+ * has two bytes there, and ``":{"`` or ``"},"`` pass the first-and-last-byte filter all the
+ * time in JSON), where a call to memcmp cost more than the compare. */
+static inline int
+same(const char *a, const char *b, Py_ssize_t n)
+{
+    if (n > 8)
+        return memcmp(a, b, (size_t)n) == 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
 
 /* Whether ``nd`` occurs in ``h[0:len]``. */
 static int
@@ -58,7 +72,7 @@ contains(const char *h, Py_ssize_t len, const needle_t *nd)
                 while (!((mask >> bit) & 1u))
                     bit++;
 #endif
-                if (memcmp(h + i + bit + 1, np + 1, (size_t)(k - 2)) == 0)
+                if (same(h + i + bit + 1, np + 1, k - 2))
                     return 1;
                 mask &= mask - 1;
             }
@@ -70,7 +84,7 @@ contains(const char *h, Py_ssize_t len, const needle_t *nd)
         const char *f = memchr(h + i, (unsigned char)np[0], (size_t)(len - k + 1 - i));
         if (f == NULL)
             return 0;
-        if (memcmp(f + 1, np + 1, (size_t)(k - 1)) == 0)
+        if (same(f + 1, np + 1, k - 1))
             return 1;
         i = (f - h) + 1;
     }
