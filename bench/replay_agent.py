@@ -68,8 +68,12 @@ def report_rusage() -> None:
     path = os.environ.get("BENCH_AGENT_RUSAGE")
     if path:
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        with open(path, "w") as f:
+        # Written whole or not at all: the harness may read it the moment the proxy exited,
+        # and an agent stopped in the middle of the write left an empty file it choked on.
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
             json.dump({"utime": ru.ru_utime, "stime": ru.ru_stime, "maxrss_kb": ru.ru_maxrss}, f)
+        os.replace(tmp, path)
 
 
 @dataclass(slots=True)
