@@ -588,3 +588,68 @@ def test_the_rest_of_a_cut_run_keeps_its_line_count() -> None:
     rest = rest_of(OutFrame(raw, None, 2, 5), cut)
     assert (rest.raw, rest.lines, rest.version) == (b"\n".join(lines[2:]), 3, 2)
     assert rest_of(OutFrame(raw, None, 2), cut).lines == 0
+
+
+def test_an_empty_queue_has_room_whatever_a_paused_peer_s_takes_left_counted() -> None:
+    """The paused-input cap counts what was read while the writer made no progress (takes that
+    only fill a paused peer's buffer); once such takes emptied the queue, it has room again:
+    nothing waits that the cap could protect, and a reader told "no room" by an empty queue
+    would have nothing left to wake it."""
+    config = CoalesceConfig(max_queue_messages=50)
+    queue = OutboundQueue(config, coalesce=True)
+    for i in range(100):
+        queue.push(OutFrame(tcu(f"t{i % 2}", status=str(i)), None, 2), 0.0)
+    assert not queue.has_room()  # read twice the bound while the writer took nothing
+    out, _ = queue.take(0.01, paused=True)
+    assert len(queue) == 0 and queue.pending_bytes == 0
+    assert _state(written(out)) == _state([tcu(f"t{i % 2}", status=str(i)) for i in range(100)])
+    assert queue.has_room()
+
+
+@pytest.mark.anyio
+async def test_the_reader_is_woken_once_a_paused_peer_s_queue_is_drained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader waiting for room is woken by the writer whenever a take may have made room,
+    also when the take found nothing left to write. The lost wake-up this guards against: the
+    reader stopped at the paused-input cap, the writer filled the paused peer's pipe with the
+    whole queue, and its next take (nothing left, the cap lifted) woke nobody: the session hung
+    with an empty queue, the agent blocked on its full pipe."""
+    monkeypatch.setattr(outbox_module, "GATE_PAUSED_S", 0.0)
+    with _piped_outbox() as (r, w, outbox):
+        queue = OutboundQueue(CoalesceConfig(max_queue_messages=50), coalesce=True)
+        outbox.queue = queue
+        # The peer is paused with its pipe all but full: the writer's fill has to wait in
+        # the write, and the reader looks at the queue meanwhile.
+        full = (1 << 20) - 100
+        os.write(w, b"x" * full)
+        outbox.stats.bytes += full
+        for i in range(100):
+            queue.push(OutFrame(tcu(f"t{i % 2}", status=str(i)), None, 2), time.monotonic())
+        assert not queue.has_room()
+        woke = anyio.Event()
+        looked = anyio.Event()
+
+        async def reader() -> None:
+            while not queue.has_room():
+                looked.set()  # (after the writer's first wake-up: "no room" still)
+                await outbox.wait_room()
+            woke.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write_all, outbox, lambda: None, lambda: None)
+            tg.start_soon(reader)
+            with anyio.fail_after(5.0):
+                while not outbox.busy:  # the fill waits in the write
+                    await anyio.sleep(0.001)
+                await looked.wait()
+            # The peer resumes and reads everything it is given.
+            os.set_blocking(r, False)
+            with anyio.move_on_after(5.0):
+                while not woke.is_set():
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(r, 1 << 20)
+                    await anyio.sleep(0.001)
+            outbox.close()
+            tg.cancel_scope.cancel()
+        assert woke.is_set()

@@ -100,6 +100,7 @@ class Outbox:
         "finished",
         "gauged",
         "inflight",
+        "parked",
         "queue",
         "replies",
         "reply_bytes",
@@ -147,6 +148,7 @@ class Outbox:
         self.reply_bytes = 0
         self.inflight = 0  # bytes inside the writer's current send()
         self.busy = False  # the writer task is inside tx.send()
+        self.parked = False  # the writer task waits for a push, with no deadline
         self.broken = False  # the peer stopped reading: frames are discarded
         self.closed = False
         self.finished = anyio.Event()  # the writer task ended
@@ -168,6 +170,14 @@ class Outbox:
 
     def wake_reader(self) -> None:
         self._space.set()
+
+    def reader_woken(self) -> bool:
+        """A wake-up for the readers waiting on this outbox is pending (they have not run yet)."""
+        return self._space.is_set()
+
+    def writer_woken(self) -> bool:
+        """A wake-up for the writer is pending (it has not run yet)."""
+        return self._ready.is_set()
 
     def push(self, frames: tuple[OutFrame, ...], now: float) -> bool:
         """Queue ``frames`` in order (the reader waited for room before reading them).
@@ -411,8 +421,8 @@ class Outbox:
                 self._ready.set()  # the writer waits for the peer to read down
                 return
             frames, deadline = queue.take(now, WRITE_CHUNK, look=not self.gauged)
+            self._space.set()  # (any take may make room: ``write_all``)
             if frames:
-                self._space.set()
                 self._send_now(frames[0] if len(frames) == 1 else b"".join(frames))
             if deadline is not None:
                 self._ready.set()  # the writer sleeps until the queue's deadline
@@ -443,7 +453,11 @@ class Outbox:
         """Park the writer until something is pushed, the outbox closes, or ``deadline``."""
         self._ready = anyio.Event()
         if deadline is None:
-            await self._ready.wait()
+            self.parked = True
+            try:
+                await self._ready.wait()
+            finally:
+                self.parked = False
             return
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
             await self._ready.wait()
@@ -503,12 +517,16 @@ async def write_all(
             # counts against what it may read before the peer reads again.)
             paused = wait is not None
             frames, deadline = queue.take(now, WRITE_CHUNK, look=not outbox.gauged, paused=paused)
+            # Every take may have made room, one that found nothing to write too: it ends the
+            # paused-input count, which alone may have kept the reader waiting (waking only
+            # after takes that wrote something lost that wake-up, and a session with an empty
+            # queue waited for ever on an agent blocked on its full pipe).
+            outbox.wake_reader()
             if not frames:
                 if outbox.closed and deadline is None:
                     break
                 await outbox.wait_ready(deadline)
                 continue
-            outbox.wake_reader()
             count = queue.stats.written - written  # messages (a run of lines holds several)
             if outbox.broken:
                 stats.discarded += count

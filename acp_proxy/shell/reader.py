@@ -38,13 +38,16 @@ Dispatch = Callable[[Direction, Result, Outbox, Outbox], None]
 class Reader:
     """The reader of ``direction``: ``run`` reads until EOF or ``stop``."""
 
-    __slots__ = ("_scope", "direction", "receiving", "splitter", "stopping")
+    __slots__ = ("_scope", "direction", "receiving", "splitter", "stopping", "waiting")
 
     def __init__(self, direction: Direction, max_frame_bytes: int) -> None:
         self.direction = direction
         self.splitter = LineSplitter(max_frame_bytes)
         self.stopping = False  # stop() was called: read no more
         self.receiving: float | None = None  # when it started waiting in receive() (None: not)
+        # What it waits for before its next read, if anything: "room" (in the queue toward the
+        # receiver) or "reply room" (the replies owed to the sender); for the watchdog.
+        self.waiting: str | None = None
         self._scope: anyio.CancelScope | None = None
 
     def stop(self) -> None:
@@ -172,9 +175,12 @@ class Reader:
             try:
                 while True:
                     if not forward.queue.has_room():
+                        self.waiting = "room"
                         await forward.wait_room()
                     if not back.has_reply_room():
+                        self.waiting = "reply room"
                         await back.wait_reply_room()
+                    self.waiting = None
                     reserved = await budget.reserve_read(splitter, splitter.buffered)
                     self.receiving = time.monotonic()
                     try:
@@ -189,6 +195,7 @@ class Reader:
                     # read of the last chunk it handled without reserving another.)
                     reserved = 0
             finally:
+                self.waiting = None
                 if callable(set_consumer):
                     set_consumer(None)
                 if reserved:

@@ -30,7 +30,7 @@ import anyio.abc
 
 from acp_proxy.base.values import value
 from acp_proxy.config import Config
-from acp_proxy.shell import hooks
+from acp_proxy.shell import hooks, watchdog
 from acp_proxy.shell.budget import BufferBudget, process_budget
 from acp_proxy.shell.hooks import SessionObserver
 from acp_proxy.shell.logsetup import debug_enabled, get_logger
@@ -171,11 +171,22 @@ class PumpSession:
     async def run(self) -> SessionStats:
         """Pump until the agent's output ended and everything owed to the client was written."""
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._writer, self.to_agent, True)
-                tg.start_soon(self._writer, self.to_client, False)
-                tg.start_soon(self._client_reader)
-                await self._agent_reader()
+            async with anyio.create_task_group() as outer:
+                # The watchdog looks for lost wake-ups while the session's tasks run.
+                outer.start_soon(
+                    watchdog.watch,
+                    self.log,
+                    self.from_client,
+                    self.to_agent,
+                    self.from_agent,
+                    self.to_client,
+                )
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, self.to_agent, True)
+                    tg.start_soon(self._writer, self.to_client, False)
+                    tg.start_soon(self._client_reader)
+                    await self._agent_reader()
+                outer.cancel_scope.cancel()
         finally:
             self._log_notes.flush()
             # Whatever is left is garbage once the session ends: give the budget back.

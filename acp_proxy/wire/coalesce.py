@@ -216,6 +216,11 @@ class OutboundQueue:
         merging (an upper estimate) and the fixed overhead per frame, line and index entry."""
         return self._bytes + INDEX_OVERHEAD * len(self._index)
 
+    @property
+    def paused_input(self) -> tuple[int, int]:
+        """(lines, bytes) read since the writer last made progress (the paused-input cap's)."""
+        return self._in_lines, self._in_bytes
+
     def has_room(self) -> bool:
         """True while below both bounds; the shell stops reading from the producer otherwise.
 
@@ -223,8 +228,12 @@ class OutboundQueue:
         pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
         is read (its messages, or its bytes as they came), however well it merges: a paused
         peer costs about the reading it costs without merging, and what was read is merged
-        while it waits."""
+        while it waits. An empty queue always has room: the cap guards what waits here, and
+        once takes that only fill a paused peer's buffer emptied the queue, nothing does (a
+        reader told "no room" by an empty queue would wait for a take that never comes)."""
         config = self._config
+        if not self._count:
+            return True
         if self._merge and (
             self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
             or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
