@@ -133,9 +133,11 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
                 f"extra) is not installed; add it with: {install_hint()}"
             )
     if config.record.path is not None:
+        from acp_proxy.cli.launch import missing_record_directory
+
         path = config.record.path
-        target = path if path.endswith(os.sep) or os.path.isdir(path) else os.path.dirname(path)
-        if target and not os.path.isdir(target):
+        target = missing_record_directory(path)
+        if target is not None:
             problems.append(
                 f"{where('record')}: record.path {path}: the directory {target} does not exist"
             )

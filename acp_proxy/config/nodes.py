@@ -347,14 +347,14 @@ class NodeReader:
 
     # -- sections
 
-    def address(self, node: Node, path: str, *, listen: bool, metrics: bool = False) -> str | None:
+    def address(self, node: Node, path: str, *, listen: bool, http: bool = False) -> str | None:
         value = self.optional_string(node, path, expected=_ADDRESS_HELP)
         if value is None:
             return None
-        if metrics:  # also HOST:PORT and http://HOST:PORT (telemetry.endpoint)
-            from acp_proxy.telemetry.endpoint import metrics_url
+        if http:  # an HTTP endpoint: also HOST:PORT and http://HOST:PORT (telemetry.endpoint)
+            from acp_proxy.telemetry.endpoint import endpoint_url
 
-            value = metrics_url(value)
+            value = endpoint_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
         if sep and scheme == "unix":
@@ -386,10 +386,7 @@ class NodeReader:
             assert setting.choices is not None
             return self.choice(node, path, setting.choices)
         if kind is Kind.ADDRESS:
-            value = self.address(
-                node, path, listen=setting.listen, metrics=setting.key == "metrics"
-            )
-            return value
+            return self.address(node, path, listen=setting.listen, http=setting.http)
         if kind is Kind.STRING:
             return self.string(node, path)
         if kind in (Kind.STRINGS, Kind.REGEXES):

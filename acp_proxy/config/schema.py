@@ -67,6 +67,9 @@ class Setting:
     positive: bool = False  # SECONDS: > 0 instead of >= 0
     choices: type[enum.StrEnum] | None = None  # CHOICE
     listen: bool = False  # ADDRESS: port 0 allowed
+    # ADDRESS of an HTTP endpoint (metrics, the live view): also HOST:PORT and http://HOST:PORT,
+    # the forms of telemetry.endpoint, one syntax for both.
+    http: bool = False
     children: tuple[Setting, ...] = ()  # SECTION
     default_doc: str | None = None  # README default where the value itself says little
     required: str | None = None  # a rule or middleware field that must be given: the error
@@ -270,6 +273,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "The command line wins.",
         attr="metrics",
         listen=True,
+        http=True,
         default_doc="off",
     ),
     Setting(
@@ -348,11 +352,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             Setting(
                 "address",
                 Kind.ADDRESS,
-                "`tcp://HOST:PORT`: serve the live view there (loopback only unless "
-                "`ui.allow_remote`); the URL with its access token is printed to stderr. `--ui` "
-                "wins.",
+                "`tcp://HOST:PORT` (or `HOST:PORT`, `http://HOST:PORT`, as for `metrics`): serve "
+                "the live view there (loopback only unless `ui.allow_remote`); the URL with its "
+                "access token is printed to stderr. `--ui` wins.",
                 attr="address",
                 listen=True,
+                http=True,
                 default_doc="off",
             ),
             Setting(

@@ -429,27 +429,22 @@ def main(argv: Sequence[str]) -> int:
         changes["max_frame_bytes"] = args.max_frame_bytes
     if args.record is not None:
         changes["record"] = dataclasses.replace(config.record, path=args.record)
+    from acp_proxy.telemetry.endpoint import endpoint_url
+
     if args.metrics is not None:
-        changes["metrics"] = args.metrics
+        changes["metrics"] = endpoint_url(args.metrics)
     if args.ui is not None:
-        changes["ui"] = dataclasses.replace(config.ui, address=args.ui)
+        changes["ui"] = dataclasses.replace(config.ui, address=endpoint_url(args.ui))
     if changes:
         config = dataclasses.replace(config, **changes)
-    if config.metrics is not None:
-        from acp_proxy.shell.sockets.address import AddressError, parse_address
+    from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 
-        try:
-            parse_address(config.metrics, listen=True)
-        except AddressError as exc:
-            parser.error(f"--metrics: {exc}")
-    if config.ui.address is not None:
-        from acp_proxy.shell.sockets.address import AddressError, parse_address
-
-        try:
-            if parse_address(config.ui.address, listen=True).scheme != "tcp":
-                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
-        except AddressError as exc:
-            parser.error(f"--ui: {exc}")
+    for flag, url in (("metrics", config.metrics), ("ui", config.ui.address)):
+        if url is not None:
+            try:
+                parse_endpoint(url, browser=flag == "ui")
+            except AddressError as exc:
+                parser.error(f"--{flag}: {exc}")
     from acp_proxy.shell.logsetup import configure_logging
 
     if args.log_frames:
