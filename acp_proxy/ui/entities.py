@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue, get_field
-from acp_proxy.meta.registry import EntityKey, entity_key, find_upsert
-from acp_proxy.meta.state import ClientModel
+from acp_proxy.meta.registry import EntityKey, find_upsert
+from acp_proxy.meta.state import ClientModel, MessageTurns
 from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, sent_bytes
 from acp_proxy.ui.events import parse_frame
 
@@ -64,13 +64,14 @@ def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
 class EntityView:
     """One session's entities (see the module docstring)."""
 
-    __slots__ = ("_model", "_order", "_tracked", "version")
+    __slots__ = ("_model", "_order", "_tracked", "_turns", "version")
 
     def __init__(self) -> None:
         self.version = DEFAULT_VERSION
         self._model: ClientModel | None = None
         self._tracked: dict[EntityKey, _Tracked] = {}
         self._order: deque[EntityKey] = deque()
+        self._turns = MessageTurns()  # shared with the model: v1 messages without an id
 
     def set_version(self, version: object) -> None:
         """The negotiated protocol version (a ``version`` event); only 1 and 2 are modelled."""
@@ -84,7 +85,12 @@ class EntityView:
         if event.get("event") == "version":
             self.set_version(event.get("protocolVersion"))
             return
-        if event.get("dir") != AGENT_TO_CLIENT or event.get("kind", "message") != "message":
+        if event.get("kind", "message") != "message":
+            return
+        if event.get("dir") != AGENT_TO_CLIENT:
+            # A prompt toward the agent starts a turn: v1 chunks without an id start a new
+            # message then (``MessageTurns``). Only what the agent got counts.
+            self._see_turns(event, frame)
             return
         seq = event.get("seq")
         seq = seq if isinstance(seq, int) else 0
@@ -95,11 +101,24 @@ class EntityView:
         names = event.get("changed_by")
         changed_by = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
         if self._model is None:
-            self._model = ClientModel(self.version)
+            self._model = ClientModel(self.version, self._turns)
+        for value in delivered:
+            for message in _messages(value):
+                self._turns.see(AGENT_TO_CLIENT, message)
         originals = {} if generated else _agent_patches(raw, self.version)
         for value in delivered:
             for message in _messages(value):
                 self._apply(message, seq, originals, changed_by, proxy_wrote=generated)
+
+    def _see_turns(self, event: JsonObject, frame: Field) -> None:
+        if b"session/prompt" not in frame_bytes(event) and frame is OMITTED:
+            return  # parsed only when it can be a prompt request
+        sent = event.get("sent")
+        raw = parse_frame(frame_bytes(event)) if frame is OMITTED else frame
+        delivered = [parse_frame(sent_bytes(s)) for s in sent] if isinstance(sent, list) else [raw]
+        for value in delivered:
+            for message in _messages(value):
+                self._turns.see(str(event.get("dir")), message)
 
     def _apply(
         self,
@@ -112,10 +131,9 @@ class EntityView:
     ) -> None:
         assert self._model is not None
         try:
-            self._model.apply(message)
+            key = self._model.apply(message)
         except (TypeError, ValueError, KeyError, AssertionError):  # a malformed message
             return
-        key = entity_key(message, self.version)
         if key is None:
             return
         tracked = self._track(key, seq)
@@ -136,7 +154,7 @@ class EntityView:
         if tracked is None:
             if len(self._tracked) >= MAX_ENTITIES:
                 return None
-            ident = key[2] if len(key) > 2 else None
+            ident = key[-1] if len(key) > 2 else None  # "#N": a v1 message without an id
             tracked = _Tracked(str(key[0]), key[1], ident, seq)
             self._tracked[key] = tracked
             self._order.append(key)
