@@ -35,6 +35,7 @@ from acp_proxy.cli.options import (
     load_or_report,
     plain_stdio,
     refuse_misspelled_command,
+    search_middleware_paths,
     socket_options,
     usage_error,
 )
@@ -136,6 +137,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     import dataclasses
 
+    search_middleware_paths(parser, args.middleware_path)
     config = load_or_report(config_path)
     if config is None:
         return EXIT_USAGE

@@ -157,8 +157,16 @@ def check_config(argv: Sequence[str]) -> int:
         "error (exit 2).",
     )
     parser.add_argument("file", metavar="FILE")
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of use: entries (repeatable), as the run does",
+    )
     args = parser.parse_args(argv)
-    from acp_proxy.cli.options import load_or_report
+    from acp_proxy.cli.options import load_or_report, search_middleware_paths
+
+    search_middleware_paths(parser, args.middleware_path)
     from acp_proxy.config import explain_config, writable_by_others
 
     # Import the middleware classes but never call them: checking a file runs no code of its

@@ -39,7 +39,7 @@ commands:
 
 examples:
   acp-proxy -- my-agent --acp
-  acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
+  acp-proxy --config rules.yaml --log-level debug -- npx -y @agentclientprotocol/claude-agent-acp
   {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
   acp-proxy check-config rules.yaml
   acp-proxy --record session.jsonl -- my-agent --acp && acp-proxy show session.jsonl
@@ -181,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
+    )
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of the config's use: entries (repeatable; "
+        "adds to middleware_paths:); PYTHONPATH does not reach a proxy installed with pipx",
     )
     telemetry = parser.add_argument_group("telemetry")
     telemetry.add_argument(
@@ -361,6 +368,7 @@ DEFAULTS: dict[str, object] = {
     "log_frames": False,
     "agent_stderr": None,
     "max_frame_bytes": None,
+    "middleware_path": None,
     "record": None,
     "listen": None,
     "connect": None,
@@ -403,6 +411,23 @@ def fast_options(options: Sequence[str]) -> SimpleNamespace | None:
             return None
         values[dest] = value
     return SimpleNamespace(**values)
+
+
+def search_middleware_paths(
+    parser: argparse.ArgumentParser | None, directories: Sequence[str] | None
+) -> None:
+    """``--middleware-path DIR`` (relative to the working directory): searched first for the
+    config's ``use:`` modules; one that is not a directory is a usage error (exit 2)."""
+    if not directories:
+        return
+    import os
+
+    for given in directories:
+        if not os.path.isdir(given):
+            usage_error(parser, f"--middleware-path {given}: not a directory")
+    from acp_proxy.config.imports import search_first
+
+    search_first([os.path.abspath(d) for d in directories])
 
 
 def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:

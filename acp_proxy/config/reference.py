@@ -112,7 +112,7 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
     elif kind is Kind.OPTIONS:
         out["type"] = ["object", "null"]
-    elif kind in (Kind.STRINGS, Kind.REGEXES):
+    elif kind in (Kind.STRINGS, Kind.REGEXES, Kind.DIRECTORIES):
         out.update(type=["array", "null"], items={"type": "string", "minLength": 1})
     else:
         assert kind is Kind.USE, kind

@@ -50,6 +50,7 @@ class Kind(enum.Enum):
     USE = "use"  # "rules" or "package.module:Class"
     STRINGS = "strings"  # a list of non-empty strings
     REGEXES = "regexes"  # a list of regular expressions (Python syntax)
+    DIRECTORIES = "directories"  # a list of directories, relative to the config file's
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "rules",
         Kind.RULES,
         "The annotation rules: which messages to annotate, and the `_meta` keys to set or remove.",
+    ),
+    # Before "middleware": the parser reads the settings in this order, and the directories must
+    # be searched before the middleware classes are imported.
+    Setting(
+        "middleware_paths",
+        Kind.DIRECTORIES,
+        "Directories searched first for the modules of `use:` entries, relative to the config "
+        "file's directory (`--middleware-path` adds more). For code that is not installed: "
+        "PYTHONPATH does not reach a proxy installed with pipx, which starts it with `python -E`.",
+        attr="middleware_paths",
     ),
     Setting(
         "middleware",

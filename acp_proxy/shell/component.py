@@ -408,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ui", metavar="URL", help="serve the live view at URL (e.g. tcp://127.0.0.1:0)"
     )
     parser.add_argument("--max-frame-bytes", type=int, metavar="N")
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of the config's use: entries (repeatable)",
+    )
     return parser
 
 
@@ -416,11 +422,17 @@ def main(argv: Sequence[str]) -> int:
     import dataclasses
 
     from acp_proxy.cli.launch import with_telemetry
-    from acp_proxy.cli.options import CONFIG_ENV, EXIT_USAGE, load_or_report
+    from acp_proxy.cli.options import (
+        CONFIG_ENV,
+        EXIT_USAGE,
+        load_or_report,
+        search_middleware_paths,
+    )
 
     parser = build_parser()
     args = parser.parse_args(list(argv))
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
+    search_middleware_paths(parser, args.middleware_path)
     config = load_or_report(config_path)
     if config is None:
         return EXIT_USAGE
