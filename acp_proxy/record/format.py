@@ -98,6 +98,7 @@ def header(
     config: str | None,
     rules: Sequence[str],
     middleware: Sequence[str],
+    rule_keys: Mapping[str, Sequence[str]] | None = None,
     conn: int | None,
     redactor: Redactor,
     extra_keys: Sequence[str] = (),
@@ -113,6 +114,7 @@ def header(
             "connect": connect,
             "config": config,
             "rules": list(rules),
+            **({"rule_keys": {k: list(v) for k, v in rule_keys.items()}} if rule_keys else {}),
             "middleware": list(middleware),
             "conn": conn,
             "redaction": {

@@ -8,13 +8,18 @@ the state a client holds; beside it, it keeps each entity's metadata updates in 
 a key removed (RFD v2 Metadata Patches: "a key set to null is removed"), a clear (``_meta:
 null``: "clears all stored metadata"), and which of them the proxy wrote rather than the agent
 (a key the agent's frame did not carry with that value, or a follow-up frame the proxy
-inserted), with the rules that changed the frame. Pure; bounded: ``MAX_ENTITIES`` entities per
-session and ``MAX_HISTORY`` updates per entity (older updates are counted, not kept).
+inserted), credited to the rule that writes that key: the session header's ``rule_keys`` (the
+keys each rule writes) picks, among the rules that changed the frame, those that write it; a key
+no such rule writes goes to the other middleware that changed the frame. Without ``rule_keys``
+(a record written before it) every rule and middleware that changed the frame is named. Pure;
+bounded: ``MAX_ENTITIES`` entities per session and ``MAX_HISTORY`` updates per entity (older
+updates are counted, not kept).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -64,14 +69,41 @@ def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
 class EntityView:
     """One session's entities (see the module docstring)."""
 
-    __slots__ = ("_model", "_order", "_tracked", "_turns", "version")
+    __slots__ = ("_model", "_order", "_rule_keys", "_tracked", "_turns", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, rule_keys: Mapping[str, frozenset[str]] | None = None) -> None:
         self.version = DEFAULT_VERSION
+        # "rules:NAME" -> the entity keys rule NAME writes; None: not known.
+        self._rule_keys = rule_keys
         self._model: ClientModel | None = None
         self._tracked: dict[EntityKey, _Tracked] = {}
         self._order: deque[EntityKey] = deque()
         self._turns = MessageTurns()  # shared with the model: v1 messages without an id
+
+    @classmethod
+    def for_header(cls, header: Mapping[str, JsonValue]) -> EntityView:
+        """The view of a session whose header (a record's first line, or the live session's)
+        may name the keys each rule writes (``rule_keys``); one that does not, or names them
+        in another shape, leaves every changer of a frame named."""
+        given = header.get("rule_keys")
+        if not isinstance(given, dict):
+            return cls()
+        keys: dict[str, frozenset[str]] = {}
+        for name, written in given.items():
+            if not isinstance(written, list) or not all(isinstance(k, str) for k in written):
+                return cls()
+            keys[f"rules:{name}"] = frozenset(k for k in written if isinstance(k, str))
+        return cls(keys)
+
+    def credited(self, rules: list[str], key: str) -> list[str]:
+        """Who wrote ``key``, of the rules and middleware ``rules`` that changed its frame."""
+        if self._rule_keys is None:
+            return rules
+        writers = [r for r in rules if key in self._rule_keys.get(r, ())]
+        if writers:
+            return writers
+        others = [r for r in rules if not r.startswith("rules:")]
+        return others or rules
 
     def set_version(self, version: object) -> None:
         """The negotiated protocol version (a ``version`` event); only 1 and 2 are modelled."""
@@ -189,6 +221,7 @@ class EntityView:
         for name, item in meta.items():
             proxy = agent_keys is None or name not in agent_keys or agent_keys[name] != item
             op = "remove" if item is None and self.version == 2 else "set"
+            credited = self.credited(rules, name) if proxy else []
             add(
                 {
                     "seq": seq,
@@ -196,11 +229,11 @@ class EntityView:
                     "key": name,
                     "value": item,
                     "by": "proxy" if proxy else "agent",
-                    "rules": list[JsonValue](rules) if proxy else [],
+                    "rules": list[JsonValue](credited),
                 }
             )
             if proxy and op == "set":
-                tracked.injected[name] = rules
+                tracked.injected[name] = credited
             else:
                 tracked.injected.pop(name, None)
         if self.version == 1:
