@@ -170,3 +170,16 @@ async def test_ui_takes_host_and_port_without_a_scheme() -> None:
 )
 def test_one_edit_apart(a: str, b: str, expected: bool) -> None:
     assert (one_edit_apart(a, b), one_edit_apart(b, a)) == (expected, expected)
+
+
+def test_component_takes_the_same_endpoint_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    from acp_proxy.shell import component
+
+    # --metrics in the HOST:PORT form passes; the --ui on a Unix socket is what is refused.
+    with pytest.raises(SystemExit) as exited:
+        component.main(["--metrics", "127.0.0.1:9464", "--ui", "unix:///run/ui.sock"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "acp-proxy component: error: --ui: the live view needs a tcp:// address "
+        "(a browser speaks TCP)"
+    )
