@@ -5,7 +5,9 @@ defines is called (a config file must not be able to run arbitrary callables, ``
 with ``with: {command: ...}``); its ``with:`` options are checked against the constructor's
 signature; with ``instantiate`` (a run, not ``check-config``) one instance is built at start-up so
 that a constructor that rejects its options fails then, not on the first connection. Errors are
-``ConfigError`` values with the entry's position, like every config error.
+``ConfigError`` values with the entry's position, like every config error. It also owns the
+module search path those imports see: ``middleware_paths`` and ``--middleware-path`` put their
+directories first (``search_first``), and a module not found names an ignored ``PYTHONPATH``.
 """
 
 from __future__ import annotations
