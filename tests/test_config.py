@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
-    "rules, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
+    "rules, middleware_paths, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
     "max_connections, handshake_timeout, allow_remote, metrics_allow_remote, metrics, tracing, "
     "record, ui"

@@ -470,7 +470,7 @@ def test_every_config_field_is_declared() -> None:
 def test_every_setting_is_validated_from_the_table(key: str, setting: Any) -> None:
     """A value of the wrong type is an error at the setting's own path, for every setting."""
     section, _, leaf = key.rpartition(".")
-    lists = setting.kind in (Kind.STRINGS, Kind.REGEXES)
+    lists = setting.kind in (Kind.STRINGS, Kind.REGEXES, Kind.DIRECTORIES)
     wrong = "7" if lists else "[1, 2]"  # a list is right for the list settings
     text = f"{section}:\n  {leaf}: {wrong}\n" if section else f"{leaf}: {wrong}\n"
     (message,) = errors_of(text)

@@ -378,10 +378,10 @@ async def test_metrics_bad_url_is_a_usage_error() -> None:
         ("https://127.0.0.1:9464", "https://127.0.0.1:9464"),  # not served: left to be refused
     ],
 )
-def test_metrics_url_forms(given: str, url: str) -> None:
-    from acp_proxy.telemetry.endpoint import metrics_url
+def test_endpoint_url_forms(given: str, url: str) -> None:
+    from acp_proxy.telemetry.endpoint import endpoint_url
 
-    assert metrics_url(given) == url
+    assert endpoint_url(given) == url
 
 
 @pytest.mark.anyio

@@ -245,5 +245,7 @@ def test_v1_permission_and_chunks() -> None:
     )
     assert model.meta(TC_KEY) == {"x": 1}
     snap = model.snapshot()
-    assert snap["entities"][("agent_message", SID, None)]["fields"] == {"content": [TEXT, TEXT]}
+    # Without a messageId, the chunks of one turn make one message (numbered per session).
+    key = ("agent_message", SID, None, "#1")
+    assert snap["entities"][key]["fields"] == {"content": [TEXT, TEXT]}
     assert snap["snapshots"][("session_plan", SID)] == {"entries": []}

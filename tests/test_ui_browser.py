@@ -171,6 +171,9 @@ def test_the_entity_panel_marks_injected_keys_and_clears(page: Any) -> None:
 
 def test_filters_narrow_the_list(page: Any, agent_frames: int) -> None:
     _wait_count(page, 3 + agent_frames)
+    # Unfiltered, every frame is shown; the rows that are not frames (the session start, the
+    # version) count in neither number, so "shown" is never above "frames".
+    _until(page, lambda p: _number(p, "shown") == _count(p))
     before = int(page.inner_text("#shown"))
     page.fill("#f-update", "tool_call*")
     _until(page, lambda p: _number(p, "shown") < before)

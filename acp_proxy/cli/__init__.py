@@ -23,6 +23,7 @@ from acp_proxy.cli.launch import (
     COLLECT,
     UNCONFIGURED_AGENT,
     collecting,
+    missing_record_directory,
     starts_early,
     with_telemetry,
 )
@@ -34,6 +35,7 @@ from acp_proxy.cli.options import (
     load_or_report,
     plain_stdio,
     refuse_misspelled_command,
+    search_middleware_paths,
     socket_options,
     usage_error,
 )
@@ -135,6 +137,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     import dataclasses
 
+    search_middleware_paths(parser, args.middleware_path)
     config = load_or_report(config_path)
     if config is None:
         return EXIT_USAGE
@@ -152,17 +155,32 @@ def _main(argv: Sequence[str] | None) -> int:
             config, record=dataclasses.replace(config.record, path=args.record)
         )
     if args.ui is not None:
-        config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, address=args.ui))
+        from acp_proxy.telemetry.endpoint import endpoint_url
+
+        config = dataclasses.replace(
+            config, ui=dataclasses.replace(config.ui, address=endpoint_url(args.ui))
+        )
     if args.ui_allow_remote:
         config = dataclasses.replace(config, ui=dataclasses.replace(config.ui, allow_remote=True))
     if config.ui.address is not None:
-        from acp_proxy.shell.sockets.address import AddressError, parse_address
+        from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 
         try:
-            if parse_address(config.ui.address, listen=True).scheme != "tcp":
-                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+            parse_endpoint(config.ui.address, browser=True)
         except AddressError as exc:
             usage_error(parser, f"--ui: {exc}")
+    if config.listen is not None and config.record.path is not None:
+        # Each connection opens its own record: one with no directory to go to would run
+        # unrecorded, connection after connection. Refused now, like the other bad paths.
+        missing = missing_record_directory(config.record.path)
+        if missing is not None:
+            if args.record is not None:
+                where = f"--record {args.record}"
+            else:
+                line = config.lines.get("record")
+                where = f"{config.source}:{line}: record: record.path {config.record.path}"
+            print(f"acp-proxy: {where}: the directory {missing} does not exist", file=sys.stderr)
+            return EXIT_USAGE
     if config.connect is not None and agent_argv:
         where = "--connect" if args.connect else f"connect: in {config.source}"
         usage_error(

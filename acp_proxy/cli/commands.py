@@ -133,9 +133,11 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
                 f"extra) is not installed; add it with: {install_hint()}"
             )
     if config.record.path is not None:
+        from acp_proxy.cli.launch import missing_record_directory
+
         path = config.record.path
-        target = path if path.endswith(os.sep) or os.path.isdir(path) else os.path.dirname(path)
-        if target and not os.path.isdir(target):
+        target = missing_record_directory(path)
+        if target is not None:
             problems.append(
                 f"{where('record')}: record.path {path}: the directory {target} does not exist"
             )
@@ -155,8 +157,16 @@ def check_config(argv: Sequence[str]) -> int:
         "error (exit 2).",
     )
     parser.add_argument("file", metavar="FILE")
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of use: entries (repeatable), as the run does",
+    )
     args = parser.parse_args(argv)
-    from acp_proxy.cli.options import load_or_report
+    from acp_proxy.cli.options import load_or_report, search_middleware_paths
+
+    search_middleware_paths(parser, args.middleware_path)
     from acp_proxy.config import explain_config, writable_by_others
 
     # Import the middleware classes but never call them: checking a file runs no code of its

@@ -75,6 +75,15 @@ def can_record(path: str) -> bool:
     return recorder_can_open(path)
 
 
+def missing_record_directory(path: str) -> str | None:
+    """The directory a record at ``path`` goes into (``path`` itself when it names a directory,
+    else the directory of the file, ``{conn}`` left in the name) when it does not exist, else
+    None. The recorder never creates directories: a session whose record has no directory to
+    go to runs unrecorded, so ``check-config`` and ``--listen`` refuse it at start-up."""
+    target = path if path.endswith(os.sep) or os.path.isdir(path) else os.path.dirname(path)
+    return target if target and not os.path.isdir(target) else None
+
+
 def with_telemetry(
     config: Config, main: Callable[..., Awaitable[int]], *rest: Any
 ) -> tuple[Any, ...]:

@@ -39,7 +39,7 @@ commands:
 
 examples:
   acp-proxy -- my-agent --acp
-  acp-proxy --config rules.yaml --log-level debug -- npx @zed-industries/claude-code-acp
+  acp-proxy --config rules.yaml --log-level debug -- npx -y @agentclientprotocol/claude-agent-acp
   {CONFIG_ENV}=rules.yaml acp-proxy --log-format json --log-file proxy.log -- my-agent
   acp-proxy check-config rules.yaml
   acp-proxy --record session.jsonl -- my-agent --acp && acp-proxy show session.jsonl
@@ -182,6 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of the config's use: entries (repeatable; "
+        "adds to middleware_paths:); PYTHONPATH does not reach a proxy installed with pipx",
+    )
     telemetry = parser.add_argument_group("telemetry")
     telemetry.add_argument(
         "--metrics",
@@ -201,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ui",
         metavar="URL",
         help="serve the live view (a web page of the session's frames and entities, and its "
-        "event stream) at URL, e.g. tcp://127.0.0.1:0; prints its address with an access "
+        "event stream) at URL, in the forms of --metrics but TCP only, e.g. 127.0.0.1:0 or "
+        "tcp://127.0.0.1:0 (port 0: a free one); prints its address with an access "
         "token to stderr (loopback only unless --ui-allow-remote)",
     )
     telemetry.add_argument(
@@ -263,9 +271,9 @@ def socket_options(
         if value is not None:
             changes[key] = value
     if changes.get("metrics") is not None:
-        from acp_proxy.telemetry.endpoint import metrics_url
+        from acp_proxy.telemetry.endpoint import endpoint_url
 
-        changes["metrics"] = metrics_url(str(changes["metrics"]))
+        changes["metrics"] = endpoint_url(str(changes["metrics"]))
     if changes:
         import dataclasses
 
@@ -287,8 +295,11 @@ SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", 
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
-    """``acp-proxy check-conifg x.yaml`` is a typo, not an agent to run: refuse it (exit 2)
-    when the word is close to a subcommand. ``--`` before it says it is the agent's command."""
+    """``acp-proxy check-conifg x.yaml`` or ``acp-proxy shwo x`` is a typo, not an agent to
+    run: refuse it (exit 2) when the word is close to a subcommand (one edit away, or alike by
+    difflib's measure) and no executable of that name is on PATH (running it would only fail
+    with "command not found"). ``--`` before it says it is the agent's command, and is never
+    refused."""
     if word in SUBCOMMANDS:
         parser.error(
             f'"{word}" must come first (acp-proxy {word} ...); to run an agent named {word}, '
@@ -296,12 +307,32 @@ def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> Non
         )
     import difflib  # only for a word that is not an option (start-up time)
 
-    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.8)
+    close = [c for c in SUBCOMMANDS if one_edit_apart(word, c)]
+    close = close or difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.8)
     if close:
+        import shutil
+
+        if shutil.which(word) is not None:
+            return
         parser.error(
             f'unknown command "{word}"; did you mean {close[0]}? (to run an agent named '
             f"{word}, put -- before it)"
         )
+
+
+def one_edit_apart(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with exactly one letter added, left out, replaced, or two
+    neighbouring letters swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    if len(a) == len(b):
+        swapped = a[start : start + 2][::-1] == b[start : start + 2]
+        return a[start + 1 :] == b[start + 1 :] or (swapped and a[start + 2 :] == b[start + 2 :])
+    longer, shorter = (a, b) if len(a) > len(b) else (b, a)
+    return longer[start + 1 :] == shorter[start:]
 
 
 # Start-up time: the options an editor's command line usually holds are read without
@@ -337,6 +368,7 @@ DEFAULTS: dict[str, object] = {
     "log_frames": False,
     "agent_stderr": None,
     "max_frame_bytes": None,
+    "middleware_path": None,
     "record": None,
     "listen": None,
     "connect": None,
@@ -379,6 +411,23 @@ def fast_options(options: Sequence[str]) -> SimpleNamespace | None:
             return None
         values[dest] = value
     return SimpleNamespace(**values)
+
+
+def search_middleware_paths(
+    parser: argparse.ArgumentParser | None, directories: Sequence[str] | None
+) -> None:
+    """``--middleware-path DIR`` (relative to the working directory): searched first for the
+    config's ``use:`` modules; one that is not a directory is a usage error (exit 2)."""
+    if not directories:
+        return
+    import os
+
+    for given in directories:
+        if not os.path.isdir(given):
+            usage_error(parser, f"--middleware-path {given}: not a directory")
+    from acp_proxy.config.imports import search_first
+
+    search_first([os.path.abspath(d) for d in directories])
 
 
 def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:

@@ -55,6 +55,8 @@ def explain_config(config: Config) -> str:
                 lines.append(f"     remove {key}")
     else:
         lines.append("rules: none")
+    if config.middleware_paths:
+        lines.append(f"middleware paths: {', '.join(config.middleware_paths)}")
     if config.middleware:
         lines.append("middleware chain (in order):")
         for i, spec in enumerate(config.middleware, 1):

@@ -5,7 +5,9 @@ defines is called (a config file must not be able to run arbitrary callables, ``
 with ``with: {command: ...}``); its ``with:`` options are checked against the constructor's
 signature; with ``instantiate`` (a run, not ``check-config``) one instance is built at start-up so
 that a constructor that rejects its options fails then, not on the first connection. Errors are
-``ConfigError`` values with the entry's position, like every config error.
+``ConfigError`` values with the entry's position, like every config error. It also owns the
+module search path those imports see: ``middleware_paths`` and ``--middleware-path`` put their
+directories first (``search_first``), and a module not found names an ignored ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import os
 import re
+import sys
+from collections.abc import Sequence
 
 from yaml.nodes import MappingNode, Node, ScalarNode
 
@@ -25,6 +30,30 @@ from acp_proxy.config.schema import BUILTIN_RULES
 from acp_proxy.wire.chain import BaseMiddleware, Middleware
 
 _USE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def search_first(directories: Sequence[str]) -> None:
+    """Put ``directories`` at the front of the module search path, in their order (one already
+    there moves to the front): ``middleware_paths`` and ``--middleware-path``, which reach a
+    Python that ignores ``PYTHONPATH``."""
+    for directory in reversed(directories):
+        if directory in sys.path:
+            sys.path.remove(directory)
+        sys.path.insert(0, directory)
+    importlib.invalidate_caches()
+
+
+def _ignored_pythonpath(exc: ImportError) -> str:
+    """Why a module on ``PYTHONPATH`` is not found, when this Python ignores the variable."""
+    missing = isinstance(exc, ModuleNotFoundError)
+    if not (missing and sys.flags.ignore_environment and os.environ.get("PYTHONPATH")):
+        return ""
+    return (
+        " (PYTHONPATH is set but this Python ignores it: it runs with -E, as pipx starts its "
+        "tools; name the directory under middleware_paths: in the config or pass "
+        "--middleware-path DIR, or install the package into the tool's environment: pipx "
+        "inject acp-proxy PACKAGE)"
+    )
 
 
 def import_middleware(
@@ -52,7 +81,9 @@ def import_middleware(
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as exc:
-        raise reader.error(unode, upath, f'cannot import module "{module_name}": {exc}') from exc
+        raise reader.error(
+            unode, upath, f'cannot import module "{module_name}": {exc}{_ignored_pythonpath(exc)}'
+        ) from exc
     except Exception as exc:
         raise reader.error(
             unode,

@@ -117,6 +117,8 @@ class Config:
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
     source: str | None = None  # the file it came from; None for the built-in default
     middleware: tuple[MiddlewareSpec, ...] = ()
+    # Directories searched first for the modules of `use:` entries (absolute; middleware_paths).
+    middleware_paths: tuple[str, ...] = ()
     v1_mode: V1Mode = V1Mode.SAFE
     v1_max_entities: int = 10_000
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES

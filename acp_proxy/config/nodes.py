@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import enum
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
@@ -210,6 +211,30 @@ class NodeReader:
             out.append(value)
         return tuple(out)
 
+    def directories(self, node: Node, path: str) -> tuple[str, ...]:
+        """Existing directories, a relative one taken from the config file's directory; each
+        error recorded."""
+        base = os.path.dirname(os.path.abspath(self.source))
+        out: list[str] = []
+        for i, item in enumerate(self.sequence(node, path, "a list of directories")):
+            ipath = f"{path}[{i}]"
+            with self.collecting():
+                value = self.string(item, ipath, expected="a directory")
+                if not value:
+                    raise self.error(item, ipath, "must not be empty")
+                full = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+                if not os.path.isdir(full):
+                    what = "is a file" if os.path.exists(full) else "does not exist"
+                    raise self.error(
+                        item,
+                        ipath,
+                        f"{_quote(value)} is not a directory ({full} {what}); a relative path "
+                        "is taken from the config file's directory",
+                    )
+                if full not in out:
+                    out.append(full)
+        return tuple(out)
+
     def optional_string(self, node: Node, path: str, *, expected: str) -> str | None:
         if isinstance(node, ScalarNode) and node.tag == _NULL:
             return None
@@ -347,14 +372,14 @@ class NodeReader:
 
     # -- sections
 
-    def address(self, node: Node, path: str, *, listen: bool, metrics: bool = False) -> str | None:
+    def address(self, node: Node, path: str, *, listen: bool, http: bool = False) -> str | None:
         value = self.optional_string(node, path, expected=_ADDRESS_HELP)
         if value is None:
             return None
-        if metrics:  # also HOST:PORT and http://HOST:PORT (telemetry.endpoint)
-            from acp_proxy.telemetry.endpoint import metrics_url
+        if http:  # an HTTP endpoint: also HOST:PORT and http://HOST:PORT (telemetry.endpoint)
+            from acp_proxy.telemetry.endpoint import endpoint_url
 
-            value = metrics_url(value)
+            value = endpoint_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
         if sep and scheme == "unix":
@@ -386,14 +411,13 @@ class NodeReader:
             assert setting.choices is not None
             return self.choice(node, path, setting.choices)
         if kind is Kind.ADDRESS:
-            value = self.address(
-                node, path, listen=setting.listen, metrics=setting.key == "metrics"
-            )
-            return value
+            return self.address(node, path, listen=setting.listen, http=setting.http)
         if kind is Kind.STRING:
             return self.string(node, path)
         if kind in (Kind.STRINGS, Kind.REGEXES):
             return self.strings(node, path, regex=kind is Kind.REGEXES)
+        if kind is Kind.DIRECTORIES:
+            return self.directories(node, path)
         assert kind is Kind.ENV, kind
         return self.env(node, path)
 

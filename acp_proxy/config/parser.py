@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check, breaches
-from acp_proxy.config.imports import import_middleware
+from acp_proxy.config.imports import import_middleware, search_first
 from acp_proxy.config.model import (
     BUFFER_SLACK_BYTES,
     Config,
@@ -378,6 +378,8 @@ class _Parser(NodeReader):
                     changes[setting.attr] = self.setting(node, key, setting)
             if setting.kind is Kind.MIDDLEWARE and len(self.errors) > before:
                 middleware_ok = False
+            if setting.kind is Kind.DIRECTORIES and "middleware_paths" in changes:
+                search_first(changes["middleware_paths"])
         self._buffer_bound(top, changes, d)
         rules_factory = _RulesFactory(
             rules,

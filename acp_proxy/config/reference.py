@@ -73,7 +73,7 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
     elif kind is Kind.ADDRESS:
         pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
-        if setting.key == "metrics":  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
+        if setting.http:  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
             pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
         out["anyOf"] = [
             {"type": "null"},
@@ -112,7 +112,7 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"type": "string", **_META_KEY})
     elif kind is Kind.OPTIONS:
         out["type"] = ["object", "null"]
-    elif kind in (Kind.STRINGS, Kind.REGEXES):
+    elif kind in (Kind.STRINGS, Kind.REGEXES, Kind.DIRECTORIES):
         out.update(type=["array", "null"], items={"type": "string", "minLength": 1})
     else:
         assert kind is Kind.USE, kind

@@ -87,6 +87,17 @@ class RuleTarget(enum.StrEnum):
     MESSAGE = "message"
 
 
+def entity_keys_by_rule(rules: Iterable[Rule]) -> dict[str, list[str]]:
+    """The entity `_meta` keys each rule writes (sets or removes), sorted, for the rules that
+    edit an entity's metadata: what lets a viewer credit a key to the rule that wrote it rather
+    than to every rule that changed the frame."""
+    return {
+        rule.name: sorted({*rule.set_meta, *rule.remove_meta})
+        for rule in rules
+        if rule.target is RuleTarget.ENTITY and (rule.set_meta or rule.remove_meta)
+    }
+
+
 def is_glob(pattern: str) -> bool:
     """True if ``pattern`` uses fnmatch wildcards (``*``, ``?``, ``[...]``)."""
     return any(c in pattern for c in "*?[")

@@ -50,6 +50,7 @@ class Kind(enum.Enum):
     USE = "use"  # "rules" or "package.module:Class"
     STRINGS = "strings"  # a list of non-empty strings
     REGEXES = "regexes"  # a list of regular expressions (Python syntax)
+    DIRECTORIES = "directories"  # a list of directories, relative to the config file's
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ class Setting:
     positive: bool = False  # SECONDS: > 0 instead of >= 0
     choices: type[enum.StrEnum] | None = None  # CHOICE
     listen: bool = False  # ADDRESS: port 0 allowed
+    # ADDRESS of an HTTP endpoint (metrics, the live view): also HOST:PORT and http://HOST:PORT,
+    # the forms of telemetry.endpoint, one syntax for both.
+    http: bool = False
     children: tuple[Setting, ...] = ()  # SECTION
     default_doc: str | None = None  # README default where the value itself says little
     required: str | None = None  # a rule or middleware field that must be given: the error
@@ -77,6 +81,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "rules",
         Kind.RULES,
         "The annotation rules: which messages to annotate, and the `_meta` keys to set or remove.",
+    ),
+    # Before "middleware": the parser reads the settings in this order, and the directories must
+    # be searched before the middleware classes are imported.
+    Setting(
+        "middleware_paths",
+        Kind.DIRECTORIES,
+        "Directories searched first for the modules of `use:` entries, relative to the config "
+        "file's directory (`--middleware-path` adds more). For code that is not installed: "
+        "PYTHONPATH does not reach a proxy installed with pipx, which starts it with `python -E`.",
+        attr="middleware_paths",
     ),
     Setting(
         "middleware",
@@ -270,6 +284,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "The command line wins.",
         attr="metrics",
         listen=True,
+        http=True,
         default_doc="off",
     ),
     Setting(
@@ -348,11 +363,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             Setting(
                 "address",
                 Kind.ADDRESS,
-                "`tcp://HOST:PORT`: serve the live view there (loopback only unless "
-                "`ui.allow_remote`); the URL with its access token is printed to stderr. `--ui` "
-                "wins.",
+                "`tcp://HOST:PORT` (or `HOST:PORT`, `http://HOST:PORT`, as for `metrics`): serve "
+                "the live view there (loopback only unless `ui.allow_remote`); the URL with its "
+                "access token is printed to stderr. `--ui` wins.",
                 attr="address",
                 listen=True,
+                http=True,
                 default_doc="off",
             ),
             Setting(

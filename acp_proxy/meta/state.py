@@ -23,6 +23,12 @@ clears it, omission or a non-object leaves it unchanged; v1 ``tool_call`` (re)cr
 from its fields and `_meta` alone. v1 fields apply like v2's (a ``null`` clears): the v1 merge in
 ``acp_proxy.meta.updates`` never relies on this reading, so coalescing checks stay valid for
 receivers that read ``null`` as "unchanged".
+
+v1 chunks may omit ``messageId``: a client then appends them to the message being streamed, and
+a new message starts with each turn (a `session/prompt` request, or its response, ends the
+session's messages without an id). ``MessageTurns`` numbers those messages per session and kind,
+``#1``, ``#2``, in order; the model keys them ``(kind, sessionId, None, "#1")``. It learns the
+turns from ``MessageTurns.see``, called with the messages of both directions.
 """
 
 from __future__ import annotations
@@ -59,28 +65,86 @@ class _Entity:
     chunks: dict[str, list[JsonValue]] = field(default_factory=dict)
 
 
+PROMPT = "session/prompt"
+MAX_PROMPTS_PENDING = 1024  # prompt requests awaiting their response, oldest forgotten first
+
+
+class MessageTurns:
+    """Which message a chunk without a ``messageId`` (v1) continues: the one of its session and
+    kind being streamed, until a turn ends it (a `session/prompt` request or its response)."""
+
+    __slots__ = ("_ended", "_open", "_prompts")
+
+    def __init__(self) -> None:
+        self._ended: dict[str, int] = {}  # sessionId -> turn boundaries seen
+        # (kind, sessionId) -> (boundaries when its message started, the message's number)
+        self._open: dict[tuple[JsonValue, JsonValue], tuple[int, int]] = {}
+        self._prompts: dict[tuple[str, JsonValue], str] = {}  # request id -> sessionId
+
+    def see(self, direction: str, message: JsonObject) -> None:
+        """Note one message of either direction (``client_to_agent`` or ``agent_to_client``):
+        a prompt request toward the agent, or the response to one, is a turn boundary."""
+        request_id = message.get("id")
+        if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+            return
+        ident = (type(request_id).__name__, request_id)
+        if direction == "client_to_agent" and message.get("method") == PROMPT:
+            params = message.get("params")
+            session = params.get("sessionId") if isinstance(params, dict) else None
+            if isinstance(session, str):
+                self._boundary(session)
+                self._prompts[ident] = session
+                if len(self._prompts) > MAX_PROMPTS_PENDING:
+                    del self._prompts[next(iter(self._prompts))]
+        elif direction == "agent_to_client" and "method" not in message:
+            session = self._prompts.pop(ident, None)
+            if session is not None:
+                self._boundary(session)
+
+    def _boundary(self, session: str) -> None:
+        self._ended[session] = self._ended.get(session, 0) + 1
+
+    def key(self, key: EntityKey) -> EntityKey:
+        """``key`` itself, or for a chunk without an id ``(kind, sessionId, None, "#N")``:
+        the message it continues, or a new one after a turn boundary. Asking again for the
+        same chunk gives the same key."""
+        if len(key) != 3 or key[2] is not None:
+            return key
+        session = key[1]
+        ended = self._ended.get(session, 0) if isinstance(session, str) else 0
+        started, number = self._open.get((key[0], session), (-1, 0))
+        if started != ended:
+            number += 1
+            self._open[(key[0], session)] = (ended, number)
+        return (key[0], session, None, f"#{number}")
+
+
 class ClientModel:
-    """The state an ACP client holds after receiving messages, for protocol ``version`` 1 or 2."""
+    """The state an ACP client holds after receiving messages, for protocol ``version`` 1 or 2.
+    ``turns``: where chunks without an id learn their message (shared with a caller that
+    labels them too)."""
 
-    __slots__ = ("_entities", "_events", "_snapshots", "version")
+    __slots__ = ("_entities", "_events", "_snapshots", "turns", "version")
 
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, turns: MessageTurns | None = None) -> None:
         if version not in UPSERT_KINDS:
             raise ValueError(f"unsupported protocol version {version!r}; expected 1 or 2")
         self.version = version
+        self.turns = turns if turns is not None else MessageTurns()
         self._entities: dict[EntityKey, _Entity] = {}
         self._snapshots: dict[EntityKey, JsonObject] = {}
         self._events: list[JsonObject] = []
 
-    def apply(self, message: JsonObject) -> None:
-        """Apply one received JSON-RPC message (see the module docstring for the rules)."""
+    def apply(self, message: JsonObject) -> EntityKey | None:
+        """Apply one received JSON-RPC message (see the module docstring for the rules); the
+        key of the entity it stored, if any."""
         site = find_upsert(message, self.version)
         if site is not None:
             self._apply_upsert(site.spec, site.entity, site.obj)
-            return
+            return site.entity
         kind = session_update_kind(message)
         if kind is None:
-            return  # not a session/update: requests, responses, other notifications
+            return None  # not a session/update: requests, responses, other notifications
         params = message["params"]
         assert isinstance(params, dict)
         update = params["update"]
@@ -91,7 +155,9 @@ class ClientModel:
         if key is None or kind in EVENT_KINDS:
             # Unknown kinds, notices and malformed known kinds: kept raw, in receive order.
             self._events.append({"sessionId": params.get("sessionId"), "update": update})
-        elif chunk is not None:
+            return None
+        if chunk is not None:
+            key = self.turns.key(key)
             entity = self._entities.setdefault(key, _Entity())
             value = update.get(chunk.value_field)
             if chunk.target == "output":
@@ -113,6 +179,7 @@ class ClientModel:
         else:
             assert kind in REMOVAL_KINDS  # entity_key() knows no other kind
             self._snapshots.pop(key, None)
+        return key
 
     def _apply_upsert(self, spec: UpsertKind, key: EntityKey, obj: JsonObject) -> None:
         if spec.meta_rule is MetaRule.CREATE:

@@ -12,7 +12,8 @@ A line is one JSON object:
 
 - the header (first line): ``{"acp-proxy-record": 1, "started": ISO-8601, "version": ...,
   "agent": argv | null, "connect": address | null, "config": path | null, "rules": [...],
-  "middleware": [...], "conn": id | null, "redaction": {...}}``;
+  "rule_keys": {rule: [entity _meta keys it writes]} (when rules write any), "middleware":
+  [...], "conn": id | null, "redaction": {...}}``;
 - a frame: ``{"t": seconds since start, "dir": "client_to_agent" | "agent_to_client",
   "raw": text}`` (``raw_b64`` instead of ``raw`` when the frame is not UTF-8), plus ``"sent"``
   (the frames the proxy wrote instead; ``[]``: dropped or diverted) and ``"changed_by"`` when
@@ -98,6 +99,7 @@ def header(
     config: str | None,
     rules: Sequence[str],
     middleware: Sequence[str],
+    rule_keys: Mapping[str, Sequence[str]] | None = None,
     conn: int | None,
     redactor: Redactor,
     extra_keys: Sequence[str] = (),
@@ -113,6 +115,7 @@ def header(
             "connect": connect,
             "config": config,
             "rules": list(rules),
+            **({"rule_keys": {k: list(v) for k, v in rule_keys.items()}} if rule_keys else {}),
             "middleware": list(middleware),
             "conn": conn,
             "redaction": {

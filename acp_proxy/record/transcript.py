@@ -23,7 +23,7 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
-from acp_proxy.meta.state import ClientModel
+from acp_proxy.meta.state import ClientModel, MessageTurns
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
@@ -256,6 +256,8 @@ class Transcript:
     _pending: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     _model: ClientModel | None = None  # the client's state, once the version is known
     _early: list[JsonObject] = field(default_factory=list)  # received before the version
+    # Which message a v1 chunk without an id belongs to (shared with the model): one per turn.
+    _turns: MessageTurns = field(default_factory=MessageTurns)
 
     def feed(self, entry: Mapping[str, JsonValue]) -> Row | None:
         """The row for one record line (``None`` for the header); the line was checked by
@@ -280,6 +282,9 @@ class Transcript:
         kind = entry.get("kind")
         sent = entry.get("sent")
         generated = bool(entry.get("generated"))
+        for message in value if isinstance(value, list) else [value]:
+            if isinstance(message, dict):
+                self._turns.see(direction, message)
         messages = self._messages(direction, value, t)
         changed_by = tuple(str(c) for c in entry.get("changed_by") or ())  # type: ignore[union-attr]
         dropped = isinstance(sent, list) and not sent
@@ -323,7 +328,7 @@ class Transcript:
         self._model.apply(message)
 
     def _start_model(self) -> None:
-        self._model = ClientModel(self.version if self.version in (1, 2) else 2)
+        self._model = ClientModel(self.version if self.version in (1, 2) else 2, self._turns)
         early, self._early = self._early, []
         for message in early:
             self._model.apply(message)
@@ -359,6 +364,7 @@ class Transcript:
         if isinstance(method, str):
             update = session_update_kind(m)
             key = entity_key(m, self.version or 2) if update is not None else None
+            key = self._turns.key(key) if key is not None else None
             entity = f"{key[0]}:{key[-1]}" if key else None
             kind = "request" if "id" in m else "notification"
             return Message(kind, method, m.get("id"), update, entity, session)

@@ -408,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ui", metavar="URL", help="serve the live view at URL (e.g. tcp://127.0.0.1:0)"
     )
     parser.add_argument("--max-frame-bytes", type=int, metavar="N")
+    parser.add_argument(
+        "--middleware-path",
+        action="append",
+        metavar="DIR",
+        help="search DIR first for the modules of the config's use: entries (repeatable)",
+    )
     return parser
 
 
@@ -416,11 +422,17 @@ def main(argv: Sequence[str]) -> int:
     import dataclasses
 
     from acp_proxy.cli.launch import with_telemetry
-    from acp_proxy.cli.options import CONFIG_ENV, EXIT_USAGE, load_or_report
+    from acp_proxy.cli.options import (
+        CONFIG_ENV,
+        EXIT_USAGE,
+        load_or_report,
+        search_middleware_paths,
+    )
 
     parser = build_parser()
     args = parser.parse_args(list(argv))
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
+    search_middleware_paths(parser, args.middleware_path)
     config = load_or_report(config_path)
     if config is None:
         return EXIT_USAGE
@@ -429,27 +441,22 @@ def main(argv: Sequence[str]) -> int:
         changes["max_frame_bytes"] = args.max_frame_bytes
     if args.record is not None:
         changes["record"] = dataclasses.replace(config.record, path=args.record)
+    from acp_proxy.telemetry.endpoint import endpoint_url
+
     if args.metrics is not None:
-        changes["metrics"] = args.metrics
+        changes["metrics"] = endpoint_url(args.metrics)
     if args.ui is not None:
-        changes["ui"] = dataclasses.replace(config.ui, address=args.ui)
+        changes["ui"] = dataclasses.replace(config.ui, address=endpoint_url(args.ui))
     if changes:
         config = dataclasses.replace(config, **changes)
-    if config.metrics is not None:
-        from acp_proxy.shell.sockets.address import AddressError, parse_address
+    from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 
-        try:
-            parse_address(config.metrics, listen=True)
-        except AddressError as exc:
-            parser.error(f"--metrics: {exc}")
-    if config.ui.address is not None:
-        from acp_proxy.shell.sockets.address import AddressError, parse_address
-
-        try:
-            if parse_address(config.ui.address, listen=True).scheme != "tcp":
-                raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
-        except AddressError as exc:
-            parser.error(f"--ui: {exc}")
+    for flag, url in (("metrics", config.metrics), ("ui", config.ui.address)):
+        if url is not None:
+            try:
+                parse_endpoint(url, browser=flag == "ui")
+            except AddressError as exc:
+                parser.error(f"--{flag}: {exc}")
     from acp_proxy.shell.logsetup import configure_logging
 
     if args.log_frames:

@@ -80,7 +80,7 @@ def find_proxy(proc: str = "/proc") -> int | None:
 def healthz(url: str) -> tuple[bool, str]:
     """GET ``/healthz`` at a ``tcp://HOST:PORT`` or ``unix:///PATH`` URL (or another form
     ``--metrics`` accepts: ``HOST:PORT``, ``http://HOST:PORT``): (healthy, why)."""
-    from acp_proxy.telemetry.endpoint import metrics_url as listener_form
+    from acp_proxy.telemetry.endpoint import endpoint_url as listener_form
 
     scheme, _, rest = listener_form(url).partition("://")
     try:

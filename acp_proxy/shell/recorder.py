@@ -285,6 +285,7 @@ class Recorder:
                 config=config.source,
                 rules=config.rule_names,
                 middleware=[spec.name for spec in config.middleware],
+                rule_keys=_rule_keys(config),
                 conn=conn,
                 redactor=redactor,
                 extra_keys=settings.redact,
@@ -408,6 +409,16 @@ class Recorder:
                 reported_in_file="by its lost lines, except those of the last "
                 f"{wait:g} s when the file took nothing more",
             )
+
+
+def _rule_keys(config: Config) -> dict[str, list[str]] | None:
+    """The entity `_meta` keys each rule writes, for the header (a viewer credits each key to
+    its rule); the rules engine is imported only when there are rules (start-up time)."""
+    if not config.rules:
+        return None
+    from acp_proxy.config.rules import entity_keys_by_rule
+
+    return entity_keys_by_rule(config.rules)
 
 
 def open_recorder(

@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the live view's page over the record instead, like acp-proxy ui FILE "
+        "(prints its URL with an access token to stderr; Ctrl-C stops)",
+    )
+    parser.add_argument(
         "--color",
         choices=("auto", "always", "never"),
         default="auto",

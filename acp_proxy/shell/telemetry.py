@@ -31,10 +31,9 @@ import anyio
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger, say_fatal
-from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
-from acp_proxy.telemetry.endpoint import metrics_url
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
@@ -198,7 +197,7 @@ async def run_with_metrics(
     """
     log = get_logger()
     try:
-        address = parse_address(metrics_url(url), listen=True)
+        address = parse_endpoint(url, browser=False)
         listener = await open_listener(
             address, allow_remote=allow_remote, log=log, exposure=METRICS_EXPOSURE
         )

@@ -30,7 +30,7 @@ import anyio
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.base.values import value
 from acp_proxy.record.format import (
     AGENT_TO_CLIENT,
@@ -114,7 +114,7 @@ class _Session:
     def __init__(self, conn: int, header: JsonObject) -> None:
         self.conn = conn
         self.header = header
-        self.view = EntityView()
+        self.view = EntityView.for_header(header)
         self.ended = False
 
 
@@ -180,6 +180,8 @@ class UiHub:
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
     def session_observer(self, session: Any) -> UiTap:
+        from acp_proxy.config.rules import entity_keys_by_rule
+
         config = session.config
         header: JsonObject = {
             "acp-proxy-record": 1,
@@ -187,6 +189,10 @@ class UiHub:
             "version": __version__,
             "config": config.source,
             "rules": list(config.rule_names),
+            "rule_keys": {
+                name: list[JsonValue](keys)
+                for name, keys in entity_keys_by_rule(config.rules).items()
+            },
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header)

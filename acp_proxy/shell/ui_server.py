@@ -37,7 +37,7 @@ from acp_proxy.config.model import UiConfig
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger, say_fatal
-from acp_proxy.shell.sockets.address import AddressError, parse_address
+from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
@@ -356,9 +356,7 @@ async def _serving(
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
     try:
-        address = parse_address(url, listen=True)
-        if address.scheme != "tcp":
-            raise AddressError("the live view needs a tcp:// address (a browser speaks TCP)")
+        address = parse_endpoint(url, browser=True)
         listener = await open_listener(
             address, allow_remote=allow_remote, log=log, exposure=exposure
         )

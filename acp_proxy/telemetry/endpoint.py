@@ -1,16 +1,17 @@
-"""The metrics endpoint's address forms.
+"""The address forms of the proxy's HTTP endpoints: ``--metrics`` and ``--ui``.
 
-Contract: owns which spellings ``--metrics`` (and ``metrics:`` in the config) accepts besides the
-listener syntax ``tcp://HOST:PORT`` / ``unix:///PATH``: ``HOST:PORT`` and ``http://HOST:PORT``
-(with an optional path, ignored: the endpoint serves /metrics, /healthz and /readyz), as a
-Prometheus target or a browser URL is written. Pure: it rewrites the text, the socket layer
-parses and checks the result.
+Contract: owns which spellings ``--metrics``, ``--ui`` (and ``metrics:``, ``ui.address:`` in the
+config) accept besides the listener syntax ``tcp://HOST:PORT`` / ``unix:///PATH``: ``HOST:PORT``
+and ``http://HOST:PORT`` (with an optional path, ignored: each endpoint serves its own paths),
+as a Prometheus target or a browser URL is written. One function for both, so that the two
+options never accept different forms. Pure: it rewrites the text, the socket layer parses and
+checks the result (``shell.sockets.address.parse_endpoint``).
 """
 
 from __future__ import annotations
 
 
-def metrics_url(url: str) -> str:
+def endpoint_url(url: str) -> str:
     """``url`` in the listener syntax; anything it does not recognise is returned unchanged
     (the address parser then explains what is expected)."""
     if url.startswith("http://"):

@@ -8,19 +8,24 @@ the state a client holds; beside it, it keeps each entity's metadata updates in 
 a key removed (RFD v2 Metadata Patches: "a key set to null is removed"), a clear (``_meta:
 null``: "clears all stored metadata"), and which of them the proxy wrote rather than the agent
 (a key the agent's frame did not carry with that value, or a follow-up frame the proxy
-inserted), with the rules that changed the frame. Pure; bounded: ``MAX_ENTITIES`` entities per
-session and ``MAX_HISTORY`` updates per entity (older updates are counted, not kept).
+inserted), credited to the rule that writes that key: the session header's ``rule_keys`` (the
+keys each rule writes) picks, among the rules that changed the frame, those that write it; a key
+no such rule writes goes to the other middleware that changed the frame. Without ``rule_keys``
+(a record written before it) every rule and middleware that changed the frame is named. Pure;
+bounded: ``MAX_ENTITIES`` entities per session and ``MAX_HISTORY`` updates per entity (older
+updates are counted, not kept).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue, get_field
-from acp_proxy.meta.registry import EntityKey, entity_key, find_upsert
-from acp_proxy.meta.state import ClientModel
+from acp_proxy.meta.registry import EntityKey, find_upsert
+from acp_proxy.meta.state import ClientModel, MessageTurns
 from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, sent_bytes
 from acp_proxy.ui.events import parse_frame
 
@@ -64,13 +69,41 @@ def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
 class EntityView:
     """One session's entities (see the module docstring)."""
 
-    __slots__ = ("_model", "_order", "_tracked", "version")
+    __slots__ = ("_model", "_order", "_rule_keys", "_tracked", "_turns", "version")
 
-    def __init__(self) -> None:
+    def __init__(self, rule_keys: Mapping[str, frozenset[str]] | None = None) -> None:
         self.version = DEFAULT_VERSION
+        # "rules:NAME" -> the entity keys rule NAME writes; None: not known.
+        self._rule_keys = rule_keys
         self._model: ClientModel | None = None
         self._tracked: dict[EntityKey, _Tracked] = {}
         self._order: deque[EntityKey] = deque()
+        self._turns = MessageTurns()  # shared with the model: v1 messages without an id
+
+    @classmethod
+    def for_header(cls, header: Mapping[str, JsonValue]) -> EntityView:
+        """The view of a session whose header (a record's first line, or the live session's)
+        may name the keys each rule writes (``rule_keys``); one that does not, or names them
+        in another shape, leaves every changer of a frame named."""
+        given = header.get("rule_keys")
+        if not isinstance(given, dict):
+            return cls()
+        keys: dict[str, frozenset[str]] = {}
+        for name, written in given.items():
+            if not isinstance(written, list) or not all(isinstance(k, str) for k in written):
+                return cls()
+            keys[f"rules:{name}"] = frozenset(k for k in written if isinstance(k, str))
+        return cls(keys)
+
+    def credited(self, rules: list[str], key: str) -> list[str]:
+        """Who wrote ``key``, of the rules and middleware ``rules`` that changed its frame."""
+        if self._rule_keys is None:
+            return rules
+        writers = [r for r in rules if key in self._rule_keys.get(r, ())]
+        if writers:
+            return writers
+        others = [r for r in rules if not r.startswith("rules:")]
+        return others or rules
 
     def set_version(self, version: object) -> None:
         """The negotiated protocol version (a ``version`` event); only 1 and 2 are modelled."""
@@ -84,7 +117,12 @@ class EntityView:
         if event.get("event") == "version":
             self.set_version(event.get("protocolVersion"))
             return
-        if event.get("dir") != AGENT_TO_CLIENT or event.get("kind", "message") != "message":
+        if event.get("kind", "message") != "message":
+            return
+        if event.get("dir") != AGENT_TO_CLIENT:
+            # A prompt toward the agent starts a turn: v1 chunks without an id start a new
+            # message then (``MessageTurns``). Only what the agent got counts.
+            self._see_turns(event, frame)
             return
         seq = event.get("seq")
         seq = seq if isinstance(seq, int) else 0
@@ -95,11 +133,24 @@ class EntityView:
         names = event.get("changed_by")
         changed_by = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
         if self._model is None:
-            self._model = ClientModel(self.version)
+            self._model = ClientModel(self.version, self._turns)
+        for value in delivered:
+            for message in _messages(value):
+                self._turns.see(AGENT_TO_CLIENT, message)
         originals = {} if generated else _agent_patches(raw, self.version)
         for value in delivered:
             for message in _messages(value):
                 self._apply(message, seq, originals, changed_by, proxy_wrote=generated)
+
+    def _see_turns(self, event: JsonObject, frame: Field) -> None:
+        if b"session/prompt" not in frame_bytes(event) and frame is OMITTED:
+            return  # parsed only when it can be a prompt request
+        sent = event.get("sent")
+        raw = parse_frame(frame_bytes(event)) if frame is OMITTED else frame
+        delivered = [parse_frame(sent_bytes(s)) for s in sent] if isinstance(sent, list) else [raw]
+        for value in delivered:
+            for message in _messages(value):
+                self._turns.see(str(event.get("dir")), message)
 
     def _apply(
         self,
@@ -112,10 +163,9 @@ class EntityView:
     ) -> None:
         assert self._model is not None
         try:
-            self._model.apply(message)
+            key = self._model.apply(message)
         except (TypeError, ValueError, KeyError, AssertionError):  # a malformed message
             return
-        key = entity_key(message, self.version)
         if key is None:
             return
         tracked = self._track(key, seq)
@@ -136,7 +186,7 @@ class EntityView:
         if tracked is None:
             if len(self._tracked) >= MAX_ENTITIES:
                 return None
-            ident = key[2] if len(key) > 2 else None
+            ident = key[-1] if len(key) > 2 else None  # "#N": a v1 message without an id
             tracked = _Tracked(str(key[0]), key[1], ident, seq)
             self._tracked[key] = tracked
             self._order.append(key)
@@ -171,6 +221,7 @@ class EntityView:
         for name, item in meta.items():
             proxy = agent_keys is None or name not in agent_keys or agent_keys[name] != item
             op = "remove" if item is None and self.version == 2 else "set"
+            credited = self.credited(rules, name) if proxy else []
             add(
                 {
                     "seq": seq,
@@ -178,11 +229,11 @@ class EntityView:
                     "key": name,
                     "value": item,
                     "by": "proxy" if proxy else "agent",
-                    "rules": list[JsonValue](rules) if proxy else [],
+                    "rules": list[JsonValue](credited),
                 }
             )
             if proxy and op == "set":
-                tracked.injected[name] = rules
+                tracked.injected[name] = credited
             else:
                 tracked.injected.pop(name, None)
         if self.version == 1:

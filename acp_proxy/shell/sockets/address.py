@@ -1,8 +1,9 @@
 """Socket addresses: ``tcp://HOST:PORT``, ``tcp://[IPV6]:PORT``, ``unix:///ABSOLUTE/PATH``.
 
-Contract: owns parsing the socket URLs of ``--listen``, ``--connect`` and ``--metrics`` into an
-``Address`` (with an error that says what would be valid), the loopback rule's test of an IP,
-and the exit codes of the socket modes. Pure: it never opens a socket or resolves a name.
+Contract: owns parsing the socket URLs of ``--listen``, ``--connect``, ``--metrics`` and
+``--ui`` into an ``Address`` (with an error that says what would be valid), the loopback rule's
+test of an IP, and the exit codes of the socket modes. Pure: it never opens a socket or resolves
+a name.
 """
 
 from __future__ import annotations
@@ -75,6 +76,21 @@ def parse_address(url: str, *, listen: bool) -> Address:
         low = 0 if listen else 1
         raise AddressError(f"{url!r}: the port must be a number from {low} to 65535")
     return Address("tcp", host=host, port=int(port_text))
+
+
+BROWSER_NEEDS_TCP = "the live view needs a tcp:// address (a browser speaks TCP)"
+
+
+def parse_endpoint(url: str, *, browser: bool) -> Address:
+    """The listening address of an HTTP endpoint (``--metrics``; ``--ui`` with ``browser``): the
+    listener syntax or the forms of ``telemetry.endpoint`` (``HOST:PORT``, ``http://HOST:PORT``).
+    A page for a browser needs TCP. Raises ``AddressError``."""
+    from acp_proxy.telemetry.endpoint import endpoint_url
+
+    address = parse_address(endpoint_url(url), listen=True)
+    if browser and address.scheme != "tcp":
+        raise AddressError(BROWSER_NEEDS_TCP)
+    return address
 
 
 def is_loopback_ip(text: str) -> bool:
