@@ -590,22 +590,6 @@ def test_the_rest_of_a_cut_run_keeps_its_line_count() -> None:
     assert rest_of(OutFrame(raw, None, 2), cut).lines == 0
 
 
-def test_an_empty_queue_has_room_whatever_a_paused_peer_s_takes_left_counted() -> None:
-    """The paused-input cap counts what was read while the writer made no progress (takes that
-    only fill a paused peer's buffer); once such takes emptied the queue, it has room again:
-    nothing waits that the cap could protect, and a reader told "no room" by an empty queue
-    would have nothing left to wake it."""
-    config = CoalesceConfig(max_queue_messages=50)
-    queue = OutboundQueue(config, coalesce=True)
-    for i in range(100):
-        queue.push(OutFrame(tcu(f"t{i % 2}", status=str(i)), None, 2), 0.0)
-    assert not queue.has_room()  # read twice the bound while the writer took nothing
-    out, _ = queue.take(0.01, paused=True)
-    assert len(queue) == 0 and queue.pending_bytes == 0
-    assert _state(written(out)) == _state([tcu(f"t{i % 2}", status=str(i)) for i in range(100)])
-    assert queue.has_room()
-
-
 @pytest.mark.anyio
 async def test_the_reader_is_woken_once_a_paused_peer_s_queue_is_drained(
     monkeypatch: pytest.MonkeyPatch,

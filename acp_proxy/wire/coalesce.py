@@ -228,12 +228,10 @@ class OutboundQueue:
         pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
         is read (its messages, or its bytes as they came), however well it merges: a paused
         peer costs about the reading it costs without merging, and what was read is merged
-        while it waits. An empty queue always has room: the cap guards what waits here, and
-        once takes that only fill a paused peer's buffer emptied the queue, nothing does (a
-        reader told "no room" by an empty queue would wait for a take that never comes)."""
+        while it waits. The cap holds until a take that is not a paused peer's fill, even
+        with the queue empty (a paused peer whose buffer took everything must not make the
+        proxy read on); the writer wakes the reader after every take for that reason."""
         config = self._config
-        if not self._count:
-            return True
         if self._merge and (
             self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
             or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
