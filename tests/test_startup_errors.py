@@ -1,9 +1,9 @@
 """Start-up failures the editor can show: the pending request is answered with what happened.
 
 - An agent that exits before answering: its requests get ``agent exited with status 1 during
-  initialize``, with the tail of the agent's stderr (bounded, redacted) in ``error.data`` when
-  the proxy reads that stderr (``agent.stderr: log``; with ``passthrough`` the agent writes to
-  the editor's stderr itself).
+  initialize: LAST STDERR LINE`` (the line bounded and redacted), with the tail of the agent's
+  stderr (bounded, redacted) in ``error.data``, in both ``agent.stderr`` modes (``passthrough``
+  copies the agent's stderr to the proxy's unchanged while keeping the tail).
 - An agent command that cannot be started: the client's requests get ``agent could not be
   started (...) during initialize`` before the proxy exits 127 (it used to exit without a word
   on stdout, leaving the editor waiting).
@@ -18,7 +18,7 @@ import orjson
 import pytest
 from proxy_harness import request, run, write_config
 
-from acp_proxy.shell.process import MAX_STDERR_TAIL_BYTES
+from acp_proxy.shell.agent_stderr import MAX_STDERR_MESSAGE_CHARS, MAX_STDERR_TAIL_BYTES
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +43,8 @@ async def test_an_agent_that_dies_at_start_says_why_in_the_error(tmp_path: Path)
         "id": 1,
         "error": {
             "code": -32603,
-            "message": "agent exited with status 1 during initialize",
+            "message": "agent exited with status 1 during initialize: "
+            "error: no API key (token [REDACTED])",
             "data": {"stderr": "starting agent\nerror: no API key (token [REDACTED])"},
         },
     }
@@ -60,7 +61,7 @@ async def test_the_stderr_tail_is_bounded(tmp_path: Path) -> None:
     ran = await run(cmd, request(7, "initialize", {}))
     [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
     error = answer["error"]
-    assert error["message"] == "agent exited with status 3 during initialize"
+    assert error["message"] == "agent exited with status 3 during initialize: line 399: " + "x" * 40
     tail = error["data"]["stderr"]
     assert len(tail.encode()) <= MAX_STDERR_TAIL_BYTES
     assert tail.endswith("line 399: " + "x" * 40)  # the last lines, whole
@@ -82,11 +83,41 @@ async def test_a_missing_agent_command_answers_initialize() -> None:
     assert b"acp-proxy: no-such-agent-for-acp-proxy: command not found\n" in ran.stderr
 
 
-async def test_with_passthrough_the_error_has_no_data() -> None:
-    script = "cat >/dev/null & echo 'to the editor' >&2; sleep 0.2; exit 1"
+async def test_with_passthrough_the_error_names_the_agents_last_line() -> None:
+    script = (
+        "cat >/dev/null & echo 'starting agent' >&2; "
+        "echo 'Error: ANTHROPIC_API_KEY not set (was sk-ant-api03-abcdefghijklmnopqrstuvwxyz)' "
+        ">&2; "
+        "sleep 0.2; exit 1"
+    )
     ran = await run([*PROXY, "--", "sh", "-c", script], request(1, "initialize", {}))
+    assert ran.rc == 1
     assert ran.stdout == (
         b'{"jsonrpc":"2.0","id":1,"error":{"code":-32603,'
-        b'"message":"agent exited with status 1 during initialize"}}\n'
+        b'"message":"agent exited with status 1 during initialize: '
+        b'Error: ANTHROPIC_API_KEY not set (was [REDACTED])",'
+        b'"data":{"stderr":"starting agent\\n'
+        b'Error: ANTHROPIC_API_KEY not set (was [REDACTED])"}}}\n'
     )
-    assert b"to the editor\n" in ran.stderr
+    # The editor still reads the agent's own words, as the agent wrote them.
+    assert (
+        b"starting agent\nError: ANTHROPIC_API_KEY not set "
+        b"(was sk-ant-api03-abcdefghijklmnopqrstuvwxyz)\n" in ran.stderr
+    )
+
+
+async def test_passthrough_copies_the_agents_stderr_byte_for_byte() -> None:
+    script = r"cat >/dev/null & printf 'one\n\000\377 two\r\nno newline' >&2; sleep 0.2; exit 1"
+    cmd = [sys.executable, "-m", "acp_proxy", "--log-level", "error", "--", "sh", "-c", script]
+    ran = await run(cmd, request(1, "initialize", {}))
+    assert ran.stderr == b"one\n\x00\xff two\r\nno newline"
+    [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
+    assert answer["error"]["message"] == "agent exited with status 1 during initialize: no newline"
+
+
+async def test_the_last_line_in_the_message_is_bounded() -> None:
+    script = "cat >/dev/null & printf 'E%.0s' $(seq 3000) >&2; echo >&2; sleep 0.2; exit 1"
+    ran = await run([*PROXY, "--", "sh", "-c", script], request(1, "initialize", {}))
+    [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
+    cut = "E" * (MAX_STDERR_MESSAGE_CHARS - 1) + "…"
+    assert answer["error"]["message"] == f"agent exited with status 1 during initialize: {cut}"

@@ -15,7 +15,6 @@ same lifecycle rules as stdio.
 
 from __future__ import annotations
 
-import functools
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,15 +25,14 @@ import anyio.abc
 
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
+from acp_proxy.shell.agent_stderr import StderrTail, drain_stderr
 from acp_proxy.shell.drain import drain_after_exit
 from acp_proxy.shell.hooks import SessionObserver
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     AgentProcess,
-    StderrTail,
     describe_status,
-    drain_stderr,
     exit_code_of,
     spawn_agent,
     spawn_error_exit,
@@ -48,6 +46,8 @@ if TYPE_CHECKING:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After the agent died, how long the errors owed to the client wait for its last stderr lines.
 STDERR_TAIL_WAIT_S = 0.5
+# Where ``agent.stderr: passthrough`` copies the agent's stderr: the proxy's own.
+STDERR_FD = 2
 
 
 async def shutdown_on_signals(
@@ -184,10 +184,17 @@ async def run_agent_session(
     input_closed = anyio.Event()
     shutdown_requested = anyio.Event()
 
-    # The last lines of the agent's stderr (when it is logged) go with the errors that answer
-    # its requests when it dies: what the editor shows a user whose agent failed at start.
+    # The last lines of the agent's stderr go with the errors that answer its requests when it
+    # dies (the last one in the message, the tail in ``error.data``): what the editor shows a
+    # user whose agent failed at start.
     tail = StderrTail() if agent.stderr_fd is not None else None
     stderr_done = anyio.Event()
+
+    def redact(raw: bytes) -> str:
+        # Imported only when a line is logged or an agent died with stderr (start-up time).
+        from acp_proxy.shell.framelog import redacted_text
+
+        return redacted_text(config.record, raw)
 
     async def exit_reason() -> str:
         shutdown_requested.set()
@@ -198,12 +205,10 @@ async def run_agent_session(
         return f"agent {describe_status(rc)}"
 
     def exit_data() -> bytes | None:
-        if tail is None:
-            return None
-        # Imported only when an agent died with stderr to show (start-up time).
-        from acp_proxy.shell.framelog import redacted_text
+        return tail.data(redact) if tail is not None else None
 
-        return tail.data(functools.partial(redacted_text, config.record))
+    def exit_detail() -> str | None:
+        return tail.last_line(redact) if tail is not None else None
 
     session = PumpSession(
         config,
@@ -214,6 +219,7 @@ async def run_agent_session(
         log=log,
         agent_exit_reason=exit_reason,
         agent_exit_data=exit_data,
+        agent_exit_detail=exit_detail,
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
@@ -269,7 +275,12 @@ async def run_agent_session(
                 async def drain() -> None:
                     try:
                         await drain_stderr(
-                            stderr_fd, log.bind(stream="agent_stderr"), tail, session
+                            stderr_fd,
+                            log.bind(stream="agent_stderr"),
+                            tail,
+                            session,
+                            copy_to=STDERR_FD if agent.stderr_passthrough else None,
+                            redact=redact,
                         )
                     finally:
                         stderr_done.set()

@@ -58,7 +58,8 @@ class PumpSession:
     """One session between a client stream pair and an agent stream pair.
 
     ``agent_exit_reason`` is awaited once the agent's output ended; its text goes into the
-    -32603 errors for client requests still in flight (``Connection.abort_pending``), with
+    -32603 errors for client requests still in flight (``Connection.abort_pending``), then
+    what ``agent_exit_detail`` returns (the agent's last stderr line) after the method, with
     what ``agent_exit_data`` returns (encoded JSON) as their ``error.data``.
     ``on_agent_input_closed`` is called once the agent's input was flushed and closed (client
     EOF or ``stop_client_input``): the process layer starts its shutdown ladder there.
@@ -76,6 +77,7 @@ class PumpSession:
         log: Any = None,
         agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
         agent_exit_data: Callable[[], bytes | None] | None = None,
+        agent_exit_detail: Callable[[], str | None] | None = None,
         on_agent_input_closed: Callable[[], None] | None = None,
         connection: Connection | None = None,
         budget: BufferBudget | None = None,
@@ -107,6 +109,7 @@ class PumpSession:
         self._agent_rx = agent_rx
         self._agent_exit_reason = agent_exit_reason
         self._agent_exit_data = agent_exit_data
+        self._agent_exit_detail = agent_exit_detail
         self._on_agent_input_closed = on_agent_input_closed
         self.stats = SessionStats()
         self.to_agent = Outbox(
@@ -290,7 +293,10 @@ class PumpSession:
             self.log.warning("answering requests left in flight", count=count, reason=reason)
             self._aborts_left = count
             data = self._agent_exit_data() if self._agent_exit_data is not None else None
-            await self._queue_all(self.to_client, self.connection.abort_pending(reason, data))
+            detail = self._agent_exit_detail() if self._agent_exit_detail is not None else None
+            await self._queue_all(
+                self.to_client, self.connection.abort_pending(reason, data, detail)
+            )
         self.to_client.close()
 
     async def _writer(self, outbox: Outbox, to_agent: bool) -> None:
