@@ -4,6 +4,9 @@
   initialize: LAST STDERR LINE`` (the line bounded and redacted), with the tail of the agent's
   stderr (bounded, redacted) in ``error.data``, in both ``agent.stderr`` modes (``passthrough``
   copies the agent's stderr to the proxy's unchanged while keeping the tail).
+- Either way the proxy lingers briefly, answering every request the client sends with the same
+  error, until the client closes its side or a bounded time passes (a request written just after
+  the first error is answered, never met with EOF).
 - An agent command that cannot be started: the client's requests get ``agent could not be
   started (...) during initialize`` before the proxy exits 127 (it used to exit without a word
   on stdout, leaving the editor waiting).
@@ -14,9 +17,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import anyio
 import orjson
 import pytest
-from proxy_harness import request, run, write_config
+from proxy_harness import REPO, Lines, proxy_env, request, run, write_config
 
 from acp_proxy.shell.agent_stderr import MAX_STDERR_MESSAGE_CHARS, MAX_STDERR_TAIL_BYTES
 
@@ -121,3 +125,46 @@ async def test_the_last_line_in_the_message_is_bounded() -> None:
     [answer] = [orjson.loads(line) for line in ran.stdout.splitlines()]
     cut = "E" * (MAX_STDERR_MESSAGE_CHARS - 1) + "…"
     assert answer["error"]["message"] == f"agent exited with status 1 during initialize: {cut}"
+
+
+def _died(rid: int, method: str) -> bytes:
+    return (
+        b'{"jsonrpc":"2.0","id":%d,"error":{"code":-32603,"message":"agent exited with status 1 '
+        b'during %s: Error: no key","data":{"stderr":"Error: no key"}}}\n' % (rid, method.encode())
+    )
+
+
+async def test_a_request_sent_after_the_crash_error_is_answered_too() -> None:
+    script = "cat >/dev/null & echo 'Error: no key' >&2; sleep 0.2; exit 1"
+    with anyio.fail_after(10):
+        cmd = [*PROXY, "--", "sh", "-c", script]
+        async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            out = Lines(proc.stdout)
+            await proc.stdin.send(request(1, "initialize", {}))
+            first = await out.line()
+            await proc.stdin.send(request(2, "session/new", {}))
+            second = await out.line()
+            await proc.stdin.aclose()  # the client is done: the proxy exits at once
+            rest = await out.rest()
+            rc = await proc.wait()
+    assert (first, second, rest, rc) == (_died(1, "initialize"), _died(2, "session/new"), b"", 1)
+
+
+async def test_a_request_sent_after_the_agent_died_is_answered() -> None:
+    script = "echo 'Error: no key' >&2; exit 1"
+    with anyio.fail_after(10):
+        cmd = [*PROXY, "--log-level", "info", "--", "sh", "-c", script]
+        async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            assert proc.stderr is not None
+            log = Lines(proc.stderr)
+            while b'"agent exited with status 1"' not in await log.line():
+                pass  # the proxy saw the agent die before the client said anything
+            await proc.stdin.send(request(1, "initialize", {}))
+            out = Lines(proc.stdout)
+            first = await out.line()
+            await proc.stdin.aclose()
+            rest = await out.rest()
+            rc = await proc.wait()
+    assert (first, rest, rc) == (_died(1, "initialize"), b"", 1)

@@ -143,6 +143,8 @@ async def run_proxy(
                     observers=[recorder] if recorder is not None else [],
                 )
                 tg.cancel_scope.cancel()
+            if not shutdown.is_set() and not session.stats.client_eof:
+                await answer_after_death(session, client, log)
         finally:
             if client_stream is None:
                 with anyio.CancelScope(shield=True):
@@ -159,6 +161,29 @@ async def run_proxy(
         **session.summary(),
     )
     return exit_code_of(rc)
+
+
+async def answer_after_death(session: PumpSession, client: anyio.abc.ByteStream, log: Any) -> None:
+    """The agent died with the client still there: answer each request the client sends next
+    with the error the requests in flight got, until it closes its side or is silent for
+    ``startfail.LINGER_S`` (``FIRST_WAIT_S`` when it has sent nothing yet), as when the agent
+    cannot be started: a request written just after the first error is answered, not met with
+    EOF."""
+    from acp_proxy.shell.startfail import FIRST_WAIT_S, LINGER_S, answer_requests
+
+    if session.agent_gone_reason is None:
+        return
+    data, detail = session.agent_gone_error()
+    said = session.connection.stats.client_to_agent_in
+    answered = await answer_requests(
+        client,
+        session.agent_gone_reason,
+        detail=detail,
+        data=data,
+        first_wait_s=LINGER_S if said else FIRST_WAIT_S,
+    )
+    if answered:
+        log.info("requests answered after the agent's exit", count=answered)
 
 
 async def run_agent_session(

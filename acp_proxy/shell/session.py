@@ -110,6 +110,7 @@ class PumpSession:
         self._agent_exit_reason = agent_exit_reason
         self._agent_exit_data = agent_exit_data
         self._agent_exit_detail = agent_exit_detail
+        self.agent_gone_reason: str | None = None  # set once the agent's output ended
         self._on_agent_input_closed = on_agent_input_closed
         self.stats = SessionStats()
         self.to_agent = Outbox(
@@ -142,6 +143,13 @@ class PumpSession:
     def stop_client_input(self) -> None:
         """Stop reading the client as if it had sent EOF (signals, client gone)."""
         self.from_client.stop()
+
+    def agent_gone_error(self) -> tuple[bytes | None, str | None]:
+        """``(error.data, detail)`` of the errors that answer requests once the agent is gone:
+        what ``agent_exit_data`` and ``agent_exit_detail`` return."""
+        data = self._agent_exit_data() if self._agent_exit_data is not None else None
+        detail = self._agent_exit_detail() if self._agent_exit_detail is not None else None
+        return data, detail
 
     def stop_agent_output(self) -> None:
         """Stop reading the agent as if it had closed its output (it exited; pipe lingers)."""
@@ -284,6 +292,7 @@ class PumpSession:
         reason = "agent closed its output"
         if self._agent_exit_reason is not None:
             reason = await self._agent_exit_reason()
+        self.agent_gone_reason = reason
         # Nothing read from the client after this point reaches the agent: stop first, so every
         # request the agent saw is either answered or in abort_pending (every client request
         # still awaiting a response when the agent is gone gets a JSON-RPC error response).
@@ -292,8 +301,7 @@ class PumpSession:
         if count:
             self.log.warning("answering requests left in flight", count=count, reason=reason)
             self._aborts_left = count
-            data = self._agent_exit_data() if self._agent_exit_data is not None else None
-            detail = self._agent_exit_detail() if self._agent_exit_detail is not None else None
+            data, detail = self.agent_gone_error()
             await self._queue_all(
                 self.to_client, self.connection.abort_pending(reason, data, detail)
             )
