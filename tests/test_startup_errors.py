@@ -168,3 +168,106 @@ async def test_a_request_sent_after_the_agent_died_is_answered() -> None:
             rest = await out.rest()
             rc = await proc.wait()
     assert (first, rest, rc) == (_died(1, "initialize"), b"", 1)
+
+
+# --- the proxy refuses to start ----------------------------------------------------------------
+
+TWO_REQUESTS = request(1, "initialize", {}) + request("b", "session/new", {})
+
+
+def _refused(*messages: str) -> bytes:
+    """What the client reads when the proxy refuses to start: each request answered."""
+    reason = messages[0] + (f"; and {len(messages) - 1} more" if len(messages) > 1 else "")
+    data = {"errors": list(messages)}
+    return b"".join(
+        orjson.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": rid,
+                "error": {
+                    "code": -32603,
+                    "message": f"acp-proxy could not start ({reason}) during {method}",
+                    "data": data,
+                },
+            }
+        )
+        + b"\n"
+        for rid, method in ((1, "initialize"), ("b", "session/new"))
+    )
+
+
+def _said(stderr: bytes) -> list[str]:
+    """The ``acp-proxy: MESSAGE`` lines of stderr, as messages."""
+    return [
+        line.removeprefix(b"acp-proxy: ").decode()
+        for line in stderr.splitlines()
+        if line.startswith(b"acp-proxy: ")
+    ]
+
+
+async def test_a_config_error_reaches_the_log_file_and_the_editor(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "rules.yaml", "rulez: []\nmax_frame_bytes: -1\n")
+    log_file = tmp_path / "proxy.log"
+    cmd = [sys.executable, "-m", "acp_proxy", "--config", config, "--log-file", str(log_file)]
+    ran = await run([*cmd, "--", "my-agent"], TWO_REQUESTS)
+    assert ran.rc == 2
+    said = _said(ran.stderr)
+    assert len(said) == 2 and all(m.startswith(f"{config}:") for m in said)
+    assert ran.stdout == _refused(*said)
+    text = log_file.read_text()  # the README's editor recipe: console format, in the file
+    assert [line.split("cannot start", 1)[1].strip() for line in text.splitlines()] == [
+        f"error={m!r}" if " " in m else f"error={m}" for m in said
+    ]
+
+
+async def test_a_config_error_is_an_event_of_the_json_log() -> None:
+    config_missing = "/nonexistent-acp-proxy-dir/rules.yaml"
+    cmd = [*PROXY, "--config", config_missing, "--", "my-agent"]
+    ran = await run(cmd, TWO_REQUESTS)
+    assert ran.rc == 2
+    message = f"{config_missing}: cannot read the config file: No such file or directory"
+    assert ran.stderr.splitlines()[0] == f"acp-proxy: {message}".encode()
+    assert [(e["level"], e["error"]) for e in ran.events("cannot start")] == [("error", message)]
+    assert ran.stdout == _refused(message)
+
+
+async def test_a_record_path_that_cannot_be_opened_is_answered(tmp_path: Path) -> None:
+    log_file = tmp_path / "proxy.log"
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    for record, why in (
+        (tmp_path / "missing" / "s.jsonl", "No such file or directory"),
+        (
+            tmp_path / "link.jsonl",
+            "it is a symbolic link (a record is never written through a link)",
+        ),
+    ):
+        cmd = [*PROXY, "--log-file", str(log_file), "--record", str(record), "--", "my-agent"]
+        ran = await run(cmd, TWO_REQUESTS)
+        assert ran.rc == 2
+        assert ran.stdout == _refused(f"--record {record}: {why}")
+        events = [orjson.loads(line) for line in log_file.read_bytes().splitlines()]
+        assert [e["error"] for e in events if e["event"] == "cannot open the record file"][
+            -1
+        ] == why
+
+
+async def test_a_usage_error_after_the_options_is_answered() -> None:
+    cmd = [*PROXY, "--connect", "tcp://127.0.0.1:9", "--", "my-agent"]
+    ran = await run(cmd, TWO_REQUESTS)
+    assert ran.rc == 2
+    message = (
+        "--connect names the agent's address; an AGENT_CMD cannot be used with it "
+        "(drop one of them)"
+    )
+    assert f"\nacp-proxy: error: {message}\n".encode() in ran.stderr  # argparse's own line
+    assert [e["error"] for e in ran.events("cannot start")] == [message]
+    assert ran.stdout == _refused(message)
+
+
+async def test_a_log_file_that_cannot_be_opened_is_answered(tmp_path: Path) -> None:
+    log_file = tmp_path / "missing" / "proxy.log"
+    ran = await run([*PROXY, "--log-file", str(log_file), "--", "my-agent"], TWO_REQUESTS)
+    assert ran.rc == 2
+    message = f"--log-file {log_file}: No such file or directory"
+    assert ran.stderr == f"acp-proxy: {message}\n".encode()
+    assert ran.stdout == _refused(message)

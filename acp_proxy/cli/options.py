@@ -381,8 +381,14 @@ def fast_options(options: Sequence[str]) -> SimpleNamespace | None:
     return SimpleNamespace(**values)
 
 
+# The usage errors said (their messages), for the command line to pass on to the log and the
+# editor (``refuse``) after argparse printed them.
+USAGE_ERRORS: list[str] = []
+
+
 def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:
     """argparse's usage error (exit 2), building the parser if the fast path skipped it."""
+    USAGE_ERRORS.append(message)
     (parser or build_parser()).error(message)
 
 
@@ -400,20 +406,27 @@ def plain_stdio(args: argparse.Namespace | SimpleNamespace) -> bool:
     )
 
 
-def load_or_report(path: str | None, *, instantiate: bool = True) -> Config | None:
+def load_or_report(
+    path: str | None, *, instantiate: bool = True, said: list[str] | None = None
+) -> Config | None:
     """The config file at ``path`` (None: the built-in pass-through), or None after printing
     why it is refused: every mistake of the file as ``acp-proxy: FILE:LINE: ...``, or the reason
-    it cannot be read. What every command that takes a config file does first."""
+    it cannot be read (each message also appended to ``said``). What every command that takes
+    a config file does first."""
     import os
     import sys
 
     from acp_proxy.config import ConfigError, load_config
 
+    messages: list[str] = []
     try:
         return load_config(path, os.environ, instantiate=instantiate)
     except ConfigError as exc:
-        for message in exc.messages():  # every mistake of the file, one line each
-            print(f"acp-proxy: {message}", file=sys.stderr)
+        messages = list(exc.messages())  # every mistake of the file, one line each
     except OSError as exc:
-        print(f"acp-proxy: {path}: {exc.strerror or exc}", file=sys.stderr)
+        messages = [f"{path}: {exc.strerror or exc}"]
+    for message in messages:
+        print(f"acp-proxy: {message}", file=sys.stderr)
+    if said is not None:
+        said.extend(messages)
     return None

@@ -249,6 +249,12 @@ def say_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
     the log is for a machine or somewhere else (``--log-format json``, ``--log-file``); not when
     the log is the console on stderr, where the event would print the message a second time.
     """
+    log_fatal(log, event, message, **fields)
+    print(f"acp-proxy: {message}", file=sys.stderr)
+
+
+def log_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
+    """The log's half of ``say_fatal``, for an error already printed on stderr: an event when
+    the log is for a machine or somewhere else (``--log-format json``, ``--log-file``)."""
     if _state["file"] is not None or _state["format"] is LogFormat.JSON:
         log.error(event, error=message, **fields)
-    print(f"acp-proxy: {message}", file=sys.stderr)

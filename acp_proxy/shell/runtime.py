@@ -99,9 +99,15 @@ async def run_proxy(
         # Imported only with a record path (start-up time).
         from acp_proxy.shell.recorder import exit_info, open_recorder
 
-        recorder = open_recorder(config, log=log, agent=agent_argv)
+        refused: list[str] = []
+        recorder = open_recorder(config, log=log, agent=agent_argv, refused=refused)
         if recorder is None:
-            return 2  # --record names a file that cannot be written: a usage error
+            # --record names a file that cannot be written: a usage error, and the editor's
+            # requests are answered with it (``startfail.answer_refusal``).
+            from acp_proxy.shell.startfail import answer_refusal
+
+            await answer_refusal(refused, client_stream)
+            return 2
     with anyio.open_signal_receiver(*_SIGNALS) as signals:
         try:
             agent = await spawn_agent(agent_argv, config.agent)

@@ -13,7 +13,9 @@ exited instead left the editor reading EOF. It never starts anything and reads a
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -31,6 +33,8 @@ FIRST_WAIT_S = 5.0
 LINGER_S = 0.5
 # The longest line read; a longer one is skipped up to its newline.
 MAX_LINE = 1024 * 1024
+# The messages of a refusal carried in ``error.data.errors`` (a config file can hold many).
+MAX_DATA_ERRORS = 20
 
 
 async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: Any) -> int:
@@ -40,6 +44,29 @@ async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: A
     if answered:
         log.info("requests answered: the agent could not be started", count=answered)
     return answered
+
+
+async def answer_refusal(
+    messages: Sequence[str], client: anyio.abc.ByteStream | None = None
+) -> int:
+    """The proxy refused to start: answer the requests read from ``client`` (default: its
+    stdin/stdout) with ``acp-proxy could not start (FIRST MESSAGE[; and N more]) during
+    METHOD``, the messages in ``error.data.errors``; returns how many were answered. Not on a
+    terminal: a person there read the error on stderr, and would wait for the proxy instead."""
+    from acp_proxy.shell.transports import stdio_stream
+
+    if client is None and os.isatty(0):
+        return 0
+    reason = messages[0]
+    if len(messages) > 1:
+        reason += f"; and {len(messages) - 1} more"
+    data = orjson.dumps({"errors": list(messages[:MAX_DATA_ERRORS])})
+    stream = client if client is not None else stdio_stream()
+    try:
+        return await answer_requests(stream, f"acp-proxy could not start ({reason})", data=data)
+    finally:
+        if client is None:
+            await stream.aclose()
 
 
 async def answer_requests(

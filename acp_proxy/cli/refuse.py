@@ -1,0 +1,41 @@
+"""Refusing to start: an error found before the session starts reaches every reader.
+
+Contract: owns what follows an error that stops the proxy before its session (a config error, a
+usage error found after parsing, a log file that cannot be opened), once whoever found it
+printed it on stderr as ``acp-proxy: MESSAGE``: the error is written to the log (the
+``--log-file``, or the JSON log on stderr) as a ``cannot start`` event, and, when stdout is the
+protocol (not ``--listen``; stdin not a terminal), each request the client sends is answered
+with a ``-32603`` error ``acp-proxy could not start (MESSAGE) during METHOD``
+(``startfail.answer_refusal``), as when the agent command cannot be started: an editor shows
+that, where it saw its connection close before. Returns the exit code it was given; it never
+starts anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def refuse_start(args: Any, messages: Sequence[str], code: int, *, logging_ready: bool) -> int:
+    """Log ``messages`` (configuring the log from ``args`` unless ``logging_ready``), answer the
+    client's requests with the first one, and return ``code``."""
+    from acp_proxy.shell import logsetup
+
+    if not logging_ready:
+        try:
+            logsetup.configure_logging(args.log_level, args.log_format, args.log_file)
+            logging_ready = True
+        except OSError:
+            pass  # the log file is what cannot be opened: it was said on stderr
+    if logging_ready:
+        log = logsetup.get_logger()
+        for message in messages:
+            logsetup.log_fatal(log, "cannot start", message)
+    if messages and getattr(args, "listen", None) is None:
+        import anyio
+
+        from acp_proxy.shell.startfail import answer_refusal
+
+        anyio.run(answer_refusal, messages)
+    return code
