@@ -271,3 +271,40 @@ async def test_a_log_file_that_cannot_be_opened_is_answered(tmp_path: Path) -> N
     message = f"--log-file {log_file}: No such file or directory"
     assert ran.stderr == f"acp-proxy: {message}\n".encode()
     assert ran.stdout == _refused(message)
+
+
+# --- what an editor's error box shows ----------------------------------------------------------
+
+
+async def test_on_stdio_the_agents_words_are_not_buried_under_the_proxys_log() -> None:
+    script = "cat >/dev/null & echo 'Error: ANTHROPIC_API_KEY not set' >&2; sleep 0.2; exit 1"
+    cmd = [sys.executable, "-m", "acp_proxy", "--", "sh", "-c", script]
+    ran = await run(cmd, request(1, "initialize", {}), env=proxy_env(NO_COLOR="1"))
+    assert ran.rc == 1
+    lines = ran.stderr.decode().splitlines()
+    # The agent's line first; after it only the proxy's warnings, none of its info lines
+    # (``starting``, the exit summary).
+    assert lines[0] == "Error: ANTHROPIC_API_KEY not set"
+    assert all("[warning  ]" in line for line in lines[1:]), lines
+
+
+@pytest.mark.parametrize(
+    ("options", "info"),
+    [
+        ((), False),  # console on stderr of a stdio session: warnings and errors only
+        (("--log-level", "info"), True),
+        (("--log-format", "json"), True),  # a machine reads it
+    ],
+)
+async def test_the_default_level_on_stderr(options: tuple[str, ...], info: bool) -> None:
+    cmd = [sys.executable, "-m", "acp_proxy", *options, "--", "sh", "-c", "exit 0"]
+    ran = await run(cmd, b"")
+    assert (b"starting" in ran.stderr, b"exit" in ran.stderr) == (info, info)
+
+
+async def test_with_a_log_file_the_default_level_is_info(tmp_path: Path) -> None:
+    log_file = tmp_path / "proxy.log"
+    ran = await run([*PROXY[:3], "--log-file", str(log_file), "--", "sh", "-c", "exit 0"])
+    assert ran.rc == 0
+    assert ran.stderr == b""
+    assert "starting" in log_file.read_text() and " exit " in log_file.read_text()

@@ -33,6 +33,7 @@ from acp_proxy.cli.options import (
     build_parser,
     fast_options,
     load_or_report,
+    log_level_of,
     plain_stdio,
     refuse_misspelled_command,
     socket_options,
@@ -246,6 +247,7 @@ def _prepare(
 
         enable_frame_contents()
         args.log_level = "debug"
+    args.log_level = log_level_of(args, config.listen is not None)
     try:
         configure_logging(args.log_level, args.log_format, args.log_file)
     except OSError as exc:

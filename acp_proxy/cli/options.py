@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         type=str.lower,  # DEBUG, Debug and debug alike
         choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="debug logs one line per frame (default: info)",
+        default=None,
+        help="debug logs one line per frame (default: info; warning when the log is the console "
+        "on stderr of a session whose stdout is the protocol, which editors show)",
     )
     parser.add_argument(
         "--log-format", choices=("json", "console"), default="console", help="(default: console)"
@@ -331,7 +332,7 @@ _FAST_FLAGS = {
 # build_parser's defaults, one per destination.
 DEFAULTS: dict[str, object] = {
     "config": None,
-    "log_level": "info",
+    "log_level": None,  # not given: ``log_level_of`` decides
     "log_format": "console",
     "log_file": None,
     "log_frames": False,
@@ -384,6 +385,18 @@ def fast_options(options: Sequence[str]) -> SimpleNamespace | None:
 # The usage errors said (their messages), for the command line to pass on to the log and the
 # editor (``refuse``) after argparse printed them.
 USAGE_ERRORS: list[str] = []
+
+
+def log_level_of(args: argparse.Namespace | SimpleNamespace, listen: bool) -> str:
+    """The log level: ``--log-level`` when given; else ``warning`` when the log is the console
+    on stderr and stdout is the protocol (stdio, ``--connect``): an editor shows that stderr,
+    and the agent's own words must not be buried under the proxy's start and exit lines;
+    else ``info`` (a ``--log-file``, the JSON log a machine reads, a ``--listen`` daemon)."""
+    if args.log_level is not None:
+        return str(args.log_level)
+    if args.log_file or args.log_format == "json" or listen:
+        return "info"
+    return "warning"
 
 
 def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:

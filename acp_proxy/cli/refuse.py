@@ -16,15 +16,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from acp_proxy.cli.options import log_level_of
+
 
 def refuse_start(args: Any, messages: Sequence[str], code: int, *, logging_ready: bool) -> int:
     """Log ``messages`` (configuring the log from ``args`` unless ``logging_ready``), answer the
     client's requests with the first one, and return ``code``."""
     from acp_proxy.shell import logsetup
 
-    if not logging_ready:
+    if not logging_ready and (args.log_file or args.log_format == "json"):
+        # Only for a log that is not the console on stderr, where the message was printed.
         try:
-            logsetup.configure_logging(args.log_level, args.log_format, args.log_file)
+            level = log_level_of(args, getattr(args, "listen", None) is not None)
+            logsetup.configure_logging(level, args.log_format, args.log_file)
             logging_ready = True
         except OSError:
             pass  # the log file is what cannot be opened: it was said on stderr
