@@ -20,8 +20,10 @@ from acp_proxy.cli.options import log_level_of
 
 
 def refuse_start(args: Any, messages: Sequence[str], code: int, *, logging_ready: bool) -> int:
-    """Log ``messages`` (configuring the log from ``args`` unless ``logging_ready``), answer the
-    client's requests with the first one, and return ``code``."""
+    """Log ``messages``, answer the client's requests with them, and return ``code``.
+
+    ``logging_ready``: the log was set up already (or is what failed); else it is set up from
+    ``args`` when it is a log file or the JSON log (the console on stderr has the message)."""
     from acp_proxy.shell import logsetup
 
     if not logging_ready and (args.log_file or args.log_format == "json"):
