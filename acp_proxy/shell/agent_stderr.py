@@ -12,7 +12,6 @@ the protocol.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 from collections import deque
@@ -36,6 +35,9 @@ MAX_STDERR_TAIL_LINES = 20
 MAX_STDERR_MESSAGE_CHARS = 200
 # A write of at most this many bytes to a pipe that polls writable never blocks (POSIX PIPE_BUF).
 _ATOMIC = getattr(select, "PIPE_BUF", 512)
+# While the proxy's stderr does not drain, how often the copy looks again (doubling up to max).
+_MIN_PAUSE_S = 0.001
+_MAX_PAUSE_S = 0.05
 
 Redact = Callable[[bytes], str]
 
@@ -151,13 +153,26 @@ async def drain_stderr(
 
 
 async def copy_out(fd: int, data: bytes) -> None:
-    """Write ``data`` whole to ``fd``: at once when it cannot block, else from a worker thread
-    (abandoned when the session is cancelled, so a stderr nobody reads never holds the exit)."""
-    if len(data) <= _ATOMIC and _writable(fd):
-        with contextlib.suppress(OSError):
-            os.write(fd, data)
-        return
-    await anyio.to_thread.run_sync(_write_all, fd, data, abandon_on_cancel=True)
+    """Write ``data`` whole to ``fd``, never blocking the loop: pieces of at most ``PIPE_BUF``
+    bytes (cut after a newline when one is in reach, so lines stay whole) while ``fd`` polls
+    writable, else wait for it. No thread: a stderr nobody reads holds only this task, which the
+    session's end cancels (a thread stuck in ``write`` would hold the process's exit)."""
+    view = memoryview(data)
+    pause = _MIN_PAUSE_S
+    while view:
+        if not _writable(fd):
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _MAX_PAUSE_S)
+            continue
+        pause = _MIN_PAUSE_S
+        piece = view[:_ATOMIC]
+        if len(view) > _ATOMIC:
+            cut = bytes(piece).rfind(b"\n") + 1
+            piece = piece[:cut] if cut else piece
+        try:
+            view = view[os.write(fd, piece) :]
+        except OSError:
+            return  # a stderr that is gone takes nothing more
 
 
 def _writable(fd: int) -> bool:
@@ -167,15 +182,6 @@ def _writable(fd: int) -> bool:
         return any(event & select.POLLOUT for _, event in poll.poll(0))
     except OSError:
         return False
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except OSError:
-        pass  # a stderr that is gone takes nothing more
 
 
 def _log_stderr_line(
