@@ -151,6 +151,7 @@ async def test_log_file_is_appended_in_console_format_and_stdout_stays_protocol(
 ) -> None:
     log_file = tmp_path / "proxy.log"
     log_file.write_text("previous line\n")
+    log_file.chmod(0o600)  # an existing log must be private (tests/test_log_file.py)
     for rid in (1, 2):
         ran = await run(
             proxy_cmd("--log-format", "console", "--log-file", str(log_file)),

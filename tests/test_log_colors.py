@@ -20,7 +20,17 @@ def _stderr_on_a_tty(no_color: str | None) -> bytes:
     leader, follower = pty.openpty()
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "acp_proxy", "--", sys.executable, "-c", "pass"],
+            [
+                sys.executable,
+                "-m",
+                "acp_proxy",
+                "--log-level",
+                "info",
+                "--",
+                sys.executable,
+                "-c",
+                "pass",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=follower,

@@ -231,6 +231,35 @@ async def test_chatty_stderr_passthrough_does_not_stall() -> None:
     assert agent_out == (b"x" * 99 + b"\n") * written
 
 
+async def test_a_stderr_nobody_reads_never_holds_the_proxys_exit(tmp_path: Path) -> None:
+    """``passthrough`` copies the agent's stderr to the proxy's; when nobody reads that, the
+    agent is held back (as without the proxy) and the ladder ends it, and the proxy exits: the
+    copy never leaves a write behind that would hold the process."""
+    config = write_config(tmp_path / "c.yaml", "agent: {grace_period: 0.2}\n")
+    agent = "head -c 400000 /dev/zero | tr '\\0' x >&2; exit 0"
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "acp_proxy", "--config", config, "--", "sh", "-c", agent],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,  # never read until the proxy exited
+        env=proxy_env(),
+        cwd=str(REPO),
+    )
+    try:
+        with anyio.fail_after(10):
+            while proxy.poll() is None:
+                await anyio.sleep(0.02)
+    finally:
+        if proxy.poll() is None:
+            proxy.kill()
+        proxy.wait()
+        assert proxy.stderr is not None
+        held = proxy.stderr.read()
+        proxy.stderr.close()
+    assert proxy.returncode == 128 + signal.SIGTERM  # the ladder ended the agent held back
+    assert held.startswith(b"x" * 1024)
+
+
 async def test_chatty_stderr_log_mode_drains_into_the_log(tmp_path: Path) -> None:
     config = write_config(tmp_path / "c.yaml", "agent:\n  stderr: log\n")
     size = 2 * 1024 * 1024

@@ -43,7 +43,7 @@ def test_the_quick_start_commands_are_the_ones_tested_here() -> None:
         "acp-proxy -V",
         "acp-proxy demo",
         "acp-proxy check-config rules.yaml",
-        "acp-proxy --config rules.yaml --log-file /tmp/acp-proxy.log -- npx -y "
+        "acp-proxy --config rules.yaml --log-file ~/.cache/acp-proxy.log -- npx -y "
         "@agentclientprotocol/claude-agent-acp",
     ]
 

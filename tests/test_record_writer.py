@@ -244,7 +244,8 @@ def run_proxy(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 def refused(done: subprocess.CompletedProcess[bytes]) -> str:
     assert done.returncode == 2, done.stderr
-    assert done.stdout == b""
+    [answer] = [orjson.loads(line) for line in done.stdout.splitlines()]  # the editor is told
+    assert answer["error"]["message"].startswith("acp-proxy could not start (--record ")
     [event] = events(done.stderr, "cannot open the record file")
     return str(event["error"])
 

@@ -30,9 +30,11 @@ from acp_proxy.cli.launch import (
 from acp_proxy.cli.options import (
     CONFIG_ENV,
     EXIT_USAGE,
+    USAGE_ERRORS,
     build_parser,
     fast_options,
     load_or_report,
+    log_level_of,
     plain_stdio,
     refuse_misspelled_command,
     search_middleware_paths,
@@ -42,6 +44,8 @@ from acp_proxy.cli.options import (
 
 if TYPE_CHECKING:
     import argparse
+
+    from acp_proxy.config import Config
 
 __all__ = ["build_parser", "main"]
 
@@ -121,6 +125,66 @@ def _main(argv: Sequence[str] | None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
             refuse_misspelled_command(parser, extra[0])
             agent_argv = extra
+    said = len(USAGE_ERRORS)
+    try:
+        prepared = _prepare(parser, args, agent_argv)
+    except SystemExit as exc:
+        if exc.code != EXIT_USAGE or len(USAGE_ERRORS) == said:
+            raise
+        # A usage error found after the options were read: argparse printed it.
+        from acp_proxy.cli.refuse import refuse_start
+
+        return refuse_start(args, USAGE_ERRORS[said:], EXIT_USAGE, logging_ready=False)
+    if isinstance(prepared, int):
+        return prepared
+    config, config_path = prepared
+
+    if config_path is not None:
+        from acp_proxy.cli.commands import WRITABLE_HINT
+        from acp_proxy.config import writable_by_others
+        from acp_proxy.shell.logsetup import get_logger
+
+        for warning in writable_by_others(config_path):
+            get_logger().warning(f"config file {WRITABLE_HINT}", detail=warning)
+
+    from acp_proxy.shell.spawn import enable_supervision, start_early, started_early
+
+    # No orphans: from here on, descendants that leave the agent's session are
+    # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
+    enable_supervision()
+    if not started_early() and starts_early(config):
+        # Start-up as users feel it: the agent starts now, and boots while the
+        # proxy imports its event loop and runtime (``spawn.start_early``).
+        start_early(agent_argv, config.agent)
+
+    import anyio
+
+    from acp_proxy.shell.process import run_supervised
+
+    if config.listen is not None:
+        from acp_proxy.shell.sockets.server import run_listen
+
+        return anyio.run(
+            collecting, run_supervised, *with_telemetry(config, run_listen, agent_argv)
+        )
+    if config.connect is not None:
+        from acp_proxy.shell.sockets.connect import run_connect
+
+        return anyio.run(collecting, run_supervised, *with_telemetry(config, run_connect))
+
+    from acp_proxy.shell.runtime import run_proxy
+
+    return anyio.run(collecting, run_supervised, *with_telemetry(config, run_proxy, agent_argv))
+
+
+def _prepare(
+    parser: argparse.ArgumentParser | None,
+    args: argparse.Namespace | SimpleNamespace,
+    agent_argv: list[str],
+) -> tuple[Config, str | None] | int:
+    """The config with the options applied, logging set up, and an early start when nothing
+    can refuse the session any more; or the exit code of a refusal (``refuse``). Usage errors
+    exit through argparse (``SystemExit``)."""
     config_path = args.config or os.environ.get(CONFIG_ENV) or None
     # Without --connect, an AGENT_CMD is needed unless the config file names an agent address:
     # report the missing command before reading any file when no file can supply one.
@@ -138,9 +202,12 @@ def _main(argv: Sequence[str] | None) -> int:
     import dataclasses
 
     search_middleware_paths(parser, args.middleware_path)
-    config = load_or_report(config_path)
+    said: list[str] = []
+    config = load_or_report(config_path, said=said)
     if config is None:
-        return EXIT_USAGE
+        from acp_proxy.cli.refuse import refuse_start
+
+        return refuse_start(args, said, EXIT_USAGE, logging_ready=False)
     if args.max_frame_bytes is not None:
         config = dataclasses.replace(config, max_frame_bytes=args.max_frame_bytes)
     config = socket_options(parser, args, config)
@@ -198,45 +265,13 @@ def _main(argv: Sequence[str] | None) -> int:
 
         enable_frame_contents()
         args.log_level = "debug"
+    args.log_level = log_level_of(args, config.listen is not None)
     try:
         configure_logging(args.log_level, args.log_format, args.log_file)
     except OSError as exc:
-        print(f"acp-proxy: --log-file {args.log_file}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_USAGE
+        message = f"--log-file {args.log_file}: {exc.strerror or exc}"
+        print(f"acp-proxy: {message}", file=sys.stderr)
+        from acp_proxy.cli.refuse import refuse_start
 
-    if config_path is not None:
-        from acp_proxy.cli.commands import WRITABLE_HINT
-        from acp_proxy.config import writable_by_others
-        from acp_proxy.shell.logsetup import get_logger
-
-        for warning in writable_by_others(config_path):
-            get_logger().warning(f"config file {WRITABLE_HINT}", detail=warning)
-
-    from acp_proxy.shell.spawn import enable_supervision, start_early, started_early
-
-    # No orphans: from here on, descendants that leave the agent's session are
-    # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
-    enable_supervision()
-    if not started_early() and starts_early(config):
-        # Start-up as users feel it: the agent starts now, and boots while the
-        # proxy imports its event loop and runtime (``spawn.start_early``).
-        start_early(agent_argv, config.agent)
-
-    import anyio
-
-    from acp_proxy.shell.process import run_supervised
-
-    if config.listen is not None:
-        from acp_proxy.shell.sockets.server import run_listen
-
-        return anyio.run(
-            collecting, run_supervised, *with_telemetry(config, run_listen, agent_argv)
-        )
-    if config.connect is not None:
-        from acp_proxy.shell.sockets.connect import run_connect
-
-        return anyio.run(collecting, run_supervised, *with_telemetry(config, run_connect))
-
-    from acp_proxy.shell.runtime import run_proxy
-
-    return anyio.run(collecting, run_supervised, *with_telemetry(config, run_proxy, agent_argv))
+        return refuse_start(args, [message], EXIT_USAGE, logging_ready=True)
+    return config, config_path

@@ -105,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level",
         type=str.lower,  # DEBUG, Debug and debug alike
         choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="debug logs one line per frame (default: info)",
+        default=None,
+        help="debug logs one line per frame (default: info; warning when the log is the console "
+        "on stderr of a session whose stdout is the protocol, which editors show)",
     )
     parser.add_argument(
         "--log-format", choices=("json", "console"), default="console", help="(default: console)"
@@ -362,7 +363,7 @@ _FAST_FLAGS = {
 # build_parser's defaults, one per destination.
 DEFAULTS: dict[str, object] = {
     "config": None,
-    "log_level": "info",
+    "log_level": None,  # not given: ``log_level_of`` decides
     "log_format": "console",
     "log_file": None,
     "log_frames": False,
@@ -430,8 +431,26 @@ def search_middleware_paths(
     search_first([os.path.abspath(d) for d in directories])
 
 
+# The usage errors said (their messages), for the command line to pass on to the log and the
+# editor (``refuse``) after argparse printed them.
+USAGE_ERRORS: list[str] = []
+
+
+def log_level_of(args: argparse.Namespace | SimpleNamespace, listen: bool) -> str:
+    """The log level: ``--log-level`` when given; else ``warning`` when the log is the console
+    on stderr and stdout is the protocol (stdio, ``--connect``): an editor shows that stderr,
+    and the agent's own words must not be buried under the proxy's start and exit lines;
+    else ``info`` (a ``--log-file``, the JSON log a machine reads, a ``--listen`` daemon)."""
+    if args.log_level is not None:
+        return str(args.log_level)
+    if args.log_file or args.log_format == "json" or listen:
+        return "info"
+    return "warning"
+
+
 def usage_error(parser: argparse.ArgumentParser | None, message: str) -> NoReturn:
     """argparse's usage error (exit 2), building the parser if the fast path skipped it."""
+    USAGE_ERRORS.append(message)
     (parser or build_parser()).error(message)
 
 
@@ -449,20 +468,27 @@ def plain_stdio(args: argparse.Namespace | SimpleNamespace) -> bool:
     )
 
 
-def load_or_report(path: str | None, *, instantiate: bool = True) -> Config | None:
+def load_or_report(
+    path: str | None, *, instantiate: bool = True, said: list[str] | None = None
+) -> Config | None:
     """The config file at ``path`` (None: the built-in pass-through), or None after printing
     why it is refused: every mistake of the file as ``acp-proxy: FILE:LINE: ...``, or the reason
-    it cannot be read. What every command that takes a config file does first."""
+    it cannot be read (each message also appended to ``said``). What every command that takes
+    a config file does first."""
     import os
     import sys
 
     from acp_proxy.config import ConfigError, load_config
 
+    messages: list[str] = []
     try:
         return load_config(path, os.environ, instantiate=instantiate)
     except ConfigError as exc:
-        for message in exc.messages():  # every mistake of the file, one line each
-            print(f"acp-proxy: {message}", file=sys.stderr)
+        messages = list(exc.messages())  # every mistake of the file, one line each
     except OSError as exc:
-        print(f"acp-proxy: {path}: {exc.strerror or exc}", file=sys.stderr)
+        messages = [f"{path}: {exc.strerror or exc}"]
+    for message in messages:
+        print(f"acp-proxy: {message}", file=sys.stderr)
+    if said is not None:
+        said.extend(messages)
     return None

@@ -172,8 +172,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             Setting(
                 "stderr",
                 Kind.CHOICE,
-                "The agent's stderr: `passthrough` (to the proxy's stderr) or `log` "
-                "(structured log).",
+                "The agent's stderr: `passthrough` (copied to the proxy's stderr unchanged) or "
+                "`log` (structured log, redacted). Either way its last lines go with the errors "
+                "that answer its requests when it dies.",
                 attr="stderr",
                 choices=StderrMode,
             ),

@@ -26,22 +26,26 @@ RECORD_OPEN_FLAGS: Final = (
 # A FIFO (a reader collects the record as it is written): never created, never followed.
 RECORD_FIFO_FLAGS: Final = os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 RECORD_FILE_MODE: Final = 0o600
+# The log file (``--log-file``): as a record, except that a FIFO is waited for (the log has
+# always been opened that way: its reader comes first).
+LOG_OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
-def refusal(mode: int, owner: int, user: int) -> str | None:
+def refusal(mode: int, owner: int, user: int, what: str = "record") -> str | None:
     """Why an existing record target (its ``st_mode`` and owner, seen without following a
     link) may not take a record for ``user``; ``None``: it may. Only a regular file or a FIFO
     owned by the user with no group or other access: a record holds the session's prompts and
-    file contents, and appending to someone else's file, or one others can read, leaks them."""
+    file contents, and appending to someone else's file, or one others can read, leaks them.
+    The log file takes the same rules (``what="log"``): it can hold frame contents too."""
     if stat.S_ISLNK(mode):
-        return "it is a symbolic link (a record is never written through a link)"
+        return f"it is a symbolic link (a {what} is never written through a link)"
     if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
         return "it is not a regular file or a FIFO"
     if owner != user:
         return f"it is owned by another user (uid {owner})"
     if mode & 0o077:
         return (
-            f"others may access it (mode {stat.S_IMODE(mode):04o}); a record must be private: "
+            f"others may access it (mode {stat.S_IMODE(mode):04o}); a {what} must be private: "
             "chmod 600 it, or choose a new path"
         )
     return None

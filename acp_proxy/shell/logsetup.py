@@ -58,20 +58,24 @@ def configure_logging(
 ) -> None:
     """Configure structlog for the whole process (call once, before anything logs).
 
-    Raises ``OSError`` when ``log_file`` cannot be opened for appending, ``KeyError`` for an
-    unknown level.
+    Raises ``OSError`` when ``log_file`` cannot be opened for appending or its rules refuse it
+    (``recordfile.RecordRefused``: a link, not a regular file or FIFO, someone else's, readable
+    by others), ``KeyError`` for an unknown level. A new log file is created ``0600``.
     """
     numeric = LEVELS[level]
     fmt = LogFormat(fmt)
     old = _state["file"]
     stream: BinaryIO | TextIO | LogWriter
+    # The log can hold what a record holds (frame contents with --log-frames, the agent's
+    # stderr): it is opened by the record file's rules, created 0600 (``recordfile``).
+    fd = _open_log_file(log_file) if log_file else None
     if fmt is LogFormat.JSON:
-        stream = open(log_file, "ab") if log_file else sys.stderr.buffer  # noqa: SIM115
+        stream = open(fd, "ab") if fd is not None else sys.stderr.buffer  # noqa: SIM115
         colors = False
     else:
         stream = (
-            open(log_file, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
-            if log_file
+            open(fd, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+            if fd is not None
             else sys.stderr
         )
         # Decided now, as structlog's configuration always was: the terminal, not a later one.
@@ -92,6 +96,12 @@ def configure_logging(
         _structlog()
     if old is not None:
         old.close()
+
+
+def _open_log_file(path: str) -> int:
+    from acp_proxy.shell.recordfile import open_log_file
+
+    return open_log_file(path)
 
 
 def _fileno(stream: Any) -> int | None:
@@ -239,6 +249,12 @@ def say_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
     the log is for a machine or somewhere else (``--log-format json``, ``--log-file``); not when
     the log is the console on stderr, where the event would print the message a second time.
     """
+    log_fatal(log, event, message, **fields)
+    print(f"acp-proxy: {message}", file=sys.stderr)
+
+
+def log_fatal(log: Any, event: str, message: str, **fields: Any) -> None:
+    """The log's half of ``say_fatal``, for an error already printed on stderr: an event when
+    the log is for a machine or somewhere else (``--log-format json``, ``--log-file``)."""
     if _state["file"] is not None or _state["format"] is LogFormat.JSON:
         log.error(event, error=message, **fields)
-    print(f"acp-proxy: {message}", file=sys.stderr)

@@ -1,7 +1,8 @@
-"""The agent child process: spawn, stderr draining, the shutdown ladder, the exit code, no orphans.
+"""The agent child process: spawn, the shutdown ladder, the exit code, no orphans.
 
 Contract: owns the agent's OS process and its process group. It spawns the agent in its own
-session (so signals and clean-up reach grandchildren), always drains its stderr, stops it with
+session (so signals and clean-up reach grandchildren), hands its stderr pipe to the runtime
+(``agent_stderr`` reads it), stops it with
 the ladder "close stdin, wait, SIGTERM the group, wait, SIGKILL the group" (docs/running.md;
 the ACP python-sdk's child shutdown), and reports its exit status shell-style. It never
 touches the protocol: the agent's stdin/stdout are handed to the runtime as byte streams.
@@ -28,17 +29,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
-import orjson
 
 from acp_proxy.base.values import value
 from acp_proxy.config import AgentConfig
-from acp_proxy.shell import hooks
 from acp_proxy.shell.spawn import (
     SESSION_ENV,
     SUPERVISION,
@@ -48,13 +46,6 @@ from acp_proxy.shell.spawn import (
 )
 from acp_proxy.shell.transports import FdStream
 
-# Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
-# counted) so a binary blob on stderr cannot grow memory.
-MAX_STDERR_LINE = 64 * 1024
-# The tail of the agent's stderr kept for the errors that answer its requests when it dies
-# (``error.data.stderr``): the last lines, at most this many bytes and lines.
-MAX_STDERR_TAIL_BYTES = 2048
-MAX_STDERR_TAIL_LINES = 20
 # After the agent itself exited, how long its stdout may stay open (held by a process that left
 # the group) before the proxy stops waiting for it.
 STDOUT_LINGER_S = 2.0
@@ -334,8 +325,9 @@ class AgentProcess:
     process: ChildProcess
     stdio: FdStream  # receive = the agent's stdout, send = the agent's stdin
     argv: tuple[str, ...]
-    stderr_fd: int | None  # our read end of its stderr pipe (StderrMode.LOG), else None
+    stderr_fd: int | None  # our read end of its stderr pipe (None once handed to its reader)
     session: str = ""  # the value of SESSION_ENV in its environment
+    stderr_passthrough: bool = True  # its stderr is copied to ours (else: into the log)
 
     @property
     def pid(self) -> int:
@@ -409,94 +401,8 @@ async def spawn_agent(
         started.argv,
         started.stderr_fd,
         started.session,
+        started.stderr_passthrough,
     )
-
-
-class StderrTail:
-    """The last lines of the agent's stderr: at most ``MAX_STDERR_TAIL_LINES`` lines and
-    ``MAX_STDERR_TAIL_BYTES`` bytes, oldest dropped first."""
-
-    __slots__ = ("_lines", "_size")
-
-    def __init__(self) -> None:
-        self._lines: deque[bytes] = deque()
-        self._size = 0
-
-    def add(self, line: bytes) -> None:
-        line = line.rstrip(b"\r")[-MAX_STDERR_TAIL_BYTES:]
-        self._lines.append(line)
-        self._size += len(line) + 1
-        while self._lines and (
-            self._size - 1 > MAX_STDERR_TAIL_BYTES or len(self._lines) > MAX_STDERR_TAIL_LINES
-        ):
-            self._size -= len(self._lines.popleft()) + 1
-
-    def data(self, redact: Callable[[bytes], str]) -> bytes | None:
-        """``{"stderr": TEXT}`` as JSON (the lines redacted by ``redact``, still within the
-        bound), or None when the agent wrote nothing."""
-        if not self._lines:
-            return None
-        text = redact(b"\n".join(self._lines))
-        raw = text.encode("utf-8", "replace")
-        if len(raw) > MAX_STDERR_TAIL_BYTES:
-            raw = raw[-MAX_STDERR_TAIL_BYTES:]
-            raw = raw[raw.find(b"\n") + 1 :] if b"\n" in raw else raw
-            text = raw.decode("utf-8", "ignore")
-        return b'{"stderr":' + orjson.dumps(text) + b"}"
-
-
-async def drain_stderr(
-    fd: int, log: Any, tail: StderrTail | None = None, session: Any = None
-) -> None:
-    """Read the agent's stderr until EOF, one log event per line (StderrMode.LOG); ``session``
-    is the session this agent serves (its stderr readers are told).
-
-    Reads large chunks and never blocks on anything but the pipe, so a chatty agent cannot
-    stall on a full stderr pipe. Lines longer than ``MAX_STDERR_LINE`` are truncated.
-    """
-    stream = FdStream(fd, None)  # owns (and closes) the read end
-    pending = bytearray()
-    dropping = False
-    try:
-        while True:
-            try:
-                chunk = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                break
-            start = 0
-            while True:
-                nl = chunk.find(b"\n", start)
-                if nl < 0:
-                    room = MAX_STDERR_LINE - len(pending)
-                    if not dropping:
-                        pending += chunk[start : start + max(room, 0)]
-                        if len(chunk) - start > room:
-                            dropping = True
-                    break
-                if not dropping:
-                    pending += chunk[start : min(nl, start + MAX_STDERR_LINE - len(pending))]
-                _log_stderr_line(log, bytes(pending), dropping, session)
-                if tail is not None:
-                    tail.add(bytes(pending))
-                pending.clear()
-                dropping = False
-                start = nl + 1
-        if pending:
-            _log_stderr_line(log, bytes(pending), dropping, session)
-            if tail is not None:
-                tail.add(bytes(pending))
-    finally:
-        await stream.aclose()
-
-
-def _log_stderr_line(log: Any, line: bytes, truncated: bool, session: Any) -> None:
-    if hooks.STDERR_READERS:  # the live view shows it too
-        hooks.agent_stderr(line, session)
-    text = line.rstrip(b"\r").decode("utf-8", "replace")
-    if truncated:
-        log.info("agent stderr", line=text, truncated=True)
-    else:
-        log.info("agent stderr", line=text)
 
 
 def spawn_error_exit(exc: SpawnError) -> int:

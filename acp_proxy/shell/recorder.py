@@ -429,9 +429,10 @@ def open_recorder(
     connect: str | None = None,
     conn: int | None = None,
     path: str | None = None,
+    refused: list[str] | None = None,
 ) -> Recorder | None:
     """The recorder the config asks for (``None``: not recording, or the file cannot be opened,
-    which is logged: a session is never refused because its record cannot be written)."""
+    which is logged, and said in ``refused`` as ``--record PATH: WHY``)."""
     settings = config.record
     base = path if path is not None else settings.path
     if base is None:
@@ -449,7 +450,10 @@ def open_recorder(
             conn=conn,
         )
     except OSError as exc:
-        log.error("cannot open the record file", record=target, error=exc.strerror or str(exc))
+        why = exc.strerror or str(exc)
+        log.error("cannot open the record file", record=target, error=why)
+        if refused is not None:
+            refused.append(f"--record {target}: {why}")
         return None
     log.info("recording", record=target)
     return recorder

@@ -1,12 +1,14 @@
-"""Opening a record file safely: no link followed, private, never someone else's file.
+"""Opening a record file or the log file safely: no link followed, private, never someone
+else's file.
 
-Contract: owns the ``open`` of a record path (the flags, mode and rules are
+Contract: owns the ``open`` of a record path and of the log file (the flags, mode and rules are
 ``acp_proxy.record.settings``'s): a new file is created ``0600``; an existing one takes the record
-only if it is a regular file or a FIFO owned by the user with no group or other access, seen
-without following a link, and checked again on the descriptor opened (a file swapped in between
-is refused too). Refusals are ``RecordRefused`` with the reason. A FIFO is opened without
-waiting: with no reader yet, the writer opens it once one comes (``open_fifo``). Imports only
-the settings (the command line checks a record before an early start).
+(or the log) only if it is a regular file or a FIFO owned by the user with no group or other
+access, seen without following a link, and checked again on the descriptor opened (a file
+swapped in between is refused too). Refusals are ``RecordRefused`` with the reason. A record's
+FIFO is opened without waiting: with no reader yet, the writer opens it once one comes
+(``open_fifo``); the log's waits for its reader, as it always did. Imports only the settings
+(the command line checks a record before an early start, and opens the log before the loop).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import stat
 
 from acp_proxy.record.settings import (
+    LOG_OPEN_FLAGS,
     RECORD_FIFO_FLAGS,
     RECORD_FILE_MODE,
     RECORD_OPEN_FLAGS,
@@ -28,17 +31,17 @@ class RecordRefused(OSError):
     """A record path that may not take a record (``strerror``: why)."""
 
 
-def _check(path: str, st: os.stat_result) -> None:
-    why = refusal(st.st_mode, st.st_uid, os.geteuid())
+def _check(path: str, st: os.stat_result, what: str = "record") -> None:
+    why = refusal(st.st_mode, st.st_uid, os.geteuid(), what)
     if why is not None:
         raise RecordRefused(errno.EPERM, why, path)
 
 
-def _opened(path: str, fd: int, fifo: bool) -> int:
+def _opened(path: str, fd: int, fifo: bool, what: str = "record") -> int:
     """``fd`` once its file passes the rules (closed and refused if not)."""
     try:
         st = os.fstat(fd)
-        _check(path, st)
+        _check(path, st, what)
         if stat.S_ISFIFO(st.st_mode) != fifo:
             raise RecordRefused(errno.EPERM, "it was replaced while being opened", path)
     except BaseException:
@@ -72,6 +75,26 @@ def open_record_file(path: str) -> tuple[int | None, bool]:
         raise
     fifo = stat.S_ISFIFO(os.fstat(fd).st_mode)
     return _opened(path, fd, fifo), fifo
+
+
+def open_log_file(path: str) -> int:
+    """A descriptor appending to the log file at ``path``, by the record's rules (a FIFO waits
+    for its reader). ``RecordRefused`` or another ``OSError`` when it may not take the log."""
+    try:
+        st: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        _check(path, st, "log")
+    try:
+        fd = os.open(path, LOG_OPEN_FLAGS, RECORD_FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW: a link appeared at the path
+            raise RecordRefused(
+                errno.ELOOP, "it is a symbolic link (a log is never written through a link)", path
+            ) from None
+        raise
+    return _opened(path, fd, stat.S_ISFIFO(os.fstat(fd).st_mode), "log")
 
 
 def open_fifo(path: str) -> int | None:

@@ -15,7 +15,6 @@ same lifecycle rules as stdio.
 
 from __future__ import annotations
 
-import functools
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -26,15 +25,14 @@ import anyio.abc
 
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
+from acp_proxy.shell.agent_stderr import StderrTail, drain_stderr
 from acp_proxy.shell.drain import drain_after_exit
 from acp_proxy.shell.hooks import SessionObserver
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.process import (
     STDOUT_LINGER_S,
     AgentProcess,
-    StderrTail,
     describe_status,
-    drain_stderr,
     exit_code_of,
     spawn_agent,
     spawn_error_exit,
@@ -48,6 +46,8 @@ if TYPE_CHECKING:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After the agent died, how long the errors owed to the client wait for its last stderr lines.
 STDERR_TAIL_WAIT_S = 0.5
+# Where ``agent.stderr: passthrough`` copies the agent's stderr: the proxy's own.
+STDERR_FD = 2
 
 
 async def shutdown_on_signals(
@@ -99,9 +99,15 @@ async def run_proxy(
         # Imported only with a record path (start-up time).
         from acp_proxy.shell.recorder import exit_info, open_recorder
 
-        recorder = open_recorder(config, log=log, agent=agent_argv)
+        refused: list[str] = []
+        recorder = open_recorder(config, log=log, agent=agent_argv, refused=refused)
         if recorder is None:
-            return 2  # --record names a file that cannot be written: a usage error
+            # --record names a file that cannot be written: a usage error, and the editor's
+            # requests are answered with it (``startfail.answer_refusal``).
+            from acp_proxy.shell.startfail import answer_refusal
+
+            await answer_refusal(refused, client_stream)
+            return 2
     with anyio.open_signal_receiver(*_SIGNALS) as signals:
         try:
             agent = await spawn_agent(agent_argv, config.agent)
@@ -143,6 +149,8 @@ async def run_proxy(
                     observers=[recorder] if recorder is not None else [],
                 )
                 tg.cancel_scope.cancel()
+            if not shutdown.is_set() and not session.stats.client_eof:
+                await answer_after_death(session, client, log)
         finally:
             if client_stream is None:
                 with anyio.CancelScope(shield=True):
@@ -159,6 +167,29 @@ async def run_proxy(
         **session.summary(),
     )
     return exit_code_of(rc)
+
+
+async def answer_after_death(session: PumpSession, client: anyio.abc.ByteStream, log: Any) -> None:
+    """The agent died with the client still there: answer each request the client sends next
+    with the error the requests in flight got, until it closes its side or is silent for
+    ``startfail.LINGER_S`` (``FIRST_WAIT_S`` when it has sent nothing yet), as when the agent
+    cannot be started: a request written just after the first error is answered, not met with
+    EOF."""
+    from acp_proxy.shell.startfail import FIRST_WAIT_S, LINGER_S, answer_requests
+
+    if session.agent_gone_reason is None:
+        return
+    data, detail = session.agent_gone_error()
+    said = session.connection.stats.client_to_agent_in
+    answered = await answer_requests(
+        client,
+        session.agent_gone_reason,
+        detail=detail,
+        data=data,
+        first_wait_s=LINGER_S if said else FIRST_WAIT_S,
+    )
+    if answered:
+        log.info("requests answered after the agent's exit", count=answered)
 
 
 async def run_agent_session(
@@ -184,10 +215,17 @@ async def run_agent_session(
     input_closed = anyio.Event()
     shutdown_requested = anyio.Event()
 
-    # The last lines of the agent's stderr (when it is logged) go with the errors that answer
-    # its requests when it dies: what the editor shows a user whose agent failed at start.
+    # The last lines of the agent's stderr go with the errors that answer its requests when it
+    # dies (the last one in the message, the tail in ``error.data``): what the editor shows a
+    # user whose agent failed at start.
     tail = StderrTail() if agent.stderr_fd is not None else None
     stderr_done = anyio.Event()
+
+    def redact(raw: bytes) -> str:
+        # Imported only when a line is logged or an agent died with stderr (start-up time).
+        from acp_proxy.shell.framelog import redacted_text
+
+        return redacted_text(config.record, raw)
 
     async def exit_reason() -> str:
         shutdown_requested.set()
@@ -198,12 +236,10 @@ async def run_agent_session(
         return f"agent {describe_status(rc)}"
 
     def exit_data() -> bytes | None:
-        if tail is None:
-            return None
-        # Imported only when an agent died with stderr to show (start-up time).
-        from acp_proxy.shell.framelog import redacted_text
+        return tail.data(redact) if tail is not None else None
 
-        return tail.data(functools.partial(redacted_text, config.record))
+    def exit_detail() -> str | None:
+        return tail.last_line(redact) if tail is not None else None
 
     session = PumpSession(
         config,
@@ -214,6 +250,7 @@ async def run_agent_session(
         log=log,
         agent_exit_reason=exit_reason,
         agent_exit_data=exit_data,
+        agent_exit_detail=exit_detail,
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
@@ -269,7 +306,12 @@ async def run_agent_session(
                 async def drain() -> None:
                     try:
                         await drain_stderr(
-                            stderr_fd, log.bind(stream="agent_stderr"), tail, session
+                            stderr_fd,
+                            log.bind(stream="agent_stderr"),
+                            tail,
+                            session,
+                            copy_to=STDERR_FD if agent.stderr_passthrough else None,
+                            redact=redact,
                         )
                     finally:
                         stderr_done.set()

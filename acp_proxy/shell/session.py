@@ -58,7 +58,8 @@ class PumpSession:
     """One session between a client stream pair and an agent stream pair.
 
     ``agent_exit_reason`` is awaited once the agent's output ended; its text goes into the
-    -32603 errors for client requests still in flight (``Connection.abort_pending``), with
+    -32603 errors for client requests still in flight (``Connection.abort_pending``), then
+    what ``agent_exit_detail`` returns (the agent's last stderr line) after the method, with
     what ``agent_exit_data`` returns (encoded JSON) as their ``error.data``.
     ``on_agent_input_closed`` is called once the agent's input was flushed and closed (client
     EOF or ``stop_client_input``): the process layer starts its shutdown ladder there.
@@ -76,6 +77,7 @@ class PumpSession:
         log: Any = None,
         agent_exit_reason: Callable[[], Awaitable[str]] | None = None,
         agent_exit_data: Callable[[], bytes | None] | None = None,
+        agent_exit_detail: Callable[[], str | None] | None = None,
         on_agent_input_closed: Callable[[], None] | None = None,
         connection: Connection | None = None,
         budget: BufferBudget | None = None,
@@ -107,6 +109,8 @@ class PumpSession:
         self._agent_rx = agent_rx
         self._agent_exit_reason = agent_exit_reason
         self._agent_exit_data = agent_exit_data
+        self._agent_exit_detail = agent_exit_detail
+        self.agent_gone_reason: str | None = None  # set once the agent's output ended
         self._on_agent_input_closed = on_agent_input_closed
         self.stats = SessionStats()
         self.to_agent = Outbox(
@@ -139,6 +143,13 @@ class PumpSession:
     def stop_client_input(self) -> None:
         """Stop reading the client as if it had sent EOF (signals, client gone)."""
         self.from_client.stop()
+
+    def agent_gone_error(self) -> tuple[bytes | None, str | None]:
+        """``(error.data, detail)`` of the errors that answer requests once the agent is gone:
+        what ``agent_exit_data`` and ``agent_exit_detail`` return."""
+        data = self._agent_exit_data() if self._agent_exit_data is not None else None
+        detail = self._agent_exit_detail() if self._agent_exit_detail is not None else None
+        return data, detail
 
     def stop_agent_output(self) -> None:
         """Stop reading the agent as if it had closed its output (it exited; pipe lingers)."""
@@ -292,6 +303,7 @@ class PumpSession:
         reason = "agent closed its output"
         if self._agent_exit_reason is not None:
             reason = await self._agent_exit_reason()
+        self.agent_gone_reason = reason
         # Nothing read from the client after this point reaches the agent: stop first, so every
         # request the agent saw is either answered or in abort_pending (every client request
         # still awaiting a response when the agent is gone gets a JSON-RPC error response).
@@ -300,8 +312,10 @@ class PumpSession:
         if count:
             self.log.warning("answering requests left in flight", count=count, reason=reason)
             self._aborts_left = count
-            data = self._agent_exit_data() if self._agent_exit_data is not None else None
-            await self._queue_all(self.to_client, self.connection.abort_pending(reason, data))
+            data, detail = self.agent_gone_error()
+            await self._queue_all(
+                self.to_client, self.connection.abort_pending(reason, data, detail)
+            )
         self.to_client.close()
 
     async def _writer(self, outbox: Outbox, to_agent: bool) -> None:

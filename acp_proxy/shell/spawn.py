@@ -148,14 +148,23 @@ class AgentSettings(Protocol):
     def stderr(self) -> str: ...  # ``config.StderrMode``, a ``StrEnum``: "log" or "passthrough"
 
 
-# ``config.StderrMode.LOG``: each line of the agent's stderr becomes a log event.
+# ``config.StderrMode.LOG``: each line of the agent's stderr becomes a log event (else it is
+# copied to the proxy's stderr as it is).
 _STDERR_LOG = "log"
 
 
 class Started:
     """An agent process just started: its ``Popen``, our ends of its pipes, its session."""
 
-    __slots__ = ("argv", "popen", "session", "stderr_fd", "stdin_fd", "stdout_fd")
+    __slots__ = (
+        "argv",
+        "popen",
+        "session",
+        "stderr_fd",
+        "stderr_passthrough",
+        "stdin_fd",
+        "stdout_fd",
+    )
 
     def __init__(
         self,
@@ -163,14 +172,16 @@ class Started:
         *,
         stdin_fd: int,
         stdout_fd: int,
-        stderr_fd: int | None,
+        stderr_fd: int,
+        stderr_passthrough: bool,
         argv: tuple[str, ...],
         session: str,
     ) -> None:
         self.popen = popen
         self.stdin_fd = stdin_fd  # our write end of its stdin
         self.stdout_fd = stdout_fd  # our read end of its stdout
-        self.stderr_fd = stderr_fd  # our read end of its stderr pipe ("log"), else None
+        self.stderr_fd = stderr_fd  # our read end of its stderr pipe
+        self.stderr_passthrough = stderr_passthrough  # copied to our stderr (else: the log)
         self.argv = argv
         self.session = session  # the value of SESSION_ENV in its environment
 
@@ -180,7 +191,7 @@ def start_agent(
     agent: AgentSettings,
     environ: Mapping[str, str] | None = None,
 ) -> Started:
-    """Start the agent in its own session with pipes for stdin/stdout (and stderr when logged).
+    """Start the agent in its own session with pipes for stdin, stdout and stderr.
 
     Must run in the thread that runs the event loop (the main thread): the parent-death signal
     fires when the thread that forked the agent ends, so a short-lived worker thread would take
@@ -199,10 +210,9 @@ def start_agent(
     # per-read transport machinery, and we can enlarge their kernel buffers.
     in_r, in_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
-    err_r: int | None = None
-    err_w: int | None = None
-    if agent.stderr == _STDERR_LOG:
-        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    # stderr is a pipe in both modes: the proxy keeps its last lines for the errors that tell
+    # the editor why the agent died (``agent_stderr``), and logs or copies the rest.
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     for fd in (in_w, out_r):
         enlarge_pipe(fd)
     try:
@@ -210,13 +220,11 @@ def start_agent(
         # parent-death signal), and its exit is collected by ChildProcess, never by a child
         # watcher that the reaper could race. Like asyncio's own subprocess_exec, the fork and
         # exec happen synchronously in the loop's thread.
-        # stderr passthrough: the agent inherits our stderr, so it is drained by whoever reads
-        # ours (the editor) and never waits on the proxy.
         popen = subprocess.Popen(
             list(argv),
             stdin=in_r,
             stdout=out_w,
-            stderr=err_w if err_w is not None else None,
+            stderr=err_w,
             env=env,
             start_new_session=True,
             preexec_fn=_child_setup(os.getpid()),  # noqa: PLW1509 (see _child_setup)
@@ -233,7 +241,13 @@ def start_agent(
     # before the event loop claims an agent started early).
     SUPERVISION.owned.add(popen.pid)
     return Started(
-        popen, stdin_fd=in_w, stdout_fd=out_r, stderr_fd=err_r, argv=tuple(argv), session=session
+        popen,
+        stdin_fd=in_w,
+        stdout_fd=out_r,
+        stderr_fd=err_r,
+        stderr_passthrough=agent.stderr != _STDERR_LOG,
+        argv=tuple(argv),
+        session=session,
     )
 
 

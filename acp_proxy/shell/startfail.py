@@ -1,17 +1,21 @@
-"""An agent that cannot be started still answers the editor: each request gets an error.
+"""A session that cannot run still answers the editor: each request gets an error.
 
-Contract: owns what the client hears when the agent command cannot be started (not found, not
-executable): every request it sends is answered with a JSON-RPC ``-32603`` error naming the
-failure and the request's method ("agent could not be started (x: command not found) during
-initialize"), echoing the request's id bytes, until the client closes its side, sends nothing
-for ``LINGER_S`` after an answer, or sends no request within ``FIRST_WAIT_S``. Editors show
-that message; before, the proxy exited 127 with nothing on stdout and left the editor waiting.
-It never starts anything and reads at most ``MAX_LINE`` bytes of a line (longer ones skipped).
+Contract: owns what the client hears when there is no agent to answer it: the agent command
+cannot be started (not found, not executable), the agent died (after the errors for the
+requests it left in flight), or the proxy refused to start (a config error). Every request the
+client sends is answered with a JSON-RPC ``-32603`` error naming the failure and the request's
+method ("agent could not be started (x: command not found) during initialize"), echoing the
+request's id bytes, until the client closes its side, sends nothing for ``LINGER_S`` after an
+answer, or sends no request within ``FIRST_WAIT_S``. Editors show that message; a proxy that
+exited instead left the editor reading EOF. It never starts anything and reads at most
+``MAX_LINE`` bytes of a line (longer ones skipped).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -29,15 +33,57 @@ FIRST_WAIT_S = 5.0
 LINGER_S = 0.5
 # The longest line read; a longer one is skipped up to its newline.
 MAX_LINE = 1024 * 1024
+# The messages of a refusal carried in ``error.data.errors`` (a config file can hold many).
+MAX_DATA_ERRORS = 20
 
 
 async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: Any) -> int:
     """Answer each request read from ``client`` with ``agent could not be started (REASON)
     during METHOD``; returns how many were answered."""
+    answered = await answer_requests(client, f"agent could not be started ({reason})")
+    if answered:
+        log.info("requests answered: the agent could not be started", count=answered)
+    return answered
+
+
+async def answer_refusal(
+    messages: Sequence[str], client: anyio.abc.ByteStream | None = None
+) -> int:
+    """The proxy refused to start: answer the requests read from ``client`` (default: its
+    stdin/stdout) with ``acp-proxy could not start (FIRST MESSAGE[; and N more]) during
+    METHOD``, the messages in ``error.data.errors``; returns how many were answered. Not on a
+    terminal: a person there read the error on stderr, and would wait for the proxy instead."""
+    from acp_proxy.shell.transports import stdio_stream
+
+    if client is None and os.isatty(0):
+        return 0
+    reason = messages[0]
+    if len(messages) > 1:
+        reason += f"; and {len(messages) - 1} more"
+    data = orjson.dumps({"errors": list(messages[:MAX_DATA_ERRORS])})
+    stream = client if client is not None else stdio_stream()
+    try:
+        return await answer_requests(stream, f"acp-proxy could not start ({reason})", data=data)
+    finally:
+        if client is None:
+            await stream.aclose()
+
+
+async def answer_requests(
+    client: anyio.abc.ByteStream,
+    message: str,
+    *,
+    detail: str | None = None,
+    data: bytes | None = None,
+    first_wait_s: float = FIRST_WAIT_S,
+) -> int:
+    """Answer each request read from ``client`` with ``MESSAGE during METHOD`` (then
+    ``: DETAIL``; ``data`` as ``error.data``), waiting at most ``first_wait_s`` for the first;
+    returns how many were answered."""
     answered = 0
     pending = bytearray()
     skipping = False
-    deadline = time.monotonic() + FIRST_WAIT_S
+    deadline = time.monotonic() + first_wait_s
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -61,7 +107,7 @@ async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: A
             if last:
                 break
             if not skipping:
-                frame = _error_for(bytes(pending), reason)
+                frame = _error_for(bytes(pending), message, detail, data)
                 if frame is not None:
                     try:
                         await client.send(frame + b"\n")
@@ -71,12 +117,10 @@ async def answer_start_failure(client: anyio.abc.ByteStream, reason: str, log: A
                     deadline = time.monotonic() + LINGER_S
             pending.clear()
             skipping = False
-    if answered:
-        log.info("requests answered: the agent could not be started", count=answered)
     return answered
 
 
-def _error_for(raw: bytes, reason: str) -> bytes | None:
+def _error_for(raw: bytes, failure: str, detail: str | None, data: bytes | None) -> bytes | None:
     """The error owed for the request ``raw``, or None when it is not a request."""
     try:
         message = orjson.loads(raw)
@@ -91,5 +135,5 @@ def _error_for(raw: bytes, reason: str) -> bytes | None:
         id_bytes = rawscan.id_bytes(raw.strip()) or b"null"
     except Unparseable:
         return None
-    text = f"agent could not be started ({reason}) during {method}"
-    return error_frame_bytes(id_bytes, INTERNAL_ERROR, text)
+    text = f"{failure} during {method}: {detail}" if detail else f"{failure} during {method}"
+    return error_frame_bytes(id_bytes, INTERNAL_ERROR, text, data)

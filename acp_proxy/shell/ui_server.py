@@ -377,7 +377,9 @@ async def _serving(
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     link = token_url(shown_host, listener.address.port, token)
     print(f"acp-proxy: {what} at {link}", file=sys.stderr, flush=True)
-    log.info("serving the live view", url=link)
+    # The token is a password: whole on stderr (the user's copy), never in a log line (a log
+    # file outlives the session and may be shared); its first characters tell which it was.
+    log.info("serving the live view", url=link.partition("?")[0], token=token[:4] + "…")
     return listener, server
 
 

@@ -313,10 +313,10 @@ class Connection:
             self.stats.client_to_agent_out += n
 
     def abort_pending(
-        self, message: str, data: bytes | None = None
+        self, message: str, data: bytes | None = None, detail: str | None = None
     ) -> Iterator[tuple[OutFrame, ...]]:
-        """One -32603 error response (``message`` " during " the request's method, ``data`` as
-        its ``error.data``) per client request still awaiting the agent.
+        """One -32603 error response (``message`` " during " the request's method [": " detail],
+        ``data`` as its ``error.data``) per client request still awaiting the agent.
 
         For when the agent is gone: every client request still awaiting a response gets a
         JSON-RPC error response (code -32603, ``message`` naming the exit status, e.g. "agent
@@ -325,7 +325,7 @@ class Connection:
         ``ABORT_CHUNK`` in arrival order, as the caller iterates (bounded memory: 400,000
         responses built at once took 1.9 GB), so the shell writes each chunk before the next.
         """
-        return self._abort(_C2A, message, data)
+        return self._abort(_C2A, message, data, detail=detail)
 
     def abort_agent_requests(self, message: str) -> Iterator[tuple[OutFrame, ...]]:
         """One -32603 error response per agent request still awaiting the client (client gone),
@@ -339,9 +339,12 @@ class Connection:
         data: bytes | None = None,
         *,
         name_method: bool = True,
+        detail: str | None = None,
     ) -> Iterator[tuple[OutFrame, ...]]:
         # Detached now, built lazily.
-        chunks = self._tracker.abort(direction, message, data, name_method=name_method)
+        chunks = self._tracker.abort(
+            direction, message, data, name_method=name_method, detail=detail
+        )
         return _frames(chunks, self.version, self.stats)
 
     # --- agent -> client ----------------------------------------------------------------------

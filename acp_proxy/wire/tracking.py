@@ -140,10 +140,11 @@ class RequestTracker:
         data: bytes | None = None,
         *,
         name_method: bool = True,
+        detail: str | None = None,
     ) -> Iterator[tuple[tuple[bytes, ...], int]]:
         """Forget every request waiting in ``direction`` now, and yield the ``-32603`` errors
-        owed for them (``message``, then " during METHOD" with ``name_method``; ``data`` as
-        ``error.data``),
+        owed for them (``message``, then " during METHOD" with ``name_method``, then
+        ": DETAIL" with ``detail``; ``data`` as ``error.data``),
         ``ABORT_CHUNK`` at a time, each chunk with its size; built only as the caller iterates.
         Order: arrival order, except that requests behind an equal id come last."""
         table = self._tables[direction]
@@ -155,15 +156,21 @@ class RequestTracker:
         for queue in more.values():
             waiting.extend(queue)
         self._bytes -= sum(len(v[1]) for v in waiting)
-        return _errors(waiting, message, data, name_method)
+        return _errors(waiting, message, data, name_method, detail)
 
 
 def _errors(
-    waiting: list[Pending], message: str, data: bytes | None, name_method: bool
+    waiting: list[Pending],
+    message: str,
+    data: bytes | None,
+    name_method: bool,
+    detail: str | None,
 ) -> Iterator[tuple[tuple[bytes, ...], int]]:
     chunk: list[bytes] = []
     for method, id_bytes in waiting:
         text = f"{message} during {method}" if name_method and method else message
+        if detail:
+            text = f"{text}: {detail}"
         chunk.append(error_frame_bytes(id_bytes, INTERNAL_ERROR, text, data))
         if len(chunk) == ABORT_CHUNK:
             yield tuple(chunk), len(chunk)
