@@ -21,9 +21,13 @@ from typing import Generic, TypeVar, cast
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
+from acp_proxy.wire.framing import Oversize, read_request_id, scan_head
+from acp_proxy.wire.tracking import error_frame_bytes
 
 # JSON-RPC "Internal error": the request is well-formed, the replayed agent cannot answer it.
 DIVERGED_CODE = -32603
+# JSON-RPC "Invalid Request": a line over the frame size limit, answered as the proxy does.
+INVALID_REQUEST = -32600
 
 
 def _loads(raw: bytes) -> JsonValue | None:
@@ -252,6 +256,24 @@ class Replayer:
                     )
                 )
         return replies
+
+    def oversize(self, event: Oversize) -> list[bytes]:
+        """A live client line over the frame size limit (its bytes were not kept): the client
+        diverges there; a request whose id can be read from the line's head gets the -32600
+        error the proxy gives such a request (its id echoed as written)."""
+        text = (
+            f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte limit; "
+            "not forwarded"
+        )
+        if self.diverged is None:
+            self._diverge(
+                f"client message {self.matched + 1} of {event.size} bytes exceeds the "
+                f"{event.limit}-byte limit (--max-frame-bytes); not read"
+            )
+        is_request, _ = read_request_id(event.head)
+        if not is_request:
+            return []
+        return [error_frame_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)]
 
     def _match(self, message: dict[str, JsonValue]) -> None:
         position = self.matched + 1
