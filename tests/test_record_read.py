@@ -156,6 +156,38 @@ def test_replay_skips_unusable_lines_and_plays_the_rest(tmp_path: Path) -> None:
     assert [json.loads(x) for x in done.stdout.splitlines()] == [INIT_OK, WRITE]
 
 
+HAND_MADE = [
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","raw_b64":"e30="}',
+        'a frame with both "raw" and "raw_b64"',
+    ),
+    (b'{"t":-1,"dir":"agent_to_client","raw":"{}"}', '"t" is negative'),
+    (b'{"t":0.2,"dir":"agent_to_client","raw":"{}","kind":5}', '"kind" is not a string'),
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","generated":"yes"}',
+        '"generated" is not true or false',
+    ),
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","redacted":1}',
+        '"redacted" is not true or false',
+    ),
+    (b'{"t":0.2,"dir":"agent_to_client","raw":["{}"]}', '"raw" is not a string'),
+    (b'{"t":0.2,"dir":"agent_to_client","raw_b64":"e30"}', '"raw_b64" is not valid base64'),
+    (b'{"t":null,"dir":"agent_to_client","raw":"{}"}', '"t" is not a number'),
+]
+
+
+def test_hand_made_lines_of_the_wrong_shape_are_reported_by_line(tmp_path: Path) -> None:
+    record = tmp_path / "hand.jsonl"
+    good = session().splitlines(keepends=True)
+    record.write_bytes(b"".join([*good[:4], *(line + b"\n" for line, _ in HAND_MADE), *good[4:]]))
+    expected = [f"{record}:{n}: {why}; skipped" for n, (_, why) in enumerate(HAND_MADE, 5)]
+    for cmd in (["show"], ["show", "--state"], ["replay", "--speed", "0"]):
+        done = run_cli(*cmd, str(record), stdin=client_lines(INIT, WRITE_OK))
+        assert reports(done.stderr, record) == expected, cmd
+        assert done.returncode == 0, done.stderr
+
+
 def test_a_frame_nested_too_deep_is_summarised_and_the_next_one_shown(tmp_path: Path) -> None:
     deep = b'{"jsonrpc":"2.0","method":"x","params":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     record = tmp_path / "deep.jsonl"
