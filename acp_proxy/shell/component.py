@@ -22,6 +22,7 @@ import contextlib
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ import orjson
 
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.repeats import Repeats
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
 from acp_proxy.wire.component import Link, Side
 from acp_proxy.wire.envelope import Dialect
@@ -159,6 +161,12 @@ class ConductorMux:
         self.envelopes_in = 0
         self.envelopes_out = 0
         self.dialect_logged = False
+        # Warnings the conductor or the session can repeat at will: logged once, then counted.
+        self.repeats = Repeats()
+        # Errors for requests no envelope could carry, for the session as the successor's
+        # answers (``give_back``); at most ``link.max_in_flight``, the oldest dropped past it.
+        self._replies: deque[bytes] = deque()
+        self._replies_ready = anyio.Event()
 
     # -- from the conductor --------------------------------------------------------------------
 
@@ -205,7 +213,7 @@ class ConductorMux:
                 continue
             routed = incoming(line)
             if routed.note is not None:
-                self.log.warning(routed.note)
+                self.repeats(routed.kind or routed.note, self.log.warning, routed.note)
             if routed.envelope is not None:
                 self.envelopes_in += 1
                 if routed.hop_meta is not None and self.recorder is not None:
@@ -304,12 +312,37 @@ class ConductorMux:
         for line in data[:end].split(b"\n"):
             sent = outgoing(side, line)
             if sent.note is not None:
-                self.log.warning(sent.note)
+                self.repeats(sent.note, self.log.warning, sent.note)
+            if sent.replies:
+                self._give_back(sent.replies)
             if sent.data is not None:
                 out.append(sent.data)
                 if sent.envelope is not None:
                     self.envelopes_out += 1
         return b"\n".join(out) + b"\n" if out else b""
+
+    def _give_back(self, replies: tuple[bytes, ...]) -> None:
+        self._replies.extend(replies)
+        while len(self._replies) > self.link.max_in_flight:
+            self._replies.popleft()
+            self.repeats(
+                "replies dropped",
+                self.log.warning,
+                "an error for a request that could not go on was dropped (too many waiting)",
+            )
+        self._replies_ready.set()
+
+    async def give_back(self) -> None:
+        """Deliver the errors ``_transform`` made for requests that could not go toward the
+        successor, to the session as the successor's answers (runs for the whole session)."""
+        while True:
+            await self._replies_ready.wait()
+            self._replies_ready = anyio.Event()
+            while self._replies:
+                lines = list(self._replies)
+                self._replies.clear()
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self.agent.deliver(b"\n".join(lines) + b"\n")
 
     async def _send(self, data: bytes) -> None:
         async with self._write_lock:
@@ -353,6 +386,7 @@ async def run_component(
             tg.start_soon(shutdown_on_signals, shutdown, log, "signal received; closing")
             tg.start_soon(mux.pump_in)
             tg.start_soon(mux.flush)
+            tg.start_soon(mux.give_back)
             _lost, session = await run_remote_agent_session(
                 config,
                 mux.agent,
@@ -368,6 +402,7 @@ async def run_component(
         with anyio.CancelScope(shield=True):
             if conductor_stream is None:
                 await stream.aclose()
+    mux.repeats.flush()
     if recorder is not None:
         recorder.finish({"status": "conductor closed the connection"})
     log.info(
