@@ -143,6 +143,26 @@ def test_replay_script_gates_agent_messages_by_the_requests_they_answer() -> Non
     assert replayer.finish() == []
 
 
+def test_replay_keeps_a_live_id_only_until_its_response_is_played() -> None:
+    # A long record of request/response pairs: the table of live ids holds the requests whose
+    # response is still to come, not one entry per request of the record.
+    n = 1_000
+    record = [_frame(0.0, C, INIT), _frame(0.1, A, INIT_OK)]
+    for i in range(n):
+        record.append(_frame(0.2, C, {**PROMPT, "id": 10 + i}))
+        record.append(_frame(0.3, A, {**PROMPT_OK, "id": 10 + i}))
+    replayer = Replayer.from_record(record)
+    assert replayer.receive(json.dumps(INIT).encode()) == []
+    assert len(replayer.ready()) == 1
+    for i in range(n):
+        assert replayer.receive(json.dumps({**PROMPT, "id": f"live-{i}"}).encode()) == []
+        assert replayer.open_ids == 1
+        [(_, frame)] = replayer.ready()
+        assert json.loads(frame) == {**PROMPT_OK, "id": f"live-{i}"}
+        assert replayer.open_ids == 0
+    assert replayer.finish() == []
+
+
 def test_replay_script_answers_a_diverging_client_with_errors() -> None:
     replayer = Replayer.from_record(RECORD)
     replies = replayer.receive(json.dumps({**INIT, "method": "authenticate"}).encode())

@@ -224,7 +224,9 @@ class Replayer:
         changed = False
         for i, message in enumerate(messages):
             if isinstance(message, dict) and "method" not in message and "id" in message:
-                live = self._ids.get(_key(message["id"]), message["id"])
+                # A request has one response: its live id is not needed after it (kept, the
+                # table would grow by one entry per request of the whole record).
+                live = self._ids.pop(_key(message["id"]), message["id"])
                 if live != message["id"] or type(live) is not type(message["id"]):
                     messages[i] = {**message, "id": live}
                     changed = True
@@ -298,6 +300,13 @@ class Replayer:
         self.matched += 1
         if "method" in expected and "id" in expected:
             self._ids[_key(expected["id"])] = message["id"]
+            if len(self._ids) > MAX_OPEN_REQUESTS:  # never answered in the record: forgotten
+                del self._ids[next(iter(self._ids))]
+
+    @property
+    def open_ids(self) -> int:
+        """Live ids of requests whose recorded response is still to come (bounded)."""
+        return len(self._ids)
 
     def _diverge(self, reason: str) -> None:
         self.diverged = reason
