@@ -12,7 +12,11 @@ import pytest
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from acp_proxy.shell.session_spans import MAX_OPEN_SPANS, SessionTracing
@@ -66,7 +70,7 @@ def test_open_spans_are_bounded_the_oldest_ended_and_counted() -> None:
     assert not spans.open and not spans.turn_spans and not spans.requests
 
 
-class StuckExporter:
+class StuckExporter(SpanExporter):
     """A span exporter whose export never returns until it is shut down (a collector that
     accepts and never answers, with the exporter's own long timeout)."""
 
@@ -76,18 +80,13 @@ class StuckExporter:
         self.stopped = threading.Event()
         self.exporting = threading.Event()
 
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
+    def export(self, spans: Any) -> SpanExportResult:
         self.exporting.set()
         self.stopped.wait(30)
         return SpanExportResult.FAILURE
 
-    def shutdown(self, timeout_millis: float = 0) -> None:
+    def shutdown(self) -> None:
         self.stopped.set()
-
-    def force_flush(self, timeout_millis: int = 0) -> bool:
-        return True
 
 
 def test_the_exporter_is_shut_down_within_the_deadline() -> None:
