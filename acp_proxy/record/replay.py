@@ -65,12 +65,14 @@ class ClientStep:
 class AgentStep:
     t: float
     raw: bytes  # one frame as the client received it
-    value: JsonValue
+    value: JsonValue  # its parse when it holds a response (its id is mapped), else None
     # Client messages that must have arrived before it is due (see ``from_record``).
     need: int
     gate_t: float = 0.0  # the recorded time of client message ``need`` (0: none)
 
 
+# The agent frames ``Replayer.ready`` gives at once, in bytes (past the first).
+READY_BYTES = 1 << 20
 # Requests of the recorded client still unanswered, remembered to gate the agent's answers:
 # past this, the oldest is forgotten (its answer then waits for every client message before).
 MAX_OPEN_REQUESTS = 100_000
@@ -126,7 +128,12 @@ def agent_steps(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[AgentSte
                         gate, gate_t = got
                 if gate > need:
                     need, need_t = gate, gate_t
-                yield AgentStep(t, frame, value, need, need_t)
+                # Only a response's id is mapped: the parse of anything else is not kept.
+                answers = any(
+                    isinstance(m, dict) and "method" not in m and "id" in m
+                    for m in _messages_of(value)
+                )
+                yield AgentStep(t, frame, value if answers else None, need, need_t)
 
 
 def _t(entry: Mapping[str, JsonValue]) -> float:
@@ -199,19 +206,26 @@ class Replayer:
     def client_steps_left(self) -> int:
         return self.client.rest()
 
-    def ready(self, limit: int = 256) -> list[tuple[AgentStep, bytes]]:
+    def ready(
+        self, limit: int = 256, max_bytes: int = READY_BYTES
+    ) -> list[tuple[AgentStep, bytes]]:
         """The agent frames due now, in order, each with its step (for its timing): at most
-        ``limit`` of them (call again until it gives none)."""
+        ``limit`` of them and, past the first, ``max_bytes`` of frames (call again until it
+        gives none): what is held at once does not grow with the size of the frames."""
         out: list[tuple[AgentStep, bytes]] = []
         if self.diverged is not None:
             return out
+        size = 0
         while (
             len(out) < limit
+            and (not out or size < max_bytes)
             and (step := self.agent.peek()) is not None
             and step.need <= self.matched
         ):
             self.agent.pop()
-            out.append((step, self._mapped(step)))
+            frame = self._mapped(step)
+            size += len(frame)
+            out.append((step, frame))
         return out
 
     def gate_t(self, step: AgentStep) -> float:
