@@ -82,3 +82,23 @@ async def test_responses_to_ids_not_in_flight_are_logged_once_and_counted(
     assert rc == 0
     event = "a response to no request in flight; dropped"
     assert _warnings(log) == [{"event": event}, {"event": event, "repeated": n - 1}]
+
+
+async def test_a_request_over_the_frame_limit_gets_the_proxys_error() -> None:
+    comp: Component = await start("--max-frame-bytes", "1000")
+    await handshake(comp, "official")
+    # Longer than one read of the conductor (256 KiB): it arrives in pieces.
+    big = b'{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"x":"' + b"a" * 300_000
+    big += b'"}}'
+    await comp.send(big)
+    text = f"acp-proxy: message of {len(big)} bytes exceeds the 1000-byte limit; not forwarded"
+    assert json.loads(await comp.line()) == {
+        "jsonrpc": "2.0",
+        "id": 4,
+        "error": {"code": -32600, "message": text},
+    }
+    # The next line is read as usual.
+    await comp.send(b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}')
+    assert await comp.line() == wrapped("official", None, b"session/cancel", b'{"sessionId":"s"}')
+    rc, _ = await comp.close()
+    assert rc == 0

@@ -10,7 +10,8 @@ It never parses a message itself and spawns nothing.
 
 Bounds: each side's stream holds at most ``SIDE_CHUNKS`` chunks of lines (a chunk is at most one
 read, ``READ_SIZE``, plus one partial line of at most ``max_frame_bytes``); the partial line is
-bounded by ``max_frame_bytes`` (a longer one is discarded up to its newline, with a log line).
+bounded by ``max_frame_bytes`` (the project's ``LineSplitter``: a longer one is discarded up to
+its newline, with a log line, and a request in it gets the proxy's -32600 error).
 Both directions share the conductor's one input, so a side that stops taking lines (its queue
 toward the other side full) stops the reading of both: the connection itself is shared.
 """
@@ -35,8 +36,9 @@ from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.repeats import Repeats
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
-from acp_proxy.wire.component import Link, Side
-from acp_proxy.wire.envelope import Dialect
+from acp_proxy.wire.component import INVALID_REQUEST, Link, Side
+from acp_proxy.wire.envelope import Dialect, error_response
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize, read_request_id, scan_head
 
 if TYPE_CHECKING:
     from acp_proxy.shell.recorder import Recorder
@@ -172,36 +174,47 @@ class ConductorMux:
 
     async def pump_in(self) -> None:
         """Read the conductor until EOF, routing each line; then end both sides' input."""
-        buffer = b""
-        skipping = False  # inside a line longer than max_frame_bytes
+        splitter = LineSplitter(self.max_frame_bytes)
         try:
             while True:
                 try:
                     chunk = await self.stream.receive(READ_SIZE)
                 except _STREAM_ERRORS:
                     break
-                if skipping:
-                    cut = chunk.find(b"\n")
-                    if cut < 0:
-                        continue
-                    chunk, skipping = chunk[cut + 1 :], False
-                data = buffer + chunk if buffer else chunk
-                end = data.rfind(b"\n")
-                if end < 0:
-                    buffer = data
-                else:
-                    buffer = data[end + 1 :]
-                    await self._route(data[:end].split(b"\n"))
-                if len(buffer) > self.max_frame_bytes:
-                    self.log.warning(
-                        "a line from the conductor is longer than max_frame_bytes; discarded",
-                        max_frame_bytes=self.max_frame_bytes,
-                    )
-                    buffer, skipping = b"", True
+                await self._take(splitter.feed(chunk))
+            await self._take(splitter.end())
         finally:
             self.closed.set()
             self.client.incoming.close()
             self.agent.incoming.close()
+
+    async def _take(self, events: list[Line | Oversize]) -> None:
+        """Route the complete lines; a line over ``max_frame_bytes`` was not kept: a request
+        in it (its id read from its head) is answered with the proxy's -32600 error on the
+        conductor connection, whichever side sent it, so it never waits for nothing."""
+        lines: list[bytes] = []
+        for event in events:
+            if isinstance(event, Line):
+                lines.append(event.raw)
+                continue
+            if lines:
+                await self._route(lines)
+                lines = []
+            self.repeats(
+                "oversize",
+                self.log.warning,
+                "a line from the conductor is longer than max_frame_bytes; discarded",
+                max_frame_bytes=self.max_frame_bytes,
+            )
+            if read_request_id(event.head)[0]:
+                text = (
+                    f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte "
+                    "limit; not forwarded"
+                )
+                reply = error_response(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
+                await self._send(reply + b"\n")
+        if lines:
+            await self._route(lines)
 
     async def _route(self, lines: list[bytes]) -> None:
         """Lines to their sides, consecutive lines of one side in one chunk."""
