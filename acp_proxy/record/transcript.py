@@ -7,7 +7,8 @@ the proxy changed (the ``_meta`` diff of each changed frame, the frames it inser
 generated). ``render`` turns a row into text (colours only when asked), every string taken
 from the record made visible (``escape.visible``: a control sequence in an agent's method name
 is printed, never executed). ``final_state`` is what a client stores from what it received
-(``ClientModel``, fed as the lines come: memory holds the state, not the record). A frame nested
+(``ClientModel``, fed as the lines come: memory holds the state, not the record; fed each
+line's offset, it keeps a reference per chunk instead of its value, ``record.chunkrefs``). A frame nested
 too deeply to read is summarised, never an error. No I/O, no clock.
 """
 
@@ -17,21 +18,16 @@ import fnmatch
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
-from acp_proxy.meta.registry import CHUNK_KINDS, entity_key, session_update_kind
+from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel
+from acp_proxy.record.chunkrefs import Where, referenced
 from acp_proxy.record.escape import visible
-from acp_proxy.record.format import (
-    AGENT_TO_CLIENT,
-    CLIENT_TO_AGENT,
-    delivered,
-    frame_bytes,
-    read_line,
-)
+from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
 ARROWS = {CLIENT_TO_AGENT: "C→A", AGENT_TO_CLIENT: "A→C"}
 # Requests waiting for their response (to join it and give its latency): past this, the oldest
@@ -251,58 +247,6 @@ def meta_diff(before: JsonValue, after: JsonValue) -> list[str]:
     return [change.text() for change in meta_changes(before, after)]
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """A chunk's appended value, left in the record file: the value ``field`` of the update
-    of message ``message`` of the ``frame``-th frame the client received from the line at
-    ``offset`` (``chunk_value`` reads it back). The client's state keeps one of these per chunk
-    instead of the value: a long message of a million chunks costs a few tens of MB, not the
-    message's text as parsed objects."""
-
-    offset: int
-    frame: int
-    message: int
-    field: str
-
-
-def chunk_value(line: bytes, ref: ChunkRef) -> JsonValue:
-    """The value ``ref`` stands for, from its line; ``None`` when the line is not the one it
-    was read from (the file changed under the reader)."""
-    entry = read_line(line)
-    if isinstance(entry, str):
-        return None
-    frames = delivered(entry)
-    if ref.frame >= len(frames):
-        return None
-    value = _loads(frames[ref.frame])
-    messages = value if isinstance(value, list) else [value]
-    if ref.message >= len(messages):
-        return None
-    message = messages[ref.message]
-    params = message.get("params") if isinstance(message, dict) else None
-    update = params.get("update") if isinstance(params, dict) else None
-    return update.get(ref.field) if isinstance(update, dict) else None
-
-
-def _referenced(message: JsonObject, version: int, ref: ChunkRef) -> JsonObject:
-    """``message`` with its chunk's value replaced by ``ref`` (a message that is not a chunk,
-    or has no value, as it is). A new object: the message itself is never changed."""
-    kind = session_update_kind(message)
-    chunk = CHUNK_KINDS[version].get(kind) if kind is not None else None
-    if chunk is None:
-        return message
-    params = message["params"]
-    assert isinstance(params, dict)
-    update = params["update"]
-    assert isinstance(update, dict)
-    if chunk.value_field not in update:
-        return message
-    # Not a JSON value: it stands for one (the state's reader reads it back), and the model
-    # only appends a chunk's value, never looks into it.
-    place = cast(JsonValue, ChunkRef(ref.offset, ref.frame, ref.message, chunk.value_field))
-    return {**message, "params": {**params, "update": {**update, chunk.value_field: place}}}
-
-
 @dataclass(slots=True)
 class Transcript:
     """Rows from record lines, with the request table that joins responses to requests."""
@@ -314,7 +258,7 @@ class Transcript:
     _pending: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     _model: ClientModel | None = None  # the client's state, once the version is known
     # Received before the version, each with where its line is (-1: not known).
-    _early: list[tuple[JsonObject, ChunkRef | None]] = field(default_factory=list)
+    _early: list[tuple[JsonObject, Where | None]] = field(default_factory=list)
     _offset: int = -1  # where the line being fed starts in its file (-1: not known)
 
     def feed(self, entry: Mapping[str, JsonValue], offset: int = -1) -> Row | None:
@@ -359,7 +303,7 @@ class Transcript:
                 got = _loads(frame)
                 for m, message in enumerate(got if isinstance(got, list) else [got]):
                     if isinstance(message, dict):
-                        place = ChunkRef(self._offset, f, m, "") if self._offset >= 0 else None
+                        place = (self._offset, f, m) if self._offset >= 0 else None
                         self._receive(message, place)
         detail = str(kind) if isinstance(kind, str) else None
         if value is None and raw.strip()[:1] in (b"{", b"[") and _too_deep(raw):
@@ -377,7 +321,7 @@ class Transcript:
             inserted=tuple(inserted),
         )
 
-    def _receive(self, message: JsonObject, place: ChunkRef | None = None) -> None:
+    def _receive(self, message: JsonObject, place: Where | None = None) -> None:
         if self._model is None:
             if self.version is None and len(self._early) < MAX_BEFORE_VERSION:
                 self._early.append((message, place))
@@ -386,10 +330,10 @@ class Transcript:
         assert self._model is not None
         self._apply(message, place)
 
-    def _apply(self, message: JsonObject, place: ChunkRef | None) -> None:
+    def _apply(self, message: JsonObject, place: Where | None) -> None:
         assert self._model is not None
         if place is not None:
-            message = _referenced(message, self._model.version, place)
+            message = referenced(message, self._model.version, place)
         self._model.apply(message)
 
     def _start_model(self) -> None:
@@ -470,6 +414,13 @@ class Transcript:
                     )
             out.append(message)
         return out
+
+    def state_version(self) -> int:
+        """The protocol version the client's state was built for."""
+        if self._model is None:
+            self._start_model()
+        assert self._model is not None
+        return self._model.version
 
     def final_state(self) -> dict[str, Any]:
         """What a client stores from everything it received (``ClientModel.snapshot``: the

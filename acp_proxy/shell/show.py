@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.record.chunkrefs import ChunkRef, chunk_value
 from acp_proxy.record.escape import safe_json, safe_json_chunks, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
-from acp_proxy.record.transcript import ChunkRef, Filters, Row, Transcript, chunk_value, render
+from acp_proxy.record.transcript import Filters, Row, Transcript, render
 from acp_proxy.shell.recordread import (
     Problems,
     SessionInfo,
@@ -209,7 +210,8 @@ def main(argv: Sequence[str]) -> int:
 
             def read_back(value: object) -> object:
                 if isinstance(value, ChunkRef):
-                    return chunk_value(line_at(stream, value.offset), value)
+                    line = line_at(stream, value.where[0])
+                    return chunk_value(line, value, transcript.state_version())
                 raise TypeError(f"not JSON: {type(value).__name__}")
 
             state = _state(transcript, args.entity)
