@@ -8,7 +8,7 @@ import json
 import orjson
 import pytest
 
-from acp_proxy.wire.component import Link, Side
+from acp_proxy.wire.component import Link, Routed, Side
 from acp_proxy.wire.envelope import (
     Dialect,
     NotAnEnvelope,
@@ -340,7 +340,13 @@ def test_batches_and_odd_lines_are_refused() -> None:
     assert got.side is Side.CONDUCTOR
     assert [orjson.loads(line)["id"] for line in got.data.split(b"\n")] == [1, "z"]
     assert link.incoming(b"[]").side is Side.NOWHERE
-    assert link.incoming(b"not json").side is Side.NOWHERE
+    # Not JSON: no envelope, so the client side's (the session takes it as standalone does);
+    # toward the successor no envelope carries it, and a request in it gets an error back.
+    assert link.incoming(b"not json") == Routed(Side.CLIENT, b"not json")
+    assert link.outgoing(Side.AGENT, b"not json").replies == ()
+    cut = link.outgoing(Side.AGENT, b'{"jsonrpc":"2.0","id":3,"method":"a","params":{"x":')
+    assert cut.data is None
+    assert [orjson.loads(r)["id"] for r in cut.replies] == [3]
     inside = b'{"jsonrpc":"2.0","id":4,"method":"proxy/successor","params":[{"method":"a"}]}'
     refused = link.incoming(inside)
     assert refused.side is Side.CONDUCTOR and orjson.loads(refused.data)["error"]["code"] == -32600

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from acp_proxy.meta.state import ClientModel
+from acp_proxy.record.chunkrefs import ChunkRef, chunk_value
 from acp_proxy.record.format import (
     UNREADABLE,
     RecordError,
@@ -143,6 +144,26 @@ def test_replay_script_gates_agent_messages_by_the_requests_they_answer() -> Non
     assert replayer.finish() == []
 
 
+def test_replay_keeps_a_live_id_only_until_its_response_is_played() -> None:
+    # A long record of request/response pairs: the table of live ids holds the requests whose
+    # response is still to come, not one entry per request of the record.
+    n = 1_000
+    record = [_frame(0.0, C, INIT), _frame(0.1, A, INIT_OK)]
+    for i in range(n):
+        record.append(_frame(0.2, C, {**PROMPT, "id": 10 + i}))
+        record.append(_frame(0.3, A, {**PROMPT_OK, "id": 10 + i}))
+    replayer = Replayer.from_record(record)
+    assert replayer.receive(json.dumps(INIT).encode()) == []
+    assert len(replayer.ready()) == 1
+    for i in range(n):
+        assert replayer.receive(json.dumps({**PROMPT, "id": f"live-{i}"}).encode()) == []
+        assert replayer.open_ids == 1
+        [(_, frame)] = replayer.ready()
+        assert json.loads(frame) == {**PROMPT_OK, "id": f"live-{i}"}
+        assert replayer.open_ids == 0
+    assert replayer.finish() == []
+
+
 def test_replay_script_answers_a_diverging_client_with_errors() -> None:
     replayer = Replayer.from_record(RECORD)
     replies = replayer.receive(json.dumps({**INIT, "method": "authenticate"}).encode())
@@ -225,3 +246,46 @@ def test_frame_bytes_never_raises_on_a_bad_field() -> None:
     assert frame_bytes({"raw_b64": "%%%not base64"}) == b""
     assert frame_bytes({"raw": {"not": "a string"}}) == b""
     assert delivered({"sent": [{"b64": "x"}, 3, "ok"]}) == [b"", b"", b"ok"]
+
+
+def test_state_with_chunks_left_in_the_file_reads_back_the_same_state() -> None:
+    def chunk(i: int, kind: str = "agent_message_chunk") -> dict[str, Any]:
+        update = {
+            "sessionUpdate": kind,
+            "messageId": "m",
+            "content": {"type": "text", "text": f"p{i}"},
+        }
+        return {
+            "jsonrpc": "2.0",
+            "method": "session/update",
+            "params": {"sessionId": "s", "update": update},
+        }
+
+    lines = [
+        _frame(0.0, A, chunk(0)),
+        _frame(0.1, A, [chunk(1), chunk(2, "agent_thought_chunk")]),  # a batch
+        # The proxy changed it: the client received the two frames of "sent".
+        {**_frame(0.2, A, chunk(3)), "sent": [json.dumps(chunk(4)), json.dumps(chunk(5))]},
+    ]
+    encoded = [orjson.dumps(line) for line in lines]
+    offsets = [sum(len(e) + 1 for e in encoded[:i]) for i in range(len(encoded))]
+    at = dict(zip(offsets, encoded, strict=True))
+    plain, placed = Transcript(version=2), Transcript(version=2)
+    for line, offset in zip(lines, offsets, strict=True):
+        plain.feed(line)
+        placed.feed(line, offset)
+    refs = 0
+
+    def resolved(value: Any) -> Any:
+        nonlocal refs
+        if isinstance(value, ChunkRef):
+            refs += 1
+            return chunk_value(at[value.where[0]], value, placed.state_version())
+        if isinstance(value, dict):
+            return {k: resolved(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolved(v) for v in value]
+        return value
+
+    assert resolved(placed.final_state()) == plain.final_state()
+    assert refs == 5  # every chunk the client received, none of the one it did not

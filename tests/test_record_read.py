@@ -156,6 +156,38 @@ def test_replay_skips_unusable_lines_and_plays_the_rest(tmp_path: Path) -> None:
     assert [json.loads(x) for x in done.stdout.splitlines()] == [INIT_OK, WRITE]
 
 
+HAND_MADE = [
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","raw_b64":"e30="}',
+        'a frame with both "raw" and "raw_b64"',
+    ),
+    (b'{"t":-1,"dir":"agent_to_client","raw":"{}"}', '"t" is negative'),
+    (b'{"t":0.2,"dir":"agent_to_client","raw":"{}","kind":5}', '"kind" is not a string'),
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","generated":"yes"}',
+        '"generated" is not true or false',
+    ),
+    (
+        b'{"t":0.2,"dir":"agent_to_client","raw":"{}","redacted":1}',
+        '"redacted" is not true or false',
+    ),
+    (b'{"t":0.2,"dir":"agent_to_client","raw":["{}"]}', '"raw" is not a string'),
+    (b'{"t":0.2,"dir":"agent_to_client","raw_b64":"e30"}', '"raw_b64" is not valid base64'),
+    (b'{"t":null,"dir":"agent_to_client","raw":"{}"}', '"t" is not a number'),
+]
+
+
+def test_hand_made_lines_of_the_wrong_shape_are_reported_by_line(tmp_path: Path) -> None:
+    record = tmp_path / "hand.jsonl"
+    good = session().splitlines(keepends=True)
+    record.write_bytes(b"".join([*good[:4], *(line + b"\n" for line, _ in HAND_MADE), *good[4:]]))
+    expected = [f"{record}:{n}: {why}; skipped" for n, (_, why) in enumerate(HAND_MADE, 5)]
+    for cmd in (["show"], ["show", "--state"], ["replay", "--speed", "0"]):
+        done = run_cli(*cmd, str(record), stdin=client_lines(INIT, WRITE_OK))
+        assert reports(done.stderr, record) == expected, cmd
+        assert done.returncode == 0, done.stderr
+
+
 def test_a_frame_nested_too_deep_is_summarised_and_the_next_one_shown(tmp_path: Path) -> None:
     deep = b'{"jsonrpc":"2.0","method":"x","params":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     record = tmp_path / "deep.jsonl"
@@ -446,3 +478,66 @@ def test_state_and_replay_of_a_big_record_stay_in_bounded_memory(tmp_path: Path)
     rc, replay_mib = peak_rss_mib(stdin, "replay", "--speed", "0", str(record))
     assert rc == 0
     assert max(state_mib, replay_mib) < 80, (state_mib, replay_mib, time.monotonic() - started)
+
+
+CAPPED = """
+import resource, subprocess, sys
+cap = int(sys.argv[1])
+def limit():
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+done = subprocess.run(sys.argv[3:], stdin=open(sys.argv[2], "rb"), capture_output=True,
+                      preexec_fn=limit)
+sys.stdout.buffer.write(done.stdout)
+sys.stderr.buffer.write(done.stderr)
+sys.exit(done.returncode)
+"""
+
+
+def capped(cap_mib: int, stdin: Path, *cmd: str) -> subprocess.CompletedProcess[bytes]:
+    """``acp-proxy CMD`` run with its address space capped at ``cap_mib`` MiB."""
+    runner = [sys.executable, "-c", CAPPED, str(cap_mib << 20), str(stdin)]
+    return subprocess.run(
+        [*runner, sys.executable, "-m", "acp_proxy", *cmd],
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=120,
+        check=False,
+    )
+
+
+def test_state_and_replay_of_a_long_message_fit_an_address_space_smaller_than_its_text(
+    tmp_path: Path,
+) -> None:
+    # One message of 500 chunks of 64 KiB: 32 MiB of text, and the process may map 40 MiB in
+    # all. The state keeps where each chunk is in the file and reads it back as it prints it;
+    # holding the chunks' text, the process runs out of memory (its lines are then reported
+    # as unreadable and the state is wrong). The replay writes the frames as they come (a
+    # batch of due frames is bounded in bytes, not only in number).
+    n, text = 500, "y" * 65536
+    chunk = {
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {
+            "sessionId": "s",
+            "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "messageId": "m",
+                "content": {"type": "text", "text": text},
+            },
+        },
+    }
+    record = tmp_path / "long.jsonl"
+    with record.open("wb") as f:
+        f.write(session(end=False))
+        f.write(frame(0.5, A, chunk) * n)
+    stdin = tmp_path / "client.jsonl"
+    stdin.write_bytes(client_lines(INIT, WRITE_OK))
+    done = capped(40, stdin, "show", "--state", str(record))
+    assert (done.returncode, done.stderr) == (0, b"")
+    [message] = json.loads(done.stdout)["entities"]
+    assert message["entity"] == ["agent_message", "s", "m"]
+    assert message["fields"]["content"] == [{"type": "text", "text": text}] * n
+    played = capped(40, stdin, "replay", "--speed", "0", str(record))
+    assert (played.returncode, played.stderr) == (0, b"")
+    assert played.stdout.count(b"\n") == 2 + n

@@ -247,17 +247,29 @@ def _number(value: JsonValue) -> bool:
 def entry_problem(entry: Mapping[str, JsonValue]) -> str | None:
     """Why a parsed frame or event line cannot be used (``None``: it can).
 
-    A frame needs a finite number ``t``, a known ``dir``, exactly one of ``raw`` (a string) and
-    ``raw_b64`` (valid base64); ``sent``, when present, a list of strings and ``{"b64": ...}``;
-    ``changed_by`` a list of strings. An event needs ``t`` and a string ``event``.
+    A frame needs a finite number ``t`` (not negative), a known ``dir``, exactly one of ``raw``
+    (a string) and ``raw_b64`` (valid base64); ``sent``, when present, a list of strings and
+    ``{"b64": ...}``; ``changed_by`` a list of strings; ``kind`` a string; ``generated`` and
+    ``redacted`` true or false. An event needs ``t`` and a string ``event``.
     """
-    if not _number(entry.get("t")):
+    t = entry.get("t")
+    if not _number(t):
         return '"t" is not a number'
+    assert isinstance(t, int | float)
+    if t < 0:
+        return '"t" is negative'
     if "event" in entry:
         return None if isinstance(entry["event"], str) else '"event" is not a string'
     direction = entry.get("dir")
     if direction not in (CLIENT_TO_AGENT, AGENT_TO_CLIENT):
         return 'neither a frame (no known "dir") nor an event'
+    if "raw" in entry and "raw_b64" in entry:
+        return 'a frame with both "raw" and "raw_b64"'
+    if "kind" in entry and not isinstance(entry["kind"], str):
+        return '"kind" is not a string'
+    for flag in ("generated", "redacted"):
+        if flag in entry and not isinstance(entry[flag], bool):
+            return f'"{flag}" is not true or false'
     if "raw" in entry:
         if not isinstance(entry["raw"], str):
             return '"raw" is not a string'

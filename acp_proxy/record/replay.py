@@ -21,9 +21,13 @@ from typing import Generic, TypeVar, cast
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
+from acp_proxy.wire.framing import Oversize, read_request_id, scan_head
+from acp_proxy.wire.tracking import error_frame_bytes
 
 # JSON-RPC "Internal error": the request is well-formed, the replayed agent cannot answer it.
 DIVERGED_CODE = -32603
+# JSON-RPC "Invalid Request": a line over the frame size limit, answered as the proxy does.
+INVALID_REQUEST = -32600
 
 
 def _loads(raw: bytes) -> JsonValue | None:
@@ -61,12 +65,14 @@ class ClientStep:
 class AgentStep:
     t: float
     raw: bytes  # one frame as the client received it
-    value: JsonValue
+    value: JsonValue  # its parse when it holds a response (its id is mapped), else None
     # Client messages that must have arrived before it is due (see ``from_record``).
     need: int
     gate_t: float = 0.0  # the recorded time of client message ``need`` (0: none)
 
 
+# The agent frames ``Replayer.ready`` gives at once, in bytes (past the first).
+READY_BYTES = 1 << 20
 # Requests of the recorded client still unanswered, remembered to gate the agent's answers:
 # past this, the oldest is forgotten (its answer then waits for every client message before).
 MAX_OPEN_REQUESTS = 100_000
@@ -122,7 +128,12 @@ def agent_steps(entries: Iterable[Mapping[str, JsonValue]]) -> Iterator[AgentSte
                         gate, gate_t = got
                 if gate > need:
                     need, need_t = gate, gate_t
-                yield AgentStep(t, frame, value, need, need_t)
+                # Only a response's id is mapped: the parse of anything else is not kept.
+                answers = any(
+                    isinstance(m, dict) and "method" not in m and "id" in m
+                    for m in _messages_of(value)
+                )
+                yield AgentStep(t, frame, value if answers else None, need, need_t)
 
 
 def _t(entry: Mapping[str, JsonValue]) -> float:
@@ -195,19 +206,26 @@ class Replayer:
     def client_steps_left(self) -> int:
         return self.client.rest()
 
-    def ready(self, limit: int = 256) -> list[tuple[AgentStep, bytes]]:
+    def ready(
+        self, limit: int = 256, max_bytes: int = READY_BYTES
+    ) -> list[tuple[AgentStep, bytes]]:
         """The agent frames due now, in order, each with its step (for its timing): at most
-        ``limit`` of them (call again until it gives none)."""
+        ``limit`` of them and, past the first, ``max_bytes`` of frames (call again until it
+        gives none): what is held at once does not grow with the size of the frames."""
         out: list[tuple[AgentStep, bytes]] = []
         if self.diverged is not None:
             return out
+        size = 0
         while (
             len(out) < limit
+            and (not out or size < max_bytes)
             and (step := self.agent.peek()) is not None
             and step.need <= self.matched
         ):
             self.agent.pop()
-            out.append((step, self._mapped(step)))
+            frame = self._mapped(step)
+            size += len(frame)
+            out.append((step, frame))
         return out
 
     def gate_t(self, step: AgentStep) -> float:
@@ -220,7 +238,9 @@ class Replayer:
         changed = False
         for i, message in enumerate(messages):
             if isinstance(message, dict) and "method" not in message and "id" in message:
-                live = self._ids.get(_key(message["id"]), message["id"])
+                # A request has one response: its live id is not needed after it (kept, the
+                # table would grow by one entry per request of the whole record).
+                live = self._ids.pop(_key(message["id"]), message["id"])
                 if live != message["id"] or type(live) is not type(message["id"]):
                     messages[i] = {**message, "id": live}
                     changed = True
@@ -253,6 +273,24 @@ class Replayer:
                 )
         return replies
 
+    def oversize(self, event: Oversize) -> list[bytes]:
+        """A live client line over the frame size limit (its bytes were not kept): the client
+        diverges there; a request whose id can be read from the line's head gets the -32600
+        error the proxy gives such a request (its id echoed as written)."""
+        text = (
+            f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte limit; "
+            "not forwarded"
+        )
+        if self.diverged is None:
+            self._diverge(
+                f"client message {self.matched + 1} of {event.size} bytes exceeds the "
+                f"{event.limit}-byte limit (--max-frame-bytes); not read"
+            )
+        is_request, _ = read_request_id(event.head)
+        if not is_request:
+            return []
+        return [error_frame_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)]
+
     def _match(self, message: dict[str, JsonValue]) -> None:
         position = self.matched + 1
         step = self.client.peek()
@@ -276,6 +314,13 @@ class Replayer:
         self.matched += 1
         if "method" in expected and "id" in expected:
             self._ids[_key(expected["id"])] = message["id"]
+            if len(self._ids) > MAX_OPEN_REQUESTS:  # never answered in the record: forgotten
+                del self._ids[next(iter(self._ids))]
+
+    @property
+    def open_ids(self) -> int:
+        """Live ids of requests whose recorded response is still to come (bounded)."""
+        return len(self._ids)
 
     def _diverge(self, reason: str) -> None:
         self.diverged = reason

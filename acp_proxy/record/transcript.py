@@ -7,8 +7,9 @@ the proxy changed (the ``_meta`` diff of each changed frame, the frames it inser
 generated). ``render`` turns a row into text (colours only when asked), every string taken
 from the record made visible (``escape.visible``: a control sequence in an agent's method name
 is printed, never executed). ``final_state`` is what a client stores from what it received
-(``ClientModel``, fed as the lines come: memory holds the state, not the record). A frame nested
-too deeply to read is summarised, never an error. No I/O, no clock.
+(``ClientModel``, fed as the lines come: memory holds the state, not the record; fed each
+line's offset, it keeps a reference per chunk instead of its value, ``record.chunkrefs``). A
+frame nested too deeply to read is summarised, never an error. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import orjson
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel, MessageTurns
+from acp_proxy.record.chunkrefs import Where, referenced
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
@@ -255,13 +257,18 @@ class Transcript:
     # (direction of the request, id) -> (method, t); at most MAX_PENDING, oldest dropped
     _pending: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     _model: ClientModel | None = None  # the client's state, once the version is known
-    _early: list[JsonObject] = field(default_factory=list)  # received before the version
+    # Received before the version, each with where its line is (-1: not known).
+    _early: list[tuple[JsonObject, Where | None]] = field(default_factory=list)
+    _offset: int = -1  # where the line being fed starts in its file (-1: not known)
     # Which message a v1 chunk without an id belongs to (shared with the model): one per turn.
     _turns: MessageTurns = field(default_factory=MessageTurns)
 
-    def feed(self, entry: Mapping[str, JsonValue]) -> Row | None:
+    def feed(self, entry: Mapping[str, JsonValue], offset: int = -1) -> Row | None:
         """The row for one record line (``None`` for the header); the line was checked by
-        ``format.read_line``. A frame too deeply nested to walk gives a summary row."""
+        ``format.read_line``. A frame too deeply nested to walk gives a summary row. With
+        the line's ``offset`` in a seekable file, the state keeps a ``ChunkRef`` for each
+        chunk's value instead of the value (``final_state``'s reader reads them back)."""
+        self._offset = offset
         if "acp-proxy-record" in entry:
             self.header = dict(entry)
             return None
@@ -297,11 +304,12 @@ class Transcript:
                 inserted.extend(self._describe(extra))
                 diff.extend(meta_changes(None, extra, inserted=True))
         if direction == AGENT_TO_CLIENT and self.keep_state:
-            for frame in delivered(entry):
+            for f, frame in enumerate(delivered(entry)):
                 got = _loads(frame)
-                for message in got if isinstance(got, list) else [got]:
+                for m, message in enumerate(got if isinstance(got, list) else [got]):
                     if isinstance(message, dict):
-                        self._receive(message)
+                        place = (self._offset, f, m) if self._offset >= 0 else None
+                        self._receive(message, place)
         detail = str(kind) if isinstance(kind, str) else None
         if value is None and raw.strip()[:1] in (b"{", b"[") and _too_deep(raw):
             detail = DEEP
@@ -318,20 +326,26 @@ class Transcript:
             inserted=tuple(inserted),
         )
 
-    def _receive(self, message: JsonObject) -> None:
+    def _receive(self, message: JsonObject, place: Where | None = None) -> None:
         if self._model is None:
             if self.version is None and len(self._early) < MAX_BEFORE_VERSION:
-                self._early.append(message)
+                self._early.append((message, place))
                 return
             self._start_model()
         assert self._model is not None
+        self._apply(message, place)
+
+    def _apply(self, message: JsonObject, place: Where | None) -> None:
+        assert self._model is not None
+        if place is not None:
+            message = referenced(message, self._model.version, place)
         self._model.apply(message)
 
     def _start_model(self) -> None:
         self._model = ClientModel(self.version if self.version in (1, 2) else 2, self._turns)
         early, self._early = self._early, []
-        for message in early:
-            self._model.apply(message)
+        for message, place in early:
+            self._apply(message, place)
 
     def _event(self, t: float, event: str, entry: Mapping[str, JsonValue]) -> Row:
         if event == "version":
@@ -406,6 +420,13 @@ class Transcript:
                     )
             out.append(message)
         return out
+
+    def state_version(self) -> int:
+        """The protocol version the client's state was built for."""
+        if self._model is None:
+            self._start_model()
+        assert self._model is not None
+        return self._model.version
 
     def final_state(self) -> dict[str, Any]:
         """What a client stores from everything it received (``ClientModel.snapshot``: the

@@ -10,7 +10,8 @@ It never parses a message itself and spawns nothing.
 
 Bounds: each side's stream holds at most ``SIDE_CHUNKS`` chunks of lines (a chunk is at most one
 read, ``READ_SIZE``, plus one partial line of at most ``max_frame_bytes``); the partial line is
-bounded by ``max_frame_bytes`` (a longer one is discarded up to its newline, with a log line).
+bounded by ``max_frame_bytes`` (the project's ``LineSplitter``: a longer one is discarded up to
+its newline, with a log line, and a request in it gets the proxy's -32600 error).
 Both directions share the conductor's one input, so a side that stops taking lines (its queue
 toward the other side full) stops the reading of both: the connection itself is shared.
 """
@@ -22,6 +23,7 @@ import contextlib
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +34,11 @@ import orjson
 
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.repeats import Repeats
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
-from acp_proxy.wire.component import Link, Side
-from acp_proxy.wire.envelope import Dialect
+from acp_proxy.wire.component import INVALID_REQUEST, Link, Side
+from acp_proxy.wire.envelope import Dialect, error_response
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize, read_request_id, scan_head
 
 if TYPE_CHECKING:
     from acp_proxy.shell.recorder import Recorder
@@ -159,41 +163,58 @@ class ConductorMux:
         self.envelopes_in = 0
         self.envelopes_out = 0
         self.dialect_logged = False
+        # Warnings the conductor or the session can repeat at will: logged once, then counted.
+        self.repeats = Repeats()
+        # Errors for requests no envelope could carry, for the session as the successor's
+        # answers (``give_back``); at most ``link.max_in_flight``, the oldest dropped past it.
+        self._replies: deque[bytes] = deque()
+        self._replies_ready = anyio.Event()
 
     # -- from the conductor --------------------------------------------------------------------
 
     async def pump_in(self) -> None:
         """Read the conductor until EOF, routing each line; then end both sides' input."""
-        buffer = b""
-        skipping = False  # inside a line longer than max_frame_bytes
+        splitter = LineSplitter(self.max_frame_bytes)
         try:
             while True:
                 try:
                     chunk = await self.stream.receive(READ_SIZE)
                 except _STREAM_ERRORS:
                     break
-                if skipping:
-                    cut = chunk.find(b"\n")
-                    if cut < 0:
-                        continue
-                    chunk, skipping = chunk[cut + 1 :], False
-                data = buffer + chunk if buffer else chunk
-                end = data.rfind(b"\n")
-                if end < 0:
-                    buffer = data
-                else:
-                    buffer = data[end + 1 :]
-                    await self._route(data[:end].split(b"\n"))
-                if len(buffer) > self.max_frame_bytes:
-                    self.log.warning(
-                        "a line from the conductor is longer than max_frame_bytes; discarded",
-                        max_frame_bytes=self.max_frame_bytes,
-                    )
-                    buffer, skipping = b"", True
+                await self._take(splitter.feed(chunk))
+            await self._take(splitter.end())
         finally:
             self.closed.set()
             self.client.incoming.close()
             self.agent.incoming.close()
+
+    async def _take(self, events: list[Line | Oversize]) -> None:
+        """Route the complete lines; a line over ``max_frame_bytes`` was not kept: a request
+        in it (its id read from its head) is answered with the proxy's -32600 error on the
+        conductor connection, whichever side sent it, so it never waits for nothing."""
+        lines: list[bytes] = []
+        for event in events:
+            if isinstance(event, Line):
+                lines.append(event.raw)
+                continue
+            if lines:
+                await self._route(lines)
+                lines = []
+            self.repeats(
+                "oversize",
+                self.log.warning,
+                "a line from the conductor is longer than max_frame_bytes; discarded",
+                max_frame_bytes=self.max_frame_bytes,
+            )
+            if read_request_id(event.head)[0]:
+                text = (
+                    f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte "
+                    "limit; not forwarded"
+                )
+                reply = error_response(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
+                await self._send(reply + b"\n")
+        if lines:
+            await self._route(lines)
 
     async def _route(self, lines: list[bytes]) -> None:
         """Lines to their sides, consecutive lines of one side in one chunk."""
@@ -205,7 +226,7 @@ class ConductorMux:
                 continue
             routed = incoming(line)
             if routed.note is not None:
-                self.log.warning(routed.note)
+                self.repeats(routed.kind or routed.note, self.log.warning, routed.note)
             if routed.envelope is not None:
                 self.envelopes_in += 1
                 if routed.hop_meta is not None and self.recorder is not None:
@@ -304,12 +325,37 @@ class ConductorMux:
         for line in data[:end].split(b"\n"):
             sent = outgoing(side, line)
             if sent.note is not None:
-                self.log.warning(sent.note)
+                self.repeats(sent.note, self.log.warning, sent.note)
+            if sent.replies:
+                self._give_back(sent.replies)
             if sent.data is not None:
                 out.append(sent.data)
                 if sent.envelope is not None:
                     self.envelopes_out += 1
         return b"\n".join(out) + b"\n" if out else b""
+
+    def _give_back(self, replies: tuple[bytes, ...]) -> None:
+        self._replies.extend(replies)
+        while len(self._replies) > self.link.max_in_flight:
+            self._replies.popleft()
+            self.repeats(
+                "replies dropped",
+                self.log.warning,
+                "an error for a request that could not go on was dropped (too many waiting)",
+            )
+        self._replies_ready.set()
+
+    async def give_back(self) -> None:
+        """Deliver the errors ``_transform`` made for requests that could not go toward the
+        successor, to the session as the successor's answers (runs for the whole session)."""
+        while True:
+            await self._replies_ready.wait()
+            self._replies_ready = anyio.Event()
+            while self._replies:
+                lines = list(self._replies)
+                self._replies.clear()
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self.agent.deliver(b"\n".join(lines) + b"\n")
 
     async def _send(self, data: bytes) -> None:
         async with self._write_lock:
@@ -353,6 +399,7 @@ async def run_component(
             tg.start_soon(shutdown_on_signals, shutdown, log, "signal received; closing")
             tg.start_soon(mux.pump_in)
             tg.start_soon(mux.flush)
+            tg.start_soon(mux.give_back)
             _lost, session = await run_remote_agent_session(
                 config,
                 mux.agent,
@@ -368,6 +415,7 @@ async def run_component(
         with anyio.CancelScope(shield=True):
             if conductor_stream is None:
                 await stream.aclose()
+    mux.repeats.flush()
     if recorder is not None:
         recorder.finish({"status": "conductor closed the connection"})
     log.info(

@@ -99,10 +99,13 @@ class RecordLines:
         self._stream = stream
         self._follow = follow
         self.number = 0  # of the line last returned
+        self._seekable = stream.seekable()
+        self.offset = -1  # where the line last returned starts in the file (-1: not seekable)
 
     def read(self, limit: int = MAX_LINE_BYTES, *, skip: bool = True) -> bytes | EndOfFile | None:
         """The next line; ``None`` when it is longer than ``limit`` (read through to its end
         with ``skip``, else left where it stands)."""
+        self.offset = self._stream.tell() if self._seekable else -1
         pending = b""
         while True:
             chunk = self._stream.readline(limit + 1 - len(pending))
@@ -153,9 +156,18 @@ def entries(
     """Every usable line from the first header on, with the session it belongs to (headers
     included: each starts a session). A header of an unreadable version makes its session's
     lines skipped (reported once)."""
+    for session, entry, _offset in placed_entries(lines, header, problems):
+        yield session, entry
+
+
+def placed_entries(
+    lines: RecordLines, header: JsonObject, problems: Problems
+) -> Iterator[tuple[SessionInfo, JsonObject, int]]:
+    """``entries``, each with where its line starts in the file (``-1`` when the file cannot
+    seek: a pipe), so a reader can leave a large value in the file and read it again."""
     session = SessionInfo(1, 1, header)
     readable = True
-    yield session, header
+    yield session, header, 0
     while True:
         raw = lines.read()
         if isinstance(raw, EndOfFile):
@@ -180,7 +192,7 @@ def entries(
             readable = True
         elif not readable:
             continue
-        yield session, entry
+        yield session, entry, lines.offset
 
 
 def read_record(
@@ -193,3 +205,21 @@ def read_record(
     if isinstance(header, str):
         return header
     return entries(lines, header, problems)
+
+
+def read_placed_record(
+    stream: IO[bytes], *, follow: bool, problems: Problems
+) -> Iterator[tuple[SessionInfo, JsonObject, int]] | str:
+    """``read_record`` with where each line starts (see ``placed_entries``)."""
+    lines = RecordLines(stream, follow=follow)
+    header = first_header(lines)
+    if isinstance(header, str):
+        return header
+    return placed_entries(lines, header, problems)
+
+
+def line_at(stream: IO[bytes], offset: int) -> bytes:
+    """The line that starts at ``offset`` of a seekable record file, without its newline (at
+    most ``MAX_LINE_BYTES``: the lines read back are ones read before, within it)."""
+    stream.seek(offset)
+    return stream.readline(MAX_LINE_BYTES + 1).removesuffix(b"\n")

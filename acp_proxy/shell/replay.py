@@ -21,16 +21,20 @@ import time
 from collections.abc import Iterator, Sequence
 
 from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.cli.options import _size
+from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import is_header
 from acp_proxy.record.replay import AgentStep, ClientPlayer, Replayer
 from acp_proxy.shell.recordread import Problems, open_record, read_record
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 PROG = "acp-proxy replay"
 
 EXIT_MATCHED = 0
 EXIT_DIVERGED = 1
 EXIT_USAGE = 2
+_READ = 65536
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +76,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="recorded timing divided by X (default 1; 0: as fast as possible)",
     )
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=_size,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        metavar="SIZE",
+        help="longest line read from the other side, as the proxy's option (default 64MiB): "
+        "a longer line is not read; a request in it gets a -32600 error and the replay "
+        "counts as diverged",
+    )
     return parser
+
+
+def read_lines(fd: int, splitter: LineSplitter) -> Iterator[Line | Oversize]:
+    """The lines read from ``fd`` until EOF (or a read error), split by ``splitter``: a line
+    spread over many reads is joined once, and a line over its limit is never held."""
+    while True:
+        try:
+            chunk = os.read(fd, _READ)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            yield from splitter.end()
+            return
+        yield from splitter.feed(chunk)
 
 
 def _count_sessions(path: str, name: str) -> int | str:
@@ -216,31 +243,21 @@ def _replay(args: argparse.Namespace, agent_argv: list[str], path: str) -> int:
         reported = len(replayer.problems)
 
     emit()
-    buffer = bytearray()
-    while True:
-        try:
-            chunk = os.read(inp, 65536)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            break
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if not line.strip():
-                continue
-            before = replayer.matched
-            replies = replayer.receive(bytes(line))
+    for event in read_lines(inp, LineSplitter(args.max_frame_bytes)):
+        if isinstance(event, Oversize):
+            for reply in replayer.oversize(event):
+                _write(out, reply + b"\n")
+            report()
+            continue
+        before = replayer.matched
+        replies = replayer.receive(event.raw)
+        if args.speed > 0:  # kept only to time what waits for it
             now = time.monotonic()
             for number in range(before + 1, replayer.matched + 1):
                 arrived[number] = now
-            for reply in replies:
-                _write(out, reply + b"\n")
-            report()
-            emit()
-    if buffer.strip():
-        for reply in replayer.receive(bytes(buffer)):
+        for reply in replies:
             _write(out, reply + b"\n")
+        report()
         emit()
     problems = replayer.finish()
     report()
@@ -268,20 +285,26 @@ async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse
 
     async def read() -> None:
         nonlocal progress
-        buffer = b""
+        splitter = LineSplitter(args.max_frame_bytes)
+
+        def take(events: list[Line | Oversize]) -> None:
+            for event in events:
+                if isinstance(event, Oversize):
+                    player.differences.append(
+                        f"agent wrote a line of {event.size} bytes, over the "
+                        f"{event.limit}-byte limit (--max-frame-bytes); not read"
+                    )
+                else:
+                    player.agent_frame(event.raw)
+
         try:
             async for chunk in stdout:
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                for line in complete:
-                    if line.strip():
-                        player.agent_frame(line)
+                take(splitter.feed(chunk))
                 progress.set()
                 progress = anyio.Event()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
-        if buffer.strip():
-            player.agent_frame(buffer)
+        take(splitter.end())
         ended.set()
         progress.set()
 

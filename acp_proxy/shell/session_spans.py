@@ -49,7 +49,10 @@ class Tracing(Protocol):
     def tracer(self) -> Any: ...
 
 
-MAX_OPEN: Final = 10_000  # open request spans per session, oldest ended beyond it
+# Open spans of one session, requests, turns and tool calls together (an open SDK span with
+# our attributes holds about 3 KiB: some 13 MiB at the bound). Past it the oldest open span is
+# ended at once (status error, ``acp.evicted``) and counted; the count is logged at the end.
+MAX_OPEN_SPANS: Final = 4_096
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
 
@@ -89,6 +92,9 @@ class SessionTracing:
         self.turns = T.TurnTracker()
         self.turn_spans: dict[int, Any] = {}  # id(Turn) -> its invoke_agent span
         self.tool_spans: dict[int, Any] = {}  # id(Tool) -> its execute_tool span
+        # Every open span held in those three tables, oldest first: id(span) -> (table, key).
+        self.open: OrderedDict[int, tuple[dict[Any, Any], Any]] = OrderedDict()
+        self.evicted = 0  # open spans ended early because the session held MAX_OPEN_SPANS
         self._middleware: TraceContext | bool | None = False  # False: not looked up yet
         self.broken = False
 
@@ -166,6 +172,7 @@ class SessionTracing:
     ) -> None:
         from opentelemetry.trace import Status, StatusCode
 
+        self.open.pop(id(span), None)
         if code is not None or failed:
             text = _text(message)
             if type(code) is int:
@@ -175,6 +182,18 @@ class SessionTracing:
                 span.set_attribute("rpc.jsonrpc.error_message", text)
             span.set_status(Status(StatusCode.ERROR, text))
         span.end()
+
+    def _hold(self, table: dict[Any, Any], key: Any, span: Any) -> None:
+        """Keep the open ``span`` in ``table`` under ``key``, within ``MAX_OPEN_SPANS``."""
+        table[key] = span
+        self.open[id(span)] = (table, key)
+        while len(self.open) > MAX_OPEN_SPANS:
+            _, (oldest_table, oldest_key) = self.open.popitem(last=False)
+            oldest = oldest_table.pop(oldest_key, None)
+            if oldest is not None:
+                self.evicted += 1
+                oldest.set_attribute("acp.evicted", True)
+                self._end(oldest, None, "too many open spans in the session", failed=True)
 
     # -- SessionObserver ------------------------------------------------------------------------
 
@@ -304,10 +323,7 @@ class SessionTracing:
         old = self.requests.pop(key, None)
         if old is not None:  # a reused id: the earlier request gets no answer we can match
             self._end(old, None, "its id was reused before an answer", failed=True)
-        self.requests[key] = span
-        if len(self.requests) > MAX_OPEN:
-            _, oldest = self.requests.popitem(last=False)
-            self._end(oldest, None, "too many requests in flight to trace", failed=True)
+        self._hold(self.requests, key, span)
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -318,7 +334,7 @@ class SessionTracing:
                 # response.
                 span = self.requests.pop((_C2A, event.turn.request_id), None)
                 if span is not None:
-                    self.turn_spans[id(event.turn)] = span
+                    self._hold(self.turn_spans, id(event.turn), span)
             elif isinstance(event, T.TurnEnded):
                 self._turn_ended(event, message)
             elif isinstance(event, T.FirstOutput):
@@ -408,7 +424,7 @@ class SessionTracing:
                 "acp.tool_call_id": _text(tool.tool_call_id),  # as before the GenAI names
             }
             span = self._start("execute_tool", attributes, turn_span, kind="INTERNAL")
-            self.tool_spans[id(tool)] = span
+            self._hold(self.tool_spans, id(tool), span)
         self._tool_attributes(span, tool)
         if tool.name is not None:
             span.update_name(f"execute_tool {_text(tool.name)}")
@@ -463,5 +479,14 @@ class SessionTracing:
             for span in self.requests.values():
                 self._end(span, None, "the session ended before an answer", failed=True)
             self.requests.clear()
+            self.open.clear()
+            if self.evicted or self.turns.evicted:
+                get_logger().warning(
+                    "tracing bounds reached: the oldest open spans and turns were ended early",
+                    spans_evicted=self.evicted,
+                    max_open_spans=MAX_OPEN_SPANS,
+                    turns_evicted=self.turns.evicted,
+                    max_open_turns=T.MAX_OPEN,
+                )
         except Exception as exc:
             self._failed(exc)

@@ -4,7 +4,8 @@ Contract: owns the ``show`` command line and writing the transcript to stdout; r
 (sessions, unusable lines reported and skipped, ``--follow``) is ``acp_proxy.shell.recordread``'s
 job, what each line says ``acp_proxy.record.transcript``'s. Every string taken from the record
 is printed visible (control characters escaped), in every output mode. Memory holds one line and
-the state being built, never the record.
+the state being built, never the record; with ``--state`` the value of each chunk (a long message
+is many of them) stays in the file, read back as the state is printed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.record.chunkrefs import ChunkRef, chunk_value
 from acp_proxy.record.escape import safe_json, safe_json_chunks, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
 from acp_proxy.record.transcript import Filters, Row, Transcript, render
-from acp_proxy.shell.recordread import Problems, SessionInfo, open_record, read_record
+from acp_proxy.shell.recordread import (
+    Problems,
+    SessionInfo,
+    line_at,
+    open_record,
+    read_placed_record,
+)
 
 PROG = "acp-proxy show"
 
@@ -132,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     problems = Problems(args.file, PROG)
     with stream:
-        record = read_record(stream, follow=args.follow and not args.list, problems=problems)
+        record = read_placed_record(stream, follow=args.follow and not args.list, problems=problems)
         if isinstance(record, str):
             print(f"{PROG}: {visible(args.file)}: {record}", file=sys.stderr)
             return 2
@@ -141,7 +149,7 @@ def main(argv: Sequence[str]) -> int:
         current: SessionInfo | None = None
         selected = False
         sessions = 0
-        for info, entry in record:
+        for info, entry, offset in record:
             if current is None or info.number != current.number:
                 current = info
                 sessions = info.number
@@ -180,7 +188,9 @@ def main(argv: Sequence[str]) -> int:
                 continue
             if not selected:
                 continue
-            row = transcript.feed(entry)
+            # --state: each chunk's value stays in the file (read back for the output), so
+            # memory holds the state's shape, not a long message's text.
+            row = transcript.feed(entry, offset if args.state else -1)
             if row is None or args.state or not filters.passes(row):
                 continue
             if args.json:
@@ -203,7 +213,15 @@ def main(argv: Sequence[str]) -> int:
             )
             return 2
         if args.state:
-            for chunk in safe_json_chunks(_state(transcript, args.entity), indent=2):
+
+            def read_back(value: object) -> object:
+                if isinstance(value, ChunkRef):
+                    line = line_at(stream, value.where[0])
+                    return chunk_value(line, value, transcript.state_version())
+                raise TypeError(f"not JSON: {type(value).__name__}")
+
+            state = _state(transcript, args.entity)
+            for chunk in safe_json_chunks(state, indent=2, default=read_back):
                 out.write(chunk)
             out.write("\n")
     return 0

@@ -100,8 +100,16 @@ class ByteBudget:
         if hook is not None:
             hook(span)
 
-    def shutdown(self) -> None:
-        self.inner.shutdown()
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Shut the batch processor and its exporter down: what is queued is exported, then the
+        exporter stops (a retry waiting on a dead collector ends). With ``timeout_millis`` the
+        processor waits at most that long for its export thread (SDK >= 1.34, whose shutdown
+        takes a deadline; an older one is given none: the caller bounds its own wait)."""
+        processor = getattr(self.inner, "_batch_processor", None)
+        if timeout_millis is not None and callable(getattr(processor, "shutdown", None)):
+            processor.shutdown(timeout_millis=timeout_millis)  # type: ignore[union-attr]
+        else:
+            self.inner.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))

@@ -189,8 +189,10 @@ class Tracing:
         pass
 
     def flush(self) -> None:
-        """Export what is left (blocking: see ``run_with_tracing``)."""
-        self.provider.force_flush(int(FLUSH_S * 1000))
+        """Export what is left and shut the exporter down, with a deadline of ``FLUSH_S``
+        (blocking: see ``run_with_tracing``)."""
+        if self.budget is not None:
+            self.budget.shutdown(int(FLUSH_S * 1000))
 
 
 def with_trace_context(config: Any) -> Any:
@@ -234,10 +236,10 @@ async def run_with_tracing(
                 dropped=tracing.budget.dropped,
                 limit_bytes=tracing.budget.budget,
             )
-        # The SDK's flush exports synchronously, with the exporter's own retries and timeout
-        # (10 s by default): run it in a daemon thread and wait at most FLUSH_S, so a dead
-        # collector never holds the proxy's exit (a worker thread of anyio's would: the
-        # interpreter joins those at exit).
+        # The exporter's shutdown exports what is queued, with the exporter's own retries and
+        # timeout (10 s by default) until its deadline: run it in a daemon thread and wait at
+        # most FLUSH_S, so a dead collector never holds the proxy's exit (a worker thread of
+        # anyio's would: the interpreter joins those at exit).
         done = threading.Event()
 
         def flush() -> None:

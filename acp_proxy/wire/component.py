@@ -36,6 +36,7 @@ from acp_proxy.wire.envelope import (
     unwrap,
 )
 from acp_proxy.wire.envelope import wrap as wrap_envelope
+from acp_proxy.wire.framing import HEAD_BYTES, read_request_id, scan_head
 from acp_proxy.wire.rawjson import Unparseable
 from acp_proxy.wire.rawscan import array_elements
 
@@ -63,6 +64,9 @@ class Routed:
     envelope: str | None = None  # the envelope method it came in, when it was wrapped
     hop_meta: bytes | None = None  # the envelope's own ``_meta``
     note: str | None = None  # something to log (refused, dropped, unknown dialect)
+    # What kind of note it is (a fixed text): a peer can repeat a note at will, so the log
+    # counts them by kind (``None``: the note itself is fixed).
+    kind: str | None = None
 
 
 @value
@@ -72,6 +76,10 @@ class Sent:
     data: bytes | None  # None: nothing is written
     envelope: str | None = None  # the envelope method it was wrapped in
     note: str | None = None
+    # Error responses for the requests in a line that could not go on (no envelope carries
+    # it): given back to the side that wrote it, as the other side's answers, so no request
+    # waits for an answer that cannot come.
+    replies: tuple[bytes, ...] = ()
 
 
 class Link:
@@ -134,11 +142,12 @@ class Link:
         if dialect is None:
             got = msg.method or ("a response" if msg.is_response else "no method")
             note = f"the conductor's first message is {got}; expected {EXPECTED}"
+            kind = "the conductor's first message is not a proxy initialize"
             if msg.is_request:
                 text = f"acp-proxy component: expected {EXPECTED}; got {got}"
                 reply = error_response(msg.bytes_of("id"), INVALID_REQUEST, text)
-                return Routed(Side.CONDUCTOR, reply, note=note)
-            return Routed(Side.NOWHERE, msg.raw, note=note)
+                return Routed(Side.CONDUCTOR, reply, note=note, kind=kind)
+            return Routed(Side.NOWHERE, msg.raw, note=note, kind=kind)
         self.dialect = dialect
         if dialect is Dialect.THINKWELL:
             self._init_id, self._init_pending = msg.id_key(), True
@@ -167,10 +176,11 @@ class Link:
             got = unwrap(msg, dialect)
         except NotAnEnvelope as exc:
             note = f"envelope refused: {exc} (batches are not supported inside a proxy chain)"
+            kind = "envelope refused"
             if msg.is_request:
                 reply = error_response(msg.bytes_of("id"), INVALID_REQUEST, str(exc))
-                return Routed(Side.CONDUCTOR, reply, envelope=method, note=note)
-            return Routed(Side.NOWHERE, msg.raw, envelope=method, note=note)
+                return Routed(Side.CONDUCTOR, reply, envelope=method, note=note, kind=kind)
+            return Routed(Side.NOWHERE, msg.raw, envelope=method, note=note, kind=kind)
         if msg.is_request:
             self._remember(self._from_agent, msg.id_key())
         return Routed(Side.AGENT, got.inner, envelope=method, hop_meta=got.hop_meta)
@@ -178,24 +188,19 @@ class Link:
     def _not_an_object(self, raw: bytes) -> Routed:
         """A batch (array) is refused: each request in it gets an error (how a conductor would
         wrap a batch is unspecified; Rust SDK 5.0 removed batches, the TypeScript conductor
-        drops them). Anything else is not JSON-RPC: dropped."""
+        drops them). Any other line is no envelope, so it comes from the client side: it goes
+        to the session as the standalone proxy takes such a line from its client (recorded,
+        counted); toward the successor it then has no envelope (``outgoing``)."""
         start = len(raw) - len(raw.lstrip())
         if raw[start : start + 1] != b"[":
-            return Routed(Side.NOWHERE, raw, note="not a JSON-RPC object; dropped")
-        try:
-            elements, _close = array_elements(raw, start)
-        except (Unparseable, IndexError):
-            return Routed(Side.NOWHERE, raw, note="not a JSON-RPC object; dropped")
+            return Routed(Side.CLIENT, raw)
         text = "JSON-RPC batches are not supported inside a proxy chain"
-        replies = []
-        for s, e in elements:
-            item = scan(raw[s:e])
-            if item is not None and item.is_request:
-                replies.append(error_response(item.bytes_of("id"), INVALID_REQUEST, text))
-        note = f"a batch of {len(elements)} from the conductor refused: {text}"
+        count, replies = _refusals(raw, text)
+        note = f"a batch of {count} from the conductor refused: {text}"
+        kind = "a batch from the conductor refused"
         if not replies:
-            return Routed(Side.NOWHERE, raw, note=note)
-        return Routed(Side.CONDUCTOR, b"\n".join(replies), note=note)
+            return Routed(Side.NOWHERE, raw, note=note, kind=kind)
+        return Routed(Side.CONDUCTOR, b"\n".join(replies), note=note, kind=kind)
 
     # -- toward the conductor ----------------------------------------------------------------
 
@@ -213,7 +218,15 @@ class Link:
                     return Sent(accept_proxy(msg))
             return Sent(raw)
         if msg is None or dialect is None:
-            return Sent(None, note="a line toward the successor that is not one JSON-RPC object")
+            text = (
+                "acp-proxy component: no envelope carries this message to the successor "
+                "(not one JSON-RPC object); not forwarded"
+            )
+            return Sent(
+                None,
+                note="a line toward the successor that is not one JSON-RPC object; dropped",
+                replies=tuple(_refusals(raw, text)[1]),
+            )
         if msg.is_response:
             self._from_agent.pop(msg.id_key(), None)
             return Sent(raw)  # answers the envelope's id itself
@@ -228,6 +241,34 @@ class Link:
         table[key] = None
         if len(table) > self.max_in_flight:
             del table[next(iter(table))]
+
+
+def _refusals(raw: bytes, text: str) -> tuple[int, list[bytes]]:
+    """For a line that cannot go on: how many messages it holds (an array's elements, else 1)
+    and a -32600 error with ``text`` for each request among them whose id can be read (from
+    the head of a line that is not JSON), its id as written."""
+    start = len(raw) - len(raw.lstrip())
+    if raw[start : start + 1] == b"[":
+        try:
+            elements, _close = array_elements(raw, start)
+        except (Unparseable, IndexError):
+            elements = None
+        if elements is not None:
+            replies = []
+            for s, e in elements:
+                item = scan(raw[s:e])
+                if item is not None and item.is_request:
+                    replies.append(error_response(item.bytes_of("id"), INVALID_REQUEST, text))
+            return len(elements), replies
+    msg = scan(raw)
+    if msg is not None:
+        if not msg.is_request:
+            return 1, []
+        return 1, [error_response(msg.bytes_of("id"), INVALID_REQUEST, text)]
+    head = raw[:HEAD_BYTES]
+    if not read_request_id(head)[0]:
+        return 1, []
+    return 1, [error_response(scan_head(head).id_bytes, INVALID_REQUEST, text)]
 
 
 def _cancelled_id(msg: Message) -> JsonValue:

@@ -31,6 +31,7 @@ id is the inner message's id, so a response passes through the conductor connect
 from __future__ import annotations
 
 import enum
+import json
 
 import orjson
 
@@ -144,7 +145,7 @@ class Message:
         obj = self.obj.get(within) if within is not None else self.obj
         got = obj.get(key) if isinstance(obj, dict) else None
         if isinstance(got, (dict, list)):  # not an id JSON-RPC allows: its encoding
-            return orjson.dumps(got).decode()
+            return json.dumps(got, sort_keys=True)
         return got
 
 
@@ -188,8 +189,19 @@ def scan(raw: bytes) -> Message | None:
         try:
             obj = exact_loads(raw)
         except Unparseable:
-            return None
+            obj = _loads_invalid_utf8(raw)
     return Message(raw, obj) if isinstance(obj, dict) else None
+
+
+def _loads_invalid_utf8(raw: bytes) -> JsonValue:
+    """A line that is JSON but for raw bytes that are not UTF-8 inside its strings (the
+    standalone proxy forwards such a frame as it came), parsed with each such byte read as a
+    lone surrogate (``surrogateescape``): enough to route it by its method and id, and its
+    bytes are spliced, never re-encoded. None when it is not JSON even so."""
+    try:
+        return json.loads(raw.decode("utf-8", "surrogateescape"))  # type: ignore[no-any-return]
+    except (ValueError, RecursionError):
+        return None
 
 
 def detect(msg: Message) -> Dialect | None:
