@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config import ConfigError, parse_config
 from acp_proxy.policy.decide import answer, decide, matches
 from acp_proxy.policy.globs import GlobError, Undecidable, compile_glob, glob_matches, normalise
@@ -212,17 +213,17 @@ def test_precedence_does_not_depend_on_rule_order(
 
 # -- the answer --------------------------------------------------------------------------------
 
-CLAUDE = [
+CLAUDE: JsonValue = [
     {"optionId": "allow_always", "name": "Always Allow", "kind": "allow_always"},
     {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
     {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
 ]
-CODEX = [
+CODEX: JsonValue = [
     {"optionId": "approved-for-session", "name": "Always", "kind": "allow_always"},
     {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
     {"optionId": "abort", "name": "No", "kind": "reject_once"},
 ]
-GEMINI = [
+GEMINI: JsonValue = [
     {"optionId": "proceed_always", "name": "Allow All", "kind": "allow_always"},
     {"optionId": "proceed_once", "name": "Allow", "kind": "allow_once"},
     {"optionId": "cancel", "name": "Reject", "kind": "reject_once"},
@@ -238,7 +239,7 @@ GEMINI = [
     ],
 )
 def test_the_answer_is_an_offered_option(
-    options: list[dict[str, str]], allow: str, remember: str, deny: str
+    options: JsonValue, allow: str, remember: str, deny: str
 ) -> None:
     assert answer(Verdict(Decision.ALLOW, "r"), options, remember=False).option_id == allow
     assert answer(Verdict(Decision.ALLOW, "r"), options, remember=True).option_id == remember
@@ -246,15 +247,16 @@ def test_the_answer_is_an_offered_option(
 
 
 def test_missing_options_ask_or_cancel() -> None:
-    only_always = [{"optionId": "a", "name": "A", "kind": "allow_always"}]
-    only_reject_always = [{"optionId": "n", "name": "N", "kind": "reject_always"}]
+    only_always: JsonValue = [{"optionId": "a", "name": "A", "kind": "allow_always"}]
+    only_reject_always: JsonValue = [{"optionId": "n", "name": "N", "kind": "reject_always"}]
     assert answer(Verdict(Decision.ALLOW, "r"), only_always, remember=False) == Verdict(
         Decision.ASK, "r"
     )
     assert answer(Verdict(Decision.DENY, "r"), only_reject_always, remember=False) == Verdict(
         Decision.DENY, "r", None
     )
-    for bad in ([], None, [{"optionId": 3, "kind": "allow_once"}], "x"):
+    bad_options: list[JsonValue] = [[], None, [{"optionId": 3, "kind": "allow_once"}], "x"]
+    for bad in bad_options:
         assert answer(Verdict(Decision.DENY, "r"), bad, remember=False) == Verdict(
             Decision.ASK, "r"
         )
