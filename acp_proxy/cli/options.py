@@ -34,6 +34,7 @@ commands:
   acp-proxy replay FILE                       act as the agent of a record, on stdio
   acp-proxy ui FILE...                        the live view (a web page) over records
   acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
+  acp-proxy audit verify FILE                 check a policy audit file's hash chain
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy show FILE\n"
         "       acp-proxy replay FILE\n"
         "       acp-proxy ui FILE...\n"
-        "       acp-proxy component [OPTIONS]",
+        "       acp-proxy component [OPTIONS]\n"
+        "       acp-proxy audit verify FILE",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
@@ -283,7 +285,7 @@ def socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
+SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui", "audit")
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:
