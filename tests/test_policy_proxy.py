@@ -15,7 +15,9 @@ import anyio
 import orjson
 import pytest
 from acp_schema import validate_v1, validate_v2
-from proxy_harness import REPO, TESTS, Lines, proxy_env, write_config
+from proxy_harness import REPO, TESTS, Lines, proxy_env, run, write_config
+
+from acp_proxy.policy.audit import verify
 
 pytestmark = pytest.mark.anyio
 AGENT = TESTS / "policy_agent.py"
@@ -109,8 +111,9 @@ class Client:
                 if "method" in message and "id" in message:
                     self.forwarded.append(raw)
                     result: Any = {}
-                    if message["method"] == "session/request_permission":
-                        result = selected(message["params"]["options"][-1]["optionId"])
+                    options = message.get("params", {}).get("options")
+                    if message["method"] == "session/request_permission" and options:
+                        result = selected(options[-1]["optionId"])
                     answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
                     await self.process.stdin.send(orjson.dumps(answer) + b"\n")
 
@@ -235,6 +238,42 @@ async def test_v1_permissions_from_claude_codex_gemini(tmp_path: Path) -> None:
     assert {(a["session"], a["agent"], a["mode"]) for a in lines} == {
         ("sess_1", "claude-code", "enforce")
     }
+    assert verify(audit.read_bytes().splitlines()).broken is None
+    assert audit.stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_malformed_permission_request_is_forwarded(tmp_path: Path) -> None:
+    process, client, audit = await session(tmp_path, 1, "claude-code")
+    rm = {"toolCallId": "x", "kind": "execute", "rawInput": {"command": "rm -rf /"}}
+    frames = (
+        req(60, "session/request_permission", {"sessionId": "sess_1", "toolCall": rm}),
+        req(61, "session/request_permission", {"sessionId": "sess_1", "toolCall": "rm -rf /"}),
+        req(62, "session/request_permission", {"toolCall": rm, "options": CLAUDE}),
+        req(
+            63, "session/request_permission", {"sessionId": "sess_1", "toolCall": rm, "options": []}
+        ),
+    )
+    got = await client.agent_sends(*frames)
+    assert [g["id"] for g in got] == [60, 61, 62, 63]
+    assert client.forwarded == [orjson.dumps(f) + b"\n" for f in frames]
+    await finish(process)
+    # Unreadable requests are not decisions; the deny without options to answer with is
+    # audited as ask.
+    assert [(a["rule"], a["decision"]) for a in audit_lines(audit)] == [
+        ("no-recursive-delete", "ask"),
+        ("no-recursive-delete", "ask"),
+    ]
+
+
+async def test_an_audit_file_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> None:
+    audit = tmp_path / "missing-dir" / "audit.jsonl"
+    config = write_config(tmp_path / "p.yaml", POLICY.format(mode="enforce", audit=audit))
+    cmd = [sys.executable, "-m", "acp_proxy", "--config", config, "--", sys.executable, str(AGENT)]
+    ran = await run(cmd, env=proxy_env())
+    assert ran.rc == 2
+    assert ran.stderr.decode().endswith(
+        f"acp-proxy: policy.audit {audit}: No such file or directory\n"
+    )
 
 
 async def test_options_without_allow_once_or_reject_once(tmp_path: Path) -> None:
