@@ -157,3 +157,19 @@ def test_audit_verify_command(tmp_path: Path) -> None:
         2,
         f"acp-proxy audit: {tmp_path / 'nope.jsonl'}: No such file or directory\n",
     )
+
+
+def test_check_config_refuses_an_audit_file_the_run_cannot_open(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"policy:\n  audit: {missing}/audit.jsonl\n", encoding="utf-8")
+    checked = subprocess.run(
+        [sys.executable, "-m", "acp_proxy", "check-config", str(config)],
+        capture_output=True, text=True, env=proxy_env(), cwd=str(tmp_path), timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert (checked.returncode, checked.stdout) == (2, "")
+    assert checked.stderr == (
+        f"acp-proxy: {config}:1: policy: policy.audit {missing}/audit.jsonl: the directory "
+        f"{missing} does not exist\n"
+    )
