@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config import ConfigError, parse_config
-from acp_proxy.policy.decide import answer, decide, matches
+from acp_proxy.policy.decide import Decider, answer, decide, matches
 from acp_proxy.policy.globs import GlobError, Undecidable, compile_glob, glob_matches, normalise
 from acp_proxy.policy.model import Decision, Match, Policy, PolicyRule, Request, Verdict
 
@@ -191,7 +191,7 @@ _kinds = st.sampled_from(["read", "edit", "execute"])
 _rules = st.lists(st.tuples(_kinds, _decisions), min_size=1, max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_rules, st.randoms(use_true_random=False), _kinds, _decisions)
 def test_precedence_does_not_depend_on_rule_order(
     specs: list[tuple[str, Decision]], rnd: object, kind: str, default: Decision
@@ -337,3 +337,63 @@ def test_matches_ignores_nothing_it_is_given() -> None:
     assert matches(m, Request(PERM, "read", None, ("/a/b",)))
     assert not matches(m, Request(PERM, "read", None, ()))  # no path: a paths rule cannot hold
     assert not matches(m, Request(PERM, "edit", None, ("/a/b",)))
+
+
+_GLOBS = ["{cwd}/**", "{cwd}/src/*.py", "**/.env", "/etc/**", "/w/p/[ab]*"]
+_COMPILED = {g: compile_glob(g, None) for g in _GLOBS}
+_PATHS = ["/w/p/src/a.py", "/w/p/.env", "/etc/passwd", "/w/p/b", "/tmp/x", "/w/pp/a"]
+
+
+@st.composite
+def _policy_rules(draw: st.DrawFn) -> list[PolicyRule]:
+    rules = []
+    for i in range(draw(st.integers(1, 10))):
+
+        def some(items: list[str]) -> tuple[str, ...] | None:
+            return draw(st.one_of(st.none(), st.lists(st.sampled_from(items), min_size=1,
+                                                      max_size=2).map(tuple)))  # fmt: skip
+
+        paths = some(_GLOBS)
+        outside = some(_GLOBS)
+        commands = draw(st.one_of(st.none(), st.just((("rm", "-rf"),)), st.just((("git",),))))
+        match = Match(
+            methods=some([PERM, READ, "fs/*"]),
+            kinds=some(["read", "edit", "execute"]),
+            commands=commands,
+            paths=None if paths is None else tuple(_COMPILED[g] for g in paths),
+            paths_outside=None if outside is None else tuple(_COMPILED[g] for g in outside),
+            agents=some(["claude*", "gemini"]),
+        )
+        rules.append(PolicyRule(f"r{i}", match, draw(_decisions), priority=draw(st.integers(0, 2))))
+    return rules
+
+
+_requests = st.builds(
+    Request,
+    st.sampled_from([PERM, READ, "fs/write_text_file"]),
+    st.sampled_from(["read", "edit", "execute", None]),
+    st.sampled_from([("rm", "-rf", "x"), ("git", "push"), None]),
+    st.lists(st.sampled_from(_PATHS), max_size=3).map(tuple),
+    st.none(),
+    st.sampled_from(["claude-code", "gemini", None]),
+    st.sampled_from(["/w/p", None]),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_policy_rules(), _requests)
+def test_the_indexed_decider_decides_as_the_reference(
+    rules: list[PolicyRule], request: Request
+) -> None:
+    p = Policy(tuple(rules))
+    decider = Decider(p)
+    try:
+        expected: object = decide(p, request)
+    except Undecidable:
+        expected = Undecidable
+    for _ in range(2):  # the second time from the candidate table
+        try:
+            got: object = decider.decide(request)
+        except Undecidable:
+            got = Undecidable
+        assert got == expected

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.base.values import value
-from acp_proxy.policy.decide import answer, deciding_rule
+from acp_proxy.policy.decide import Decider, answer
 from acp_proxy.policy.globs import Undecidable
 from acp_proxy.policy.model import Decision, Policy, PolicyMode, Request, Verdict
 from acp_proxy.policy.requests import PERMISSION, Resolve, Summaries
@@ -95,6 +95,7 @@ class PolicyMiddleware:
 
     def __init__(self, policy: Policy, sink: Sink | None, resolve: Resolve) -> None:
         self.policy = policy
+        self._decider = Decider(policy)
         self._sink = sink
         self._enforce = policy.mode is PolicyMode.ENFORCE
         self.state = Summaries(resolve)
@@ -151,7 +152,7 @@ class PolicyMiddleware:
             request = self.state.summary(message)
             if request is None:
                 return FORWARD  # cannot be read: the editor decides
-            rule = deciding_rule(self.policy, request)
+            rule = self._decider.deciding_rule(request)
         except (Undecidable, RecursionError, ValueError, TypeError):
             self._audit(sid, method, request, Verdict(Decision.ASK, None), forwarded=True)
             return FORWARD
