@@ -124,8 +124,13 @@ class Client:
 
 
 async def session(
-    tmp_path: Path, version: int, name: str, mode: str = "enforce"
+    tmp_path: Path,
+    version: int,
+    name: str,
+    mode: str = "enforce",
+    proxy_args: tuple[str, ...] | None = None,
 ) -> tuple[anyio.abc.Process, Client, Path]:
+    """A proxy with the test policy (``proxy_args``: these options instead), a session open."""
     audit = tmp_path / "audit.jsonl"
     config = write_config(tmp_path / "p.yaml", POLICY.format(mode=mode, audit=audit))
     process = await anyio.open_process(
@@ -133,8 +138,7 @@ async def session(
             sys.executable,
             "-m",
             "acp_proxy",
-            "--config",
-            config,
+            *(("--config", config) if proxy_args is None else proxy_args),
             "--",
             sys.executable,
             str(AGENT),
