@@ -1,15 +1,35 @@
-"""``acp-proxy policy test``: a session recorded without a policy, replayed through one."""
+"""The policy beyond one stdio session: ``acp-proxy policy test`` over a session recorded
+without a policy, and ``--listen``, where every connection gets the policy link and all of them
+write one audit chain."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import orjson
 import pytest
-from proxy_harness import REPO, proxy_env
-from test_policy_proxy import CLAUDE, GEMINI, finish, notify, permission, req, session
+from proxy_harness import REPO, proxy_env, write_config
+from test_policy_proxy import (
+    AGENT,
+    CLAUDE,
+    CODEX,
+    GEMINI,
+    POLICY,
+    Client,
+    finish,
+    notify,
+    permission,
+    req,
+    selected,
+    session,
+)
+
+from acp_proxy.policy.audit import verify
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +95,46 @@ async def test_policy_test_over_a_recorded_session(tmp_path: Path) -> None:
         2,
         f"acp-proxy policy test: {no_policy} has no policy: section\n",
     )
+
+
+class _Socket:
+    """A client connection as ``Client`` drives a process: ``stdin`` to send, ``stdout`` to
+    read."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stdin = self.stdout = stream
+
+
+async def test_every_listen_connection_has_the_policy_and_shares_the_audit(
+    tmp_path: Path,
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    config = write_config(tmp_path / "p.yaml", POLICY.format(mode="enforce", audit=audit))
+    sock = tmp_path / "proxy.sock"
+    cmd = [sys.executable, "-m", "acp_proxy", "--config", config, "--listen", f"unix://{sock}",
+           "--", sys.executable, str(AGENT), "1", "codex"]  # fmt: skip
+    rm = {"toolCallId": "x", "kind": "execute", "rawInput": {"command": ["rm", "-rf", "/"]}}
+    async with await anyio.open_process(
+        cmd, env=proxy_env(), cwd=str(REPO), stdin=subprocess.DEVNULL
+    ) as proc:
+        try:
+            with anyio.fail_after(20):
+                while not sock.exists():
+                    await anyio.sleep(0.02)
+                for n in range(2):
+                    stream = await anyio.connect_unix(str(sock))
+                    async with stream:
+                        client = Client(_Socket(stream))  # type: ignore[arg-type]
+                        await client.call(0, "initialize", {"protocolVersion": 1})
+                        await client.call(1, "session/new", {"cwd": str(tmp_path)})
+                        got = await client.agent_sends(permission(n, rm, CODEX))
+                        assert got[0]["result"] == selected("abort")
+                        assert client.forwarded == []
+                proc.send_signal(signal.SIGTERM)
+                assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    lines = audit.read_bytes().splitlines()
+    assert [orjson.loads(line)["rule"] for line in lines] == ["no-recursive-delete"] * 2
+    assert verify(lines).broken is None
