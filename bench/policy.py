@@ -6,7 +6,8 @@ team's rule set, none of which matches the request until the last, so every rule
 times ``PolicyMiddleware.__call__`` on a v1 ``session/request_permission`` whose tool call state
 comes from an earlier ``tool_call`` update (the summary, the paths resolved with the identity,
 the decision, the answer), one call at a time with ``time.perf_counter_ns``; prints p50, p99
-and max in microseconds.
+and max in microseconds. Then a frame no policy concerns through a connection without and
+with the policy link: the median cost per frame, and whether its bytes leave unchanged.
 
 Usage: ``python bench/policy.py [--rules 200] [--requests 20000]``.
 """
@@ -14,13 +15,17 @@ Usage: ``python bench/policy.py [--rules 200] [--requests 20000]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
+from typing import cast
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.config import parse_config
+from acp_proxy.config import Config, parse_config
 from acp_proxy.policy.middleware import PolicyMiddleware
-from acp_proxy.wire.chain import Direction, MessageContext
+from acp_proxy.wire.chain import Chain, Direction, Link, MessageContext, Middleware
+from acp_proxy.wire.framing import Line
+from acp_proxy.wire.pipeline import Connection
 
 
 def policy_text(n: int) -> str:
@@ -96,6 +101,41 @@ def main() -> None:
     print("| rules | requests | p50 µs | p99 µs | max µs |")
     print("|---|---|---|---|---|")
     print(f"| {args.rules} | {args.requests} | {p50:.1f} | {p99:.1f} | {samples[-1] / 1000:.1f} |")
+    print()
+    passthrough(config, args.requests)
+
+
+def passthrough(config: Config, n: int) -> None:
+    """A frame no policy concerns (a 2 KiB message chunk), through a connection without a
+    policy and with one: the bytes out are the bytes in, and what the needles cost."""
+    chunk = (
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
+        + b"x" * 2048
+        + b'"}}}}'
+    )
+    init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2}}'
+    ok = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2,"capabilities":{}}}'
+    print("| chain | frames | p50 µs per frame | bytes unchanged |")
+    print("|---|---|---|---|")
+    assert config.policy is not None
+    factory = functools.partial(PolicyMiddleware, config.policy, None, lambda path: path)
+    for name, chain in (
+        ("no policy", Chain([])),
+        ("policy", Chain([Link(cast(Middleware, factory()))])),
+    ):
+        conn = Connection(chain)
+        conn.handle(Direction.CLIENT_TO_AGENT, Line(init))
+        conn.handle(Direction.AGENT_TO_CLIENT, Line(ok))
+        samples = []
+        same = True
+        for _ in range(n):
+            start = time.perf_counter_ns()
+            out = conn.handle_line(Direction.AGENT_TO_CLIENT, chunk)
+            samples.append(time.perf_counter_ns() - start)
+            if not isinstance(out, dict):
+                same = same and [f.raw for f in out.forward] == [chunk]
+        print(f"| {name} | {n} | {statistics.median(samples) / 1000:.2f} | {same} |")
 
 
 if __name__ == "__main__":

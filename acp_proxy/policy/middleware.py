@@ -78,19 +78,18 @@ def _summary_json(request: Request | None) -> JsonObject:
 class PolicyMiddleware:
     """The policy of one connection (a fresh instance per connection)."""
 
+    # Few and short: each is looked for in every frame while a policy is on. A needle that
+    # is the start of several names stands for all of them.
     needles: tuple[bytes, ...] = (
         b'"session/request_permission"',
-        b'"fs/read_text_file"',
-        b'"fs/write_text_file"',
+        b'"fs/',  # read_text_file, write_text_file
         b'"terminal/create"',
-        b'"session/set_mode"',
-        b'"session/set_config_option"',
+        b'"session/set_',  # set_mode, set_config_option
         b'"session/new"',
         b'"session/load"',
         b'"session/resume"',
-        b'"tool_call"',
-        b'"tool_call_update"',
-        b'"result"',
+        b'"tool_call',  # tool_call, tool_call_update
+        b'"result"',  # the response that names a new session
     )
 
     def __init__(self, policy: Policy, sink: Sink | None, resolve: Resolve) -> None:
