@@ -138,3 +138,33 @@ async def test_every_listen_connection_has_the_policy_and_shares_the_audit(
     lines = audit.read_bytes().splitlines()
     assert [orjson.loads(line)["rule"] for line in lines] == ["no-recursive-delete"] * 2
     assert verify(lines).broken is None
+
+
+async def test_a_denied_tool_call_that_ran_without_asking_is_audited(tmp_path: Path) -> None:
+    process, client, audit = await session(tmp_path, 1, "claude-code")
+    cwd = str(tmp_path.resolve())
+    ran = {"toolCallId": "t1", "title": "rm", "kind": "execute", "status": "pending",
+           "rawInput": {"command": "rm -rf build"}}  # fmt: skip
+    asked = {**ran, "toolCallId": "t2"}
+    read = {"toolCallId": "t3", "kind": "read", "status": "pending",
+            "locations": [{"path": f"{cwd}/a.py"}]}  # fmt: skip
+    done = {"sessionUpdate": "tool_call_update", "status": "completed"}
+    await client.agent_sends(
+        notify({"sessionUpdate": "tool_call", **ran}),
+        notify({**done, "toolCallId": "t1", "status": "in_progress"}),
+        notify({**done, "toolCallId": "t1"}),  # reported once
+        notify({"sessionUpdate": "tool_call", **asked}),
+        permission(20, {"toolCallId": "t2"}, CLAUDE),
+        notify({**done, "toolCallId": "t2"}),  # it asked: the answer was the decision
+        notify({"sessionUpdate": "tool_call", **read}),
+        notify({**done, "toolCallId": "t3"}),  # unasked, but no deny rule matches
+    )
+    await finish(process)
+    lines = [orjson.loads(line) for line in audit.read_bytes().splitlines()]
+    assert [
+        (a["method"], a["rule"], a["decision"], a["option"], a["forwarded"]) for a in lines
+    ] == [
+        ("session/update", "no-recursive-delete", "deny", None, True),
+        ("session/request_permission", "no-recursive-delete", "deny", "reject", False),
+    ]
+    assert lines[0]["summary"] == {"kind": "execute", "argv": ["rm", "-rf", "build"], "title": "rm"}

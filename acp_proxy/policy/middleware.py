@@ -31,6 +31,8 @@ from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Reply
 from acp_proxy.wire.chain import Verdict as Action
 
 NAME = "policy"
+# The ``method`` of an audit line for a tool call that ran without a permission request.
+UNASKED = "session/update"
 # JSON-RPC error code for a request the policy refuses (the spec's "Other" range; not one
 # of the reserved codes, so an agent does not mistake it for a protocol fault).
 POLICY_DENIED = -32001
@@ -123,7 +125,7 @@ class PolicyMiddleware:
                         "tool_call",
                         "tool_call_update",
                     ):
-                        self.state.tool_update(params)
+                        self._unasked(params)
                 return FORWARD
             if method in _DECIDED and "id" in message:
                 return self._decide(message, method)
@@ -184,6 +186,21 @@ class PolicyMiddleware:
                 outcome = {"outcome": "selected", "optionId": verdict.option_id}
             return Reply({"jsonrpc": "2.0", "id": message["id"], "result": {"outcome": outcome}})
         return Reply(_refusal(message["id"], method, verdict.rule))
+
+    def _unasked(self, params: JsonObject) -> None:
+        """A tool call that ran without a permission request: audited when a deny rule
+        matches it (agents in permissive modes do not ask; the proxy can only tell)."""
+        try:
+            request = self.state.tool_update(params)
+            if request is None:
+                return
+            rule = self._decider.deciding_rule(request)
+        except (Undecidable, RecursionError, ValueError, TypeError):
+            return
+        if rule is None or rule.decision is not Decision.DENY:
+            return
+        sid = params.get("sessionId")
+        self._audit(sid, UNASKED, request, Verdict(Decision.DENY, rule.name), forwarded=True)
 
     def _mode(self, message: JsonObject, method: str) -> Action:
         params = message.get("params")

@@ -31,6 +31,8 @@ MAX_TOOL_CALLS = 4096
 PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "abs_path", "notebook_path")
 COMMAND_KEYS = ("command", "cmd")
 _TRACKED_FIELDS = ("kind", "title", "rawInput", "locations")
+# A tool call update with one of these statuses shows that the call ran.
+RAN = frozenset({"in_progress", "completed", "failed"})
 
 Resolve = Callable[[str], str]
 
@@ -54,7 +56,7 @@ def split_command(command: JsonValue) -> tuple[str, ...] | None:
 class Summaries:
     """The state of one connection that summaries need, and the summaries themselves."""
 
-    __slots__ = ("_calls", "_pending_new", "_resolve", "_sessions", "agent")
+    __slots__ = ("_asked", "_calls", "_pending_new", "_resolve", "_sessions", "agent")
 
     def __init__(self, resolve: Resolve) -> None:
         self._resolve = resolve
@@ -62,6 +64,8 @@ class Summaries:
         self._sessions: dict[str, str] = {}  # sessionId -> resolved cwd
         self._pending_new: dict[JsonValue, str] = {}  # session/new request id -> cwd
         self._calls: dict[tuple[str, str], JsonObject] = {}  # (session, toolCallId) -> state
+        # Tool calls the agent asked about, or already reported as run without asking.
+        self._asked: dict[tuple[str, str], None] = {}
 
     # -- state
 
@@ -107,12 +111,27 @@ class Summaries:
         if isinstance(sid, str):
             _put(self._sessions, sid, cwd, MAX_SESSIONS)
 
-    def tool_update(self, params: JsonObject) -> None:
-        """A ``tool_call`` / ``tool_call_update``: its fields merged into the call's state."""
+    def tool_update(self, params: JsonObject) -> Request | None:
+        """A ``tool_call`` / ``tool_call_update``: its fields merged into the call's state.
+        Returns the call's summary (as a permission request) when this update shows it running
+        or done (``status`` ``in_progress``, ``completed`` or ``failed``) and the agent never
+        asked about it; once per call."""
         sid, update = params.get("sessionId"), params.get("update")
         if not isinstance(sid, str) or not isinstance(update, dict):
-            return
-        self._merge(sid, update)
+            return None
+        state = self._merge(sid, update)
+        tid = update.get("toolCallId")
+        if update.get("status") not in RAN or not isinstance(tid, str):
+            return None
+        if (sid, tid) in self._asked:
+            return None
+        _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
+        return self._tool_call(PERMISSION, sid, state, self._sessions.get(sid), False)
+
+    def asked(self, sid: str, tid: JsonValue) -> None:
+        """The agent asked about the tool call ``tid``."""
+        if isinstance(tid, str):
+            _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
 
     def _merge(self, sid: str, update: JsonObject) -> JsonObject:
         tid = update.get("toolCallId")
@@ -212,8 +231,10 @@ class Summaries:
                 return None
             kind = subject.get("type")
             if kind == "tool_call" and isinstance(subject.get("toolCall"), dict):
+                self.asked(sid, subject["toolCall"].get("toolCallId"))  # type: ignore[union-attr]
                 return self._tool_call(PERMISSION, sid, subject["toolCall"], cwd, True)  # type: ignore[arg-type]
             if kind == "command":
+                self.asked(sid, subject.get("toolCallId"))
                 argv = split_command(subject.get("command"))
                 where = subject.get("cwd")
                 if argv is None or not isinstance(where, str):
@@ -231,6 +252,7 @@ class Summaries:
             return None  # an unknown subject: the editor decides
         call = params.get("toolCall")
         if isinstance(call, dict):
+            self.asked(sid, call.get("toolCallId"))
             return self._tool_call(PERMISSION, sid, call, cwd, True)
         return None
 
