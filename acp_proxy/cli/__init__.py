@@ -102,6 +102,14 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import replay
 
         return replay.main(args_in[1:])
+    if args_in[:2] == ["policy", "test"]:
+        from acp_proxy.shell import policytest
+
+        return policytest.main(args_in[2:])
+    if args_in[:1] == ["audit"]:
+        from acp_proxy.shell.policyaudit import verify_main
+
+        return verify_main(args_in[1:])
     if args_in[:1] == ["component"]:
         from acp_proxy.shell import component
 

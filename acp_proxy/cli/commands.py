@@ -113,7 +113,7 @@ def run_checks(config: Config) -> list[str]:
 
 def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
     """The run's refusals of the optional features a file turns on: tracing without the
-    OpenTelemetry SDK, a record path whose directory does not exist."""
+    OpenTelemetry SDK, a record path or a policy audit file whose directory does not exist."""
     problems: list[str] = []
     if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
         import importlib.util
@@ -140,6 +140,13 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
         if target is not None:
             problems.append(
                 f"{where('record')}: record.path {path}: the directory {target} does not exist"
+            )
+    audit = config.policy.audit if config.policy is not None else None
+    if audit is not None:
+        target = os.path.dirname(audit)
+        if target and not os.path.isdir(target):
+            problems.append(
+                f"{where('policy')}: policy.audit {audit}: the directory {target} does not exist"
             )
     return problems
 

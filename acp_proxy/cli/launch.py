@@ -89,6 +89,13 @@ def with_telemetry(
 ) -> tuple[Any, ...]:
     """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
     enabled; unchanged, nothing imported, when not."""
+    if config.policy is not None:
+        # The policy link goes first in every connection's chain; its audit file opens first.
+        import functools
+
+        from acp_proxy.shell.policyaudit import run_with_policy
+
+        main = functools.partial(run_with_policy, main)
     run: tuple[Any, ...] = (main, config, *rest)
     if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
         from acp_proxy.shell.tracing import run_with_tracing, with_trace_context

@@ -34,6 +34,8 @@ commands:
   acp-proxy replay FILE                       act as the agent of a record, on stdio
   acp-proxy ui FILE...                        the live view (a web page) over records
   acp-proxy component [OPTIONS]               a proxy component of an ACP conductor's chain
+  acp-proxy audit verify FILE                 check a policy audit file's hash chain
+  acp-proxy policy test --config FILE RECORD...  what a policy would decide on recorded sessions
   acp-proxy [OPTIONS] --listen URL -- AGENT_CMD  clients on a socket, one AGENT_CMD per connection
   acp-proxy [OPTIONS] --connect URL              client on stdio, the agent at a socket address
 
@@ -85,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         "       acp-proxy show FILE\n"
         "       acp-proxy replay FILE\n"
         "       acp-proxy ui FILE...\n"
-        "       acp-proxy component [OPTIONS]",
+        "       acp-proxy component [OPTIONS]\n"
+        "       acp-proxy audit verify FILE\n"
+        "       acp-proxy policy test --config FILE RECORD...",
         description="A sidecar proxy for the Agent Client Protocol: streams ACP between an "
         "editor (stdin/stdout) and the agent it spawns, through a YAML-configured "
         "middleware chain.",
@@ -292,7 +296,17 @@ def socket_options(
     return config
 
 
-SUBCOMMANDS = ("check-config", "schema", "demo", "show", "replay", "component", "ui")
+SUBCOMMANDS = (
+    "check-config",
+    "schema",
+    "demo",
+    "show",
+    "replay",
+    "component",
+    "ui",
+    "audit",
+    "policy",
+)
 
 
 def refuse_misspelled_command(parser: argparse.ArgumentParser, word: str) -> None:

@@ -109,6 +109,10 @@ def explain_config(config: Config) -> str:
         ),
         "  record: " + _explain_record(config),
     ]
+    if config.policy is not None:
+        from acp_proxy.policy.explain import explain_policy
+
+        lines += explain_policy(config.policy)
     return "\n".join(lines)
 
 

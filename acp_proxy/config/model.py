@@ -24,6 +24,7 @@ from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdic
 
 if TYPE_CHECKING:
     from acp_proxy.config.rules import Rule
+    from acp_proxy.policy.model import Policy
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Bounded memory (docs/bounds.md): a frame is parsed only when its estimated parsed
@@ -142,6 +143,8 @@ class Config:
     ui: UiConfig = field(default_factory=UiConfig)  # the live view
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
+    # The permission policy (docs/policy.md); None: no ``policy:`` section, no policy link.
+    policy: Policy | None = None
     # The line of each top-level key the file sets (for check-config's run checks).
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 

@@ -365,6 +365,8 @@ class _Parser(NodeReader):
                     if not (isinstance(node, ScalarNode) and node.tag == _NULL):
                         middleware_node = node
                         chain = self.middleware(node, key)
+                elif setting.kind is Kind.POLICY:
+                    changes["policy"] = self.policy(node, key)
                 elif setting.kind is Kind.SECTION:
                     given = self.section(node, key, setting)
                     if setting.attr is None:  # v1: its settings are Config's own fields
@@ -425,6 +427,16 @@ class _Parser(NodeReader):
             lines={k: key_node.start_mark.line + 1 for k, (key_node, _) in top.items()},
             **changes,
         )
+
+    def policy(self, node: Node, path: str) -> Any:
+        """The ``policy:`` section (``acp_proxy.policy.parse``; imported only when present)."""
+        import os
+
+        from acp_proxy.policy.parse import PolicyReader
+
+        home = self.environ.get("HOME")
+        # ``~`` in a glob is the proxy user's home, links resolved as request paths are.
+        return PolicyReader(self, os.path.realpath(home) if home else None).policy(node, path)
 
     def _buffer_bound(self, top: Any, changes: dict[str, Any], d: Config) -> None:
         """``max_buffer_bytes`` leaves room for one whole frame and a few reads (bounded

@@ -26,6 +26,7 @@ from acp_proxy.config.schema import (
     Setting,
 )
 from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.policy.schema import policy_schema
 
 _ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up
 _META_KEY: Final[JsonObject] = {
@@ -95,6 +96,8 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"$ref": "#/$defs/rule"})
     elif kind is Kind.MIDDLEWARE:
         out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
+    elif kind is Kind.POLICY:
+        out["anyOf"] = [{"$ref": "#/$defs/policy"}, {"type": "null"}]
     elif kind is Kind.STRING:
         out.update(type="string", minLength=1)
     elif kind is Kind.UPDATE:
@@ -167,7 +170,7 @@ def json_schema() -> JsonObject:
         "title": "acp-proxy configuration file",
         **top,
         "type": ["object", "null"],
-        "$defs": {"rule": rule, "middleware": middleware},
+        "$defs": {"rule": rule, "middleware": middleware, **policy_schema()},
     }
 
 
@@ -199,7 +202,7 @@ def settings_table() -> str:
     """The README's Settings table (a test keeps the README equal to it)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for setting in SETTINGS:
-        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE):
+        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE, Kind.POLICY):
             continue
         if setting.kind is Kind.SECTION:
             for child in setting.children:

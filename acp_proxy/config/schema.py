@@ -41,6 +41,7 @@ class Kind(enum.Enum):
     SECTION = "section"  # a mapping of further settings
     RULES = "rules"  # the rules list (validated by _Parser.rules)
     MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
+    POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.parse)
     # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
     STRING = "string"  # a non-empty string
     UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
@@ -399,6 +400,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 minimum=1,
             ),
         ),
+    ),
+    Setting(
+        "policy",
+        Kind.POLICY,
+        "The permission policy: which agent permission requests, file reads and writes, "
+        "terminals and mode switches are allowed, refused or left to the editor, and the "
+        "audit file of the decisions (docs/policy.md).",
+        attr="policy",
     ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}

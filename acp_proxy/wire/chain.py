@@ -36,6 +36,8 @@ Rules of the interface:
 * ``last_changed_by`` (optional): a tuple of names the middleware sets during ``__call__`` to say
   which of its parts changed the message (the rules middleware names its rules); the chain then
   reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
+* ``on_initialize`` (optional): a method called with the ``initialize`` response, which the
+  chain itself never sees (it runs once that response fixed the version); it must not raise.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -212,12 +214,25 @@ def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, 
 class Chain:
     """An ordered list of links, built once per connection and run per message."""
 
-    __slots__ = ("_escapes", "_links", "_needles")
+    __slots__ = ("_escapes", "_init_watchers", "_links", "_needles")
 
     def __init__(self, links: Sequence[Link]) -> None:
         self._links = tuple(links)
         self._needles = tuple(_needles_of(link.middleware) for link in self._links)
         self._escapes = needle_escapes(self._needles)
+        # The links with an ``on_initialize`` method (the policy: the agent's name); usually
+        # none.
+        self._init_watchers = tuple(
+            watcher
+            for link in self._links
+            if callable(watcher := getattr(link.middleware, "on_initialize", None))
+        )
+
+    def initialized(self, response: JsonObject) -> None:
+        """Tell the links that want it the ``initialize`` response (which ``run`` never sees:
+        the chain runs once that response fixed the version)."""
+        for watcher in self._init_watchers:
+            watcher(response)
 
     @property
     def links(self) -> tuple[Link, ...]:

@@ -498,6 +498,7 @@ class Connection:
         if direction is _A2C and rid in self._init_ids:
             self._init_ids.discard(rid)
             self._negotiate(message, notes)
+            self.chain.initialized(message)
 
     def _admit(
         self, direction: Direction, rid: JsonValue, method: str, id_bytes: bytes
