@@ -510,6 +510,9 @@ async def write_all(
             # Merging (or encoding ahead) fills time the peer needs anyway to read down its
             # buffer; a paused peer, once nothing is left to do, gets its buffer filled.
             if wait is not None and (queue.look(now, wait) or not outbox.paused(now)):
+                # What the look merged may have made room: the reader reads on meanwhile
+                # (a wait with its condition lifted and no wake-up is the watchdog's bug).
+                outbox.wake_reader()
                 await outbox.wait_ready(now + wait)
                 continue
             written = queue.stats.written

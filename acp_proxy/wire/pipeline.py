@@ -320,10 +320,9 @@ class Connection:
 
         For when the agent is gone: every client request still awaiting a response gets a
         JSON-RPC error response (code -32603, ``message`` naming the exit status, e.g. "agent
-        exited with status 1 during initialize"). The requests
-        are no longer tracked from the call on; their responses are built lazily, in chunks of
-        ``ABORT_CHUNK`` in arrival order, as the caller iterates (bounded memory: 400,000
-        responses built at once took 1.9 GB), so the shell writes each chunk before the next.
+        exited with status 1 during initialize"). The requests are no longer tracked from the
+        call on; their responses are built lazily, in chunks of ``ABORT_CHUNK`` in arrival
+        order, as the caller iterates (bounded memory), so the shell writes each before the next.
         """
         return self._abort(_C2A, message, data, detail=detail)
 
@@ -341,8 +340,7 @@ class Connection:
         name_method: bool = True,
         detail: str | None = None,
     ) -> Iterator[tuple[OutFrame, ...]]:
-        # Detached now, built lazily.
-        chunks = self._tracker.abort(
+        chunks = self._tracker.abort(  # detached now, built lazily
             direction, message, data, name_method=name_method, detail=detail
         )
         return _frames(chunks, self.version, self.stats)
