@@ -30,7 +30,7 @@ import anyio
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.base.jsontypes import OMITTED, JsonObject
 from acp_proxy.base.values import value
 from acp_proxy.record.format import (
     AGENT_TO_CLIENT,
@@ -39,6 +39,8 @@ from acp_proxy.record.format import (
     event_line,
     frame_entry,
 )
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.ui.display import shown
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder
 from acp_proxy.ui.history import History
@@ -145,6 +147,7 @@ class UiHub:
         self._ingest: deque[tuple[Any, ...]] = deque()
         self.ingest_held = 0
         self.ingest_lost = 0
+        self.failed = 0  # tapped items the view failed to turn into events (logged, skipped)
         self._ingest_ready = anyio.Event()
         self._ingest_ready_set = False  # mirrors it
         self._newest: UiTap | None = None
@@ -231,12 +234,17 @@ class UiHub:
         event = builder.line(conn, line, raw)
         session = self.sessions.get(conn)
         if session is not None:
-            if "dir" in line:
-                session.view.feed(event, builder.frame)
-            else:
-                session.view.feed(event)
-                if line.get("event") == "end":
-                    session.ended = True
+            if line.get("event") == "end":
+                session.ended = True
+            try:
+                session.view.feed(event, builder.frame if "dir" in line else OMITTED)
+            except Exception as exc:  # the panel misses this frame; the stream does not
+                self.failed += 1
+                get_logger().error(
+                    "the live view failed to apply a frame to its entities",
+                    seq=event["seq"],
+                    error=f"{type(exc).__name__}: {exc}",
+                )
         self.publish(event)
 
     def publish(self, event: JsonObject) -> None:
@@ -355,28 +363,37 @@ class UiHub:
             if self.ingest_lost:
                 lost, self.ingest_lost = self.ingest_lost, 0
                 self.add_line(item[0], orjson.loads(event_line(item[1], "lost", frames=lost)))
-            conn, t, what = item[0], item[1], item[2]
-            if what == "frame":
-                _, _, _, direction, raw, sent, changed_by, kind, generated, _ = item
-                line, cleaned = frame_entry(
-                    t,
-                    direction,
-                    raw,
-                    screened,
-                    sent=sent,
-                    changed_by=changed_by,
-                    kind=kind,
-                    generated=generated,
+            try:
+                self._publish_item(item, screened)
+            except Exception as exc:  # the view's own failure: the session never sees it
+                self.failed += 1
+                get_logger().error(
+                    "the live view failed to show a frame", error=f"{type(exc).__name__}: {exc}"
                 )
-                self.add_line(conn, line, cleaned)
-            elif what == "stderr":
-                cleaned, _ = redactor.frame(item[3])
-                text = cleaned.rstrip(b"\r").decode("utf-8", "replace")
-                self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
-            else:
-                self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
         self.published()
         return bool(ingest)
+
+    def _publish_item(self, item: tuple[Any, ...], screened: Redactor | None) -> None:
+        conn, t, what = item[0], item[1], item[2]
+        if what == "frame":
+            _, _, _, direction, raw, sent, changed_by, kind, generated, _ = item
+            line, cleaned = frame_entry(
+                t,
+                direction,
+                raw,
+                screened,
+                sent=sent,
+                changed_by=changed_by,
+                kind=kind,
+                generated=generated,
+            )
+            self.add_line(conn, line, cleaned)
+        elif what == "stderr":
+            cleaned, _ = self.redactor.frame(item[3])
+            text = shown(cleaned.rstrip(b"\r").decode("utf-8", "replace"))
+            self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
+        else:
+            self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
 
     def published(self) -> None:
         """End of a batch: its events become one block of the history, the observers' backlogs

@@ -192,8 +192,11 @@ class EntityView:
 
     def snapshot(self) -> JsonObject:
         """The panel's data: each entity's stored fields and `_meta` as the client holds them,
-        the keys the proxy injected, and the update history, in first-seen order."""
-        state = self._model.snapshot() if self._model is not None else {"entities": {}}
+        the keys the proxy injected, and the update history, in first-seen order. It shares
+        the values the view holds (a copy would recurse through a deep frame and double the
+        memory): encode it before the view is fed again."""
+        model = self._model
+        state = model.snapshot(copied=False) if model is not None else {"entities": {}}
         stored = state["entities"]
         snapshots = state.get("snapshots", {})
         out: list[JsonValue] = []

@@ -31,6 +31,7 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
+from acp_proxy.ui.display import shown
 
 STREAM_NAME: Final = "acp-proxy-events"
 STREAM_VERSION: Final = 2  # 2: the ``coalesced`` event
@@ -182,5 +183,8 @@ class StreamBuilder:
         if joiner is None:
             joiner = self._joiners[conn] = Joiner()
         joiner.see(direction, info, self.head, when)
+        for name, text in info.items():
+            if type(text) is str:
+                info[name] = shown(text)  # what the timeline shows: controls visible
         event["info"] = info
         return event
