@@ -7,12 +7,14 @@ went wrong answers 500 and leaves the session's task group running.
 from __future__ import annotations
 
 import json
+import socket
 
 import anyio
 import orjson
 import pytest
 from ui_inproc import serving
 
+from acp_proxy.shell import ui_server
 from acp_proxy.shell.ui_hub import UiHub
 from acp_proxy.ui import deepjson
 from acp_proxy.ui.entities import EntityView
@@ -193,3 +195,30 @@ async def test_bidirectional_controls_are_shown_escaped() -> None:
         assert (entity["session"], entity["id"]) == ("s\\u200f", "c\\u200e1")
         assert entity["fields"]["title"] == "rm -rf \\u202a/\\u202b\\u202d\\u2067\\u2068"
         assert "\u202e".encode() not in body and b"\xe2\x80" not in body
+
+
+@pytest.mark.anyio
+async def test_connections_without_a_whole_request_cannot_hold_the_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ui_server, "MAX_CLIENTS", 4)
+    monkeypatch.setattr(ui_server, "MAX_HEADS", 4, raising=False)
+    hub = UiHub(mode="live")
+    conn = hub.open_session({"acp-proxy-record": 1})
+    hub.published()
+    async with serving(hub) as served:
+        # Twelve connections that start a request and never finish it (a byte now and then
+        # would not finish it either), connected before the request with the token.
+        idle = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(12)]
+        for sock in idle:
+            sock.sendall(b"GET /?token=wrong HTTP/1.1\r\nHost: 127")
+        with anyio.fail_after(5):  # without room for it: HEAD_TIMEOUT_S (10 s) at least
+            status, body = await served.get("/api/sessions")
+        assert status == 200
+        assert orjson.loads(body)["sessions"][0]["conn"] == conn
+        # The oldest waiting connections were closed to make room, unanswered.
+        assert served.server.evicted == 9
+        idle[0].settimeout(5)
+        assert idle[0].recv(100) == b""
+        for sock in idle:
+            sock.close()
