@@ -22,18 +22,21 @@ and there is no framing, masking or upgrade to implement.
 from __future__ import annotations
 
 import errno
+import os
 import secrets
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import anyio
 import orjson
 
 from acp_proxy.config.model import UiConfig
+from acp_proxy.record.escape import visible
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks, ui_routes
 from acp_proxy.shell.logsetup import get_logger, say_fatal
@@ -417,25 +420,48 @@ async def run_with_ui(
     return code
 
 
+def open_record(path: str) -> BinaryIO:
+    """``path`` opened for reading, when it is a regular file: a FIFO, a device or a
+    directory is refused (``OSError``) before it is opened, so that ``acp-proxy ui`` never
+    waits for a writer that may not come, nor reads a device without end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, unread
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(
+                errno.EINVAL,
+                "not a regular file (acp-proxy ui reads record files written by --record; "
+                "to look at a session while it runs, use --ui)",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 async def serve_records(
     paths: Sequence[str], url: str, allow_remote: bool, limits: HubLimits
 ) -> int:
     """``acp-proxy ui FILE...``: serve the recorded sessions until interrupted."""
-    from acp_proxy.record.format import RecordError, parse_header, parse_line
+    from acp_proxy.record.format import parse_line
+    from acp_proxy.shell.recordread import EndOfFile, RecordLines, first_header
 
     hub = UiHub(mode="records", limits=limits)
     for path in paths:
         try:
-            with open(path, "rb") as file:
-                first = file.readline()
-                header = parse_header(first)
+            with open_record(path) as file:
+                lines = RecordLines(file)
+                header = first_header(lines)
+                if isinstance(header, str):
+                    print(f"acp-proxy: {visible(path)}: {header}", file=sys.stderr)
+                    return 2
                 conn = hub.open_session(dict(header))
-                for raw in file:
-                    line = parse_line(raw)
+                while not isinstance(raw := lines.read(), EndOfFile):
+                    line = parse_line(raw) if raw is not None else None
                     if line is not None:
                         hub.add_line(conn, line)
-        except (OSError, RecordError) as exc:
-            print(f"acp-proxy: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        except OSError as exc:
+            print(f"acp-proxy: {visible(path)}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     made = await _serving(
         url, allow_remote, hub, what=f"{len(paths)} record(s)", exposure=RECORDS_EXPOSURE
