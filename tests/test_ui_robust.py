@@ -18,6 +18,7 @@ from acp_proxy.shell import ui_server
 from acp_proxy.shell.ui_hub import UiHub
 from acp_proxy.ui import deepjson
 from acp_proxy.ui.entities import EntityView
+from acp_proxy.wire.chain import Direction
 
 
 def _deep_frame(depth: int) -> str:
@@ -143,12 +144,7 @@ def test_a_frame_the_view_fails_on_is_still_published(monkeypatch: pytest.Monkey
         raise RecursionError("maximum recursion depth exceeded")
 
     monkeypatch.setattr(EntityView, "feed", broken)
-    hub.ingest(
-        (tap.conn, 0.0, "frame", "agent_to_client", b'{"a":1}', None, [], "message", False, 7), 7
-    )
-    hub.ingest(
-        (tap.conn, 0.1, "frame", "agent_to_client", b'{"b":2}', None, [], "message", False, 7), 7
-    )
+    tap.on_generated(Direction.AGENT_TO_CLIENT, (b'{"a":1}', b'{"b":2}'), tap.start)
     assert hub.drain() is False
     raws = [event.get("raw") for event in hub.events()]
     assert raws == [None, '{"a":1}', '{"b":2}']

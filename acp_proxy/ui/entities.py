@@ -9,7 +9,11 @@ a key removed (RFD v2 Metadata Patches: "a key set to null is removed"), a clear
 null``: "clears all stored metadata"), and which of them the proxy wrote rather than the agent
 (a key the agent's frame did not carry with that value, or a follow-up frame the proxy
 inserted), with the rules that changed the frame. Pure; bounded: ``MAX_ENTITIES`` entities per
-session and ``MAX_HISTORY`` updates per entity (older updates are counted, not kept).
+session and ``MAX_HISTORY`` updates per entity (older updates are counted, not kept), and in
+bytes: ``held`` counts what the parsed values it keeps may cost (``PARSED_FACTOR`` times the
+bytes of each message that can change the state: Python's objects for JSON take about eight
+times its text); the hub stops feeding a view past its share (``stop``), and the snapshot says
+so (``"truncated": true``, ``"stopped_at"``: the first frame not applied).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from acp_proxy.ui.events import parse_frame
 
 MAX_ENTITIES: Final = 5000
 MAX_HISTORY: Final = 200
+PARSED_FACTOR: Final = 10  # bytes a kept parsed JSON value may cost per byte of its text
 DEFAULT_VERSION: Final = 2
 # Stands for "the proxy wrote all of it" where the agent's own patch would be.
 _PROXY: Final = object()
@@ -64,9 +69,11 @@ def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
 class EntityView:
     """One session's entities (see the module docstring)."""
 
-    __slots__ = ("_model", "_order", "_tracked", "version")
+    __slots__ = ("_model", "_order", "_tracked", "held", "stopped_at", "version")
 
     def __init__(self) -> None:
+        self.held = 0  # what the kept values may cost, in bytes (see the module docstring)
+        self.stopped_at: int | None = None  # the seq of the first frame not applied
         self.version = DEFAULT_VERSION
         self._model: ClientModel | None = None
         self._tracked: dict[EntityKey, _Tracked] = {}
@@ -78,9 +85,30 @@ class EntityView:
             assert isinstance(version, int)
             self.version = version
 
+    def stop(self, seq: int) -> None:
+        """Apply nothing from event ``seq`` on (the hub's byte bound was reached)."""
+        if self.stopped_at is None:
+            self.stopped_at = seq
+
+    def cost(self, event: JsonObject) -> int:
+        """What applying ``event`` may add to ``held`` (0: it changes no state)."""
+        if event.get("dir") != AGENT_TO_CLIENT or event.get("kind", "message") != "message":
+            return 0
+        if event.get("truncated"):
+            return 0  # only its first bytes are held: not JSON, it changes no state
+        sent = event.get("sent")
+        if isinstance(sent, list):
+            size = sum(len(s) for s in sent if isinstance(s, str))
+        else:
+            raw = event.get("raw")
+            size = len(raw) if isinstance(raw, str) else 0
+        return PARSED_FACTOR * size
+
     def feed(self, event: JsonObject, frame: Field = OMITTED) -> None:
         """Apply one stream event (frames toward the client change the client's state);
         ``frame``: the JSON value of its frame when the caller parsed it already."""
+        if self.stopped_at is not None:
+            return
         if event.get("event") == "version":
             self.set_version(event.get("protocolVersion"))
             return
@@ -96,6 +124,7 @@ class EntityView:
         changed_by = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
         if self._model is None:
             self._model = ClientModel(self.version)
+        self.held += self.cost(event)
         originals = {} if generated else _agent_patches(raw, self.version)
         for value in delivered:
             for message in _messages(value):
@@ -222,5 +251,6 @@ class EntityView:
         return {
             "version": self.version,
             "entities": out,
-            "truncated": len(self._tracked) >= MAX_ENTITIES,
+            "truncated": len(self._tracked) >= MAX_ENTITIES or self.stopped_at is not None,
+            "stopped_at": self.stopped_at,
         }
