@@ -8,15 +8,21 @@ a moment, and every frame tapped is either published or counted as lost, in its 
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import tracemalloc
+from collections.abc import Iterable
 from types import SimpleNamespace
 
+import anyio
 import orjson
 import pytest
+from ui_inproc import serving
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.shell import ui_hub
 from acp_proxy.shell.ui_hub import HubLimits, UiHub
+from acp_proxy.ui import events, export
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.notes import Observed
 
@@ -99,3 +105,77 @@ def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -
     # The big frame's first bytes are shown, and how much of it was left out.
     assert first["truncated"] == len(big) - ui_hub.FRAME_SHOWN
     assert first["raw"] == big[: ui_hub.FRAME_SHOWN].decode()
+
+
+async def _fetch(port: int, target: str) -> tuple[bytes, int, str]:
+    """A request's response head, its body's length and SHA-256, the body not kept."""
+    request = f"GET {target}&token=t HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    digest = hashlib.sha256()
+    head = b""
+    size = -1  # while the head is read
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(request.encode())
+        while True:
+            try:
+                chunk = await stream.receive(1 << 16)
+            except anyio.EndOfStream:
+                break
+            if size < 0:
+                head += chunk
+                if b"\r\n\r\n" not in head:
+                    continue
+                head, _, chunk = head.partition(b"\r\n\r\n")
+                size = 0
+            digest.update(chunk)
+            size += len(chunk)
+    return head, size, digest.hexdigest()
+
+
+@pytest.mark.anyio
+async def test_history_and_export_go_out_in_pieces_built_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub = UiHub(mode="records", limits=HubLimits(history_bytes=16 * MIB))
+    conn = hub.open_session({"acp-proxy-record": 1})
+    for n in range(4000):  # about 8.7 MB of events
+        hub.add_line(conn, {"t": n, "dir": "agent_to_client", "raw": f"{n} " + "x" * 2000})
+    hub.published()
+    hello = orjson.dumps(events.hello("records", hub.builder.head))
+    history = hello + b"\n" + b"\n".join(hub.history.data()) + b"\n"
+    record = export.record_lines(list(hub.events(conn)), hub.sessions[conn].header)
+    on_loop: list[bool] = []
+    feed = export.RecordWriter.feed
+
+    def watched(self: export.RecordWriter, held: Iterable[JsonObject]) -> bytes:
+        held = list(held)
+        if held:
+            on_loop.append(threading.current_thread() is threading.main_thread())
+        return feed(self, held)
+
+    monkeypatch.setattr(export.RecordWriter, "feed", watched)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        async with serving(hub) as served:
+            got: list[tuple[bytes, int, str]] = []
+
+            async def fetch(target: str) -> None:
+                got.append(await _fetch(served.port, target))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(fetch, "/history?since=0")
+                tg.start_soon(fetch, f"/export?conn={conn}")
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    bodies = {(size, digest) for _, size, digest in got}
+    assert bodies == {
+        (len(history), hashlib.sha256(history).hexdigest()),
+        (len(record), hashlib.sha256(record).hexdigest()),
+    }
+    assert all(head.startswith(b"HTTP/1.1 200 OK\r\n") for head, _, _ in got)
+    # Five bodies of 8.7 MB at once: what the server allocates for them all is less than one
+    # of them (pieces of PIECE_BYTES, read from the history as they go).
+    assert peak < len(history)
+    assert on_loop and not any(on_loop)  # the export was parsed and encoded in a worker thread

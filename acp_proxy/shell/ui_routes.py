@@ -25,7 +25,7 @@ from acp_proxy.shell.ui_hub import UiHub
 from acp_proxy.ui import deepjson, display, events, export, security
 from acp_proxy.ui.history import datas
 
-PIECE_BYTES: Final = 1024 * 1024  # events read from the history per piece of a body
+PIECE_BYTES: Final = 256 * 1024  # events read from the history per piece of a body
 _STATUS: Final = {
     200: "OK",
     400: "Bad Request",

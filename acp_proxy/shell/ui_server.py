@@ -28,6 +28,7 @@ import signal
 import socket
 import stat
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import Any, BinaryIO, Final
@@ -191,6 +192,7 @@ class UiServer:
         return request
 
     async def _answer(self, stream: SocketStream, request: security.Request) -> None:
+        self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
         if request.path == "/events" and request.method == "GET":
             await self._events(stream, request)
             return
