@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterable
 
 import anyio
 import orjson
 import pytest
 from ui_inproc import serving
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.shell import ui_server
 from acp_proxy.shell.ui_hub import UiHub
-from acp_proxy.ui import deepjson
+from acp_proxy.ui import deepjson, export
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.wire.chain import Direction
 
@@ -218,3 +220,31 @@ async def test_connections_without_a_whole_request_cannot_hold_the_slots(
         assert idle[0].recv(100) == b""
         for sock in idle:
             sock.close()
+
+
+@pytest.mark.anyio
+async def test_a_body_that_fails_half_way_ends_without_a_second_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hub = UiHub(mode="live")
+    conn = hub.open_session({"acp-proxy-record": 1})
+    for n in range(600):  # several pieces of /export
+        hub.add_line(conn, {"t": n, "dir": "agent_to_client", "raw": "y" * 2000})
+    hub.published()
+    feed = export.RecordWriter.feed
+    calls: list[int] = []
+
+    def failing(self: export.RecordWriter, held: Iterable[JsonObject]) -> bytes:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("a bug in the export")
+        return feed(self, held)
+
+    monkeypatch.setattr(export.RecordWriter, "feed", failing)
+    async with serving(hub) as served:
+        status, body = await served.get(f"/export?conn={conn}")
+        assert status == 200
+        assert b"HTTP/1.1" not in body  # no 500 written into the body
+        assert body.startswith(b'{"acp-proxy-record":1,"conn":1}\n{"t":0,')
+        assert served.server.failed == 1
+        assert (await served.get("/api/sessions"))[0] == 200
