@@ -179,3 +179,28 @@ async def test_history_and_export_go_out_in_pieces_built_off_the_loop(
     # of them (pieces of PIECE_BYTES, read from the history as they go).
     assert peak < len(history)
     assert on_loop and not any(on_loop)  # the export was parsed and encoded in a worker thread
+
+
+def test_an_ended_sessions_view_goes_first_then_a_live_one_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ui_hub, "VIEWS_BYTES", 64 * KIB)
+    hub = UiHub(mode="records")
+    ended = hub.open_session({"acp-proxy-record": 1})
+    for i in range(30):
+        hub.add_line(ended, {"t": i, "dir": "agent_to_client", "raw": _update(i).decode()})
+    hub.add_line(ended, {"t": 30, "event": "end", "exit": None, "summary": {}})
+    kept = hub.views_held
+    assert 0 < kept <= 64 * KIB
+    live = hub.open_session({"acp-proxy-record": 1})
+    for i in range(60):
+        hub.add_line(live, {"t": i, "dir": "agent_to_client", "raw": _update(i).decode()})
+    # The ended session stays (its events, its export) without its panel; the live one's
+    # panel stops where the bound was reached, and says so.
+    assert set(hub.sessions) == {ended, live}
+    assert hub.sessions[ended].view.snapshot()["stopped_at"] == 0
+    snapshot = hub.sessions[live].view.snapshot()
+    assert snapshot["truncated"] is True
+    stopped = snapshot["stopped_at"]
+    assert isinstance(stopped, int) and hub.builder.head - 60 < stopped <= hub.builder.head
+    assert hub.views_held == hub.sessions[live].view.held <= 64 * KIB

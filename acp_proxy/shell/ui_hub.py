@@ -240,15 +240,21 @@ class UiHub:
         return conn
 
     def _forget_ended(self, count: int, need: int = 0) -> None:
-        """Forget the oldest ended sessions' views: ``count`` of them, or until ``need`` more
-        bytes fit in ``VIEWS_BYTES``."""
+        """Forget the oldest ended sessions: ``count`` of them whole; then, until ``need`` more
+        bytes fit in ``VIEWS_BYTES``, their entity views only (the session, its events and its
+        export stay; its panel says it was not kept: ``stopped_at`` 0)."""
         for old in list(self.sessions.values()):
             if count <= 0 and self.views_held + need <= VIEWS_BYTES:
                 return
-            if old.ended:
+            if not old.ended:
+                continue
+            self.views_held -= old.view.held
+            if count > 0:
                 del self.sessions[old.conn]
-                self.views_held -= old.view.held
                 count -= 1
+            elif old.view.held:
+                old.view = EntityView()
+                old.view.stop(0)
 
     def add_line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> None:
         """One record line of session ``conn`` (a frame or a record event; ``raw``: the
