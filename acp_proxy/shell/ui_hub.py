@@ -2,11 +2,15 @@
 
 Contract: owns what the ``--ui`` server publishes. ``UiHub`` is a ``hooks.ProcessObserver``:
 each session gets a ``UiTap`` (a ``SessionObserver``), which only copies references to the
-frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``; past it frames
-are counted as lost, never waited for) and returns: the session never waits for the view. The
-hub's own task turns them into record lines (``acp_proxy.record.format``, redaction included),
-stream events (``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``), keeps the
-last ``history_bytes`` of events for replay and for every observer.
+frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``, each item
+counted with its own cost; a frame's first ``FRAME_SHOWN`` bytes only; past the bound frames
+are counted as lost where they were dropped, never waited for) and returns: the session never
+waits for the view. The hub's own task turns them into record lines (``acp_proxy.record.format``,
+redaction included), stream events (``acp_proxy.ui.events``) and entity views
+(``acp_proxy.ui.entities``, within ``VIEWS_BYTES`` together), in slices that take at most a
+share of the loop's time, and keeps the last ``history_bytes`` of events for replay and for
+every observer. A frame it fails on is logged and skipped: no exception of the view reaches
+the session.
 
 An observer is a cursor into that one shared history (a byte offset into the stream it holds
 in blocks, ``acp_proxy.ui.history``), not a copy: publishing an event costs the same with 50
