@@ -152,18 +152,21 @@ class UiServer:
             async with slots:
                 await self._answer(stream, request)
         except Exception as exc:  # the view's own failure: the session goes on
-            self.failed += 1
-            get_logger().error(
-                "the live view failed to answer a request",
-                path=request.path if request is not None else None,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            self._failed(request, exc)
             with anyio.move_on_after(CUTOFF_SEND_S):
                 await close_with(stream, text(500, "the live view failed to answer this request"))
         finally:
             self._waiting.pop(waiting, None)
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
+
+    def _failed(self, request: security.Request | None, exc: Exception) -> None:
+        self.failed += 1
+        get_logger().error(
+            "the live view failed to answer a request",
+            path=request.path if request is not None else None,
+            error=f"{type(exc).__name__}: {exc}",
+        )
 
     async def _admit(self, stream: SocketStream) -> security.Request | None:
         """The request of a connection, once it passed the checks (else refused: ``None``)."""
@@ -194,7 +197,10 @@ class UiServer:
     async def _answer(self, stream: SocketStream, request: security.Request) -> None:
         self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
         if request.path == "/events" and request.method == "GET":
-            await self._events(stream, request)
+            try:
+                await self._events(stream, request)
+            except Exception as exc:  # part of the stream went out: the connection just ends
+                self._failed(request, exc)
             return
         answer = await self.respond(request)
         if isinstance(answer, bytes):
@@ -210,6 +216,9 @@ class UiServer:
                     await _send_all(stream, [piece])
         except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return  # the reader went away or stopped reading
+        except Exception as exc:  # part of the body went out: the connection just ends
+            self._failed(request, exc)
+            return
         finally:
             await pieces.aclose()
         await close_with(stream, b"")
