@@ -2,7 +2,9 @@
 recorded sessions.
 
 Contract: parses the command line and runs ``ui_server.serve_records`` until interrupted.
-Refuses (exit 2) a file that is not a record and a non-loopback address without
+Refuses (exit 2) a path that is not a regular file (a FIFO, a device, a directory: it is not
+opened for reading, so nothing waits for a writer), a file whose first line is not a record
+header (read up to a header's bound, like ``show``) and a non-loopback address without
 ``--allow-remote``, like ``--ui``.
 """
 
@@ -20,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acp-proxy ui",
         description="Serve the live view's page over recorded sessions (record files written "
-        "by --record). Prints the URL (with its access token) to stderr; Ctrl-C stops.",
+        "by --record; a FIFO or a device is refused: use --ui to watch a running session). "
+        "Prints the URL (with its access token) to stderr; Ctrl-C stops.",
     )
     parser.add_argument("files", metavar="FILE", nargs="+")
     parser.add_argument(

@@ -2,11 +2,15 @@
 
 Contract: owns what the ``--ui`` server publishes. ``UiHub`` is a ``hooks.ProcessObserver``:
 each session gets a ``UiTap`` (a ``SessionObserver``), which only copies references to the
-frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``; past it frames
-are counted as lost, never waited for) and returns: the session never waits for the view. The
-hub's own task turns them into record lines (``acp_proxy.record.format``, redaction included),
-stream events (``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``), keeps the
-last ``history_bytes`` of events for replay and for every observer.
+frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``, each item
+counted with its own cost; a frame's first ``FRAME_SHOWN`` bytes only; past the bound frames
+are counted as lost where they were dropped, never waited for) and returns: the session never
+waits for the view. The hub's own task turns them into record lines (``acp_proxy.record.format``,
+redaction included), stream events (``acp_proxy.ui.events``) and entity views
+(``acp_proxy.ui.entities``, within ``VIEWS_BYTES`` together), in slices that take at most a
+share of the loop's time, and keeps the last ``history_bytes`` of events for replay and for
+every observer. A frame it fails on is logged and skipped: no exception of the view reaches
+the session.
 
 An observer is a cursor into that one shared history (a byte offset into the stream it holds
 in blocks, ``acp_proxy.ui.history``), not a copy: publishing an event costs the same with 50
@@ -30,7 +34,7 @@ import anyio
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.base.values import value
 from acp_proxy.record.format import (
     AGENT_TO_CLIENT,
@@ -39,6 +43,8 @@ from acp_proxy.record.format import (
     event_line,
     frame_entry,
 )
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.ui.display import shown
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder
 from acp_proxy.ui.history import History
@@ -51,10 +57,18 @@ HISTORY_BYTES: Final = 64 * 1024 * 1024  # events kept for replay (oldest droppe
 OBSERVER_BYTES: Final = 8 * 1024 * 1024  # one observer's queue: past it, cut off
 MAX_OBSERVERS: Final = 64  # subscriptions at once; more are refused (503)
 INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet turned into events
+VIEWS_BYTES: Final = 32 * 1024 * 1024  # the entity views' parsed values, all sessions together
+FRAME_SHOWN: Final = 256 * 1024  # the bytes of a frame the view keeps (the rest is counted)
+ITEM_BYTES: Final = 256  # what a tapped item costs beside its frames' bytes (counted)
+IDLE_SHARE: Final = 0.1  # of the loop's time the hub's publishing takes at most, unwatched...
+WATCHED_SHARE: Final = 0.5  # ... and with an observer, or a request in the last WATCHED_S
+WATCHED_S: Final = 5.0
 MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ended go first)
 PUBLISH_INTERVAL_S: Final = 0.02  # the hub publishes in batches, at most this often
 DRAIN_SLICE: Final = 256  # frames turned into events between two yields to the loop
 LAG_CHECK_EVERY: Final = 64  # events between two checks of the observers' backlogs
+# What is shown of a frame larger than FRAME_SHOWN whose kept part may hold a secret.
+TOO_LARGE: Final = b'"[REDACTED: a frame too large to redact key by key]"'
 NOTE_BYTES: Final = 512  # what a tapped merge note holds (counted in INGEST_BYTES)
 
 _DIR: Final = {
@@ -144,7 +158,10 @@ class UiHub:
         self._next_conn = 0
         self._ingest: deque[tuple[Any, ...]] = deque()
         self.ingest_held = 0
-        self.ingest_lost = 0
+        self.ingest_lost = 0  # tapped frames dropped (the ingest queue was full), in all
+        self.views_held = 0  # the entity views' ``held``, summed
+        self.asked = -WATCHED_S  # when a request last asked for what the hub holds
+        self.failed = 0  # tapped items the view failed to turn into events (logged, skipped)
         self._ingest_ready = anyio.Event()
         self._ingest_ready_set = False  # mirrors it
         self._newest: UiTap | None = None
@@ -154,14 +171,16 @@ class UiHub:
     # -- accounting -----------------------------------------------------------------------------
 
     def bound_bytes(self) -> int:
-        """The most the hub holds: its history and the ingest queue. Observers add no copy:
-        each one's backlog is part of the history (and at most ``observer_bytes``)."""
-        return self.history_bytes + INGEST_BYTES
+        """The most the hub holds: its history, the ingest queue and the entity views. Observers
+        add no copy: each one's backlog is part of the history (and at most
+        ``observer_bytes``)."""
+        return self.history_bytes + INGEST_BYTES + VIEWS_BYTES
 
     def held_bytes(self) -> int:
-        """What the hub holds now: the history (which holds every observer's backlog) and the
-        frames tapped, not yet published."""
-        return self.history.held + self.ingest_held
+        """What the hub holds now: the history (which holds every observer's backlog), the
+        frames tapped, not yet published (with what each item costs), and what the entity views
+        keep."""
+        return self.history.held + self.ingest_held + self.views_held
 
     @property
     def end(self) -> int:
@@ -207,7 +226,10 @@ class UiHub:
             tap = self._newest
         if tap is not None:
             t = time.monotonic() - tap.start
-            self.ingest((tap.conn, t, "stderr", line, len(line)), len(line))
+            if len(line) > FRAME_SHOWN:
+                line = _cut(line, FRAME_SHOWN)
+            size = len(line) + ITEM_BYTES
+            self.ingest((tap.conn, t, "stderr", line, size), size)
 
     def agent_exited(self, returncode: int) -> None:
         pass
@@ -223,12 +245,26 @@ class UiHub:
         header.setdefault("conn", conn)
         self.sessions[conn] = _Session(conn, header)
         if len(self.sessions) > MAX_SESSIONS:
-            for old in list(self.sessions.values()):
-                if old.ended:
-                    del self.sessions[old.conn]
-                    break
+            self._forget_ended(1)
         self.publish(self.builder.session(conn, header))
         return conn
+
+    def _forget_ended(self, count: int, need: int = 0) -> None:
+        """Forget the oldest ended sessions: ``count`` of them whole; then, until ``need`` more
+        bytes fit in ``VIEWS_BYTES``, their entity views only (the session, its events and its
+        export stay; its panel says it was not kept: ``stopped_at`` 0)."""
+        for old in list(self.sessions.values()):
+            if count <= 0 and self.views_held + need <= VIEWS_BYTES:
+                return
+            if not old.ended:
+                continue
+            self.views_held -= old.view.held
+            if count > 0:
+                del self.sessions[old.conn]
+                count -= 1
+            elif old.view.held:
+                old.view = EntityView()
+                old.view.stop(0)
 
     def add_line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> None:
         """One record line of session ``conn`` (a frame or a record event; ``raw``: the
@@ -237,12 +273,25 @@ class UiHub:
         event = builder.line(conn, line, raw)
         session = self.sessions.get(conn)
         if session is not None:
-            if "dir" in line:
-                session.view.feed(event, builder.frame)
-            else:
-                session.view.feed(event)
-                if line.get("event") == "end":
-                    session.ended = True
+            if line.get("event") == "end":
+                session.ended = True
+            view = session.view
+            cost = view.cost(event) if view.stopped_at is None else 0
+            if cost and self.views_held + cost > VIEWS_BYTES:
+                self._forget_ended(0, cost)
+                if self.views_held + cost > VIEWS_BYTES:
+                    view.stop(builder.head)  # the panel says where it stopped
+            held = view.held
+            try:
+                view.feed(event, builder.frame if "dir" in line else OMITTED)
+            except Exception as exc:  # the panel misses this frame; the stream does not
+                self.failed += 1
+                get_logger().error(
+                    "the live view failed to apply a frame to its entities",
+                    seq=event["seq"],
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+            self.views_held += view.held - held
         self.publish(event)
 
     def publish(self, event: JsonObject) -> None:
@@ -322,24 +371,49 @@ class UiHub:
     # -- the live tap -----------------------------------------------------------------------------
 
     def ingest(self, item: tuple[Any, ...], size: int) -> None:
-        if self.ingest_held + size > INGEST_BYTES and self._ingest:
+        """Queue one tapped item (``size``: what it holds); past ``INGEST_BYTES`` it is dropped
+        and counted where it would have been, in its session (one ``lost`` marker for a run of
+        drops, so the markers too stay within one item of the bound)."""
+        ingest = self._ingest
+        if self.ingest_held + size > INGEST_BYTES and ingest:
             self.ingest_lost += 1
+            last = ingest[-1]
+            if last[2] == "lost":
+                counts = last[3]
+                counts[item[0]] = counts.get(item[0], 0) + 1
+            else:
+                ingest.append((item[0], item[1], "lost", {item[0]: 1}, ITEM_BYTES))
+                self.ingest_held += ITEM_BYTES
             return
-        self._ingest.append(item)
+        ingest.append(item)
         self.ingest_held += size
         if not self._ingest_ready_set:
             self._ingest_ready_set = True
             self._ingest_ready.set()
 
+    def watched(self) -> bool:
+        """Whether someone looks: an observer, or a request in the last ``WATCHED_S``."""
+        return bool(self.observers) or time.monotonic() - self.asked < WATCHED_S
+
     async def run(self) -> None:
-        """Turn tapped frames into events, in batches, until cancelled."""
+        """Turn tapped frames into events, in batches, until cancelled.
+
+        In slices, each followed by a pause long enough that publishing takes at most its share
+        of the loop's time (``IDLE_SHARE`` when nobody looks, ``WATCHED_SHARE`` when someone
+        does): the session never waits for the view for longer than a slice, and a view that
+        cannot keep up drops frames at the ingest queue (counted as ``lost``), it does not slow
+        the session down."""
         while True:
             await self._ingest_ready.wait()
             self._ingest_ready = anyio.Event()
             self._ingest_ready_set = False
-            # In slices, so the sessions and the observers' writers run in between.
-            while self.drain(DRAIN_SLICE):
-                await anyio.sleep(0)
+            while True:
+                start = time.perf_counter()
+                more = self.drain(DRAIN_SLICE)
+                if not more:
+                    break
+                share = WATCHED_SHARE if self.watched() else IDLE_SHARE
+                await anyio.sleep((time.perf_counter() - start) * (1 / share - 1))
             await anyio.sleep(PUBLISH_INTERVAL_S)
 
     def drain(self, limit: int | None = None) -> bool:
@@ -358,31 +432,48 @@ class UiHub:
         screened = None if redactor.clean(frames) else redactor
         for item in items:
             self.ingest_held -= item[-1]
-            if self.ingest_lost:
-                lost, self.ingest_lost = self.ingest_lost, 0
-                self.add_line(item[0], orjson.loads(event_line(item[1], "lost", frames=lost)))
-            conn, t, what = item[0], item[1], item[2]
-            if what == "frame":
-                _, _, _, direction, raw, sent, changed_by, kind, generated, _ = item
-                line, cleaned = frame_entry(
-                    t,
-                    direction,
-                    raw,
-                    screened,
-                    sent=sent,
-                    changed_by=changed_by,
-                    kind=kind,
-                    generated=generated,
+            try:
+                self._publish_item(item, screened)
+            except Exception as exc:  # the view's own failure: the session never sees it
+                self.failed += 1
+                get_logger().error(
+                    "the live view failed to show a frame", error=f"{type(exc).__name__}: {exc}"
                 )
-                self.add_line(conn, line, cleaned)
-            elif what == "stderr":
-                cleaned, _ = redactor.frame(item[3])
-                text = cleaned.rstrip(b"\r").decode("utf-8", "replace")
-                self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
-            else:
-                self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
         self.published()
         return bool(ingest)
+
+    def _publish_item(self, item: tuple[Any, ...], screened: Redactor | None) -> None:
+        conn, t, what = item[0], item[1], item[2]
+        if what == "frame":
+            _, _, _, direction, raw, sent, changed_by, kind, generated, cut, _ = item
+            if cut:
+                # Only the first FRAME_SHOWN bytes are kept: not JSON, so not redactable key by
+                # key. A part that may hold anything to redact is not shown at all.
+                raw = TOO_LARGE if self.redactor.needs_work(raw) else raw
+                if sent:
+                    sent = [TOO_LARGE if self.redactor.needs_work(f) else f for f in sent]
+            line, cleaned = frame_entry(
+                t,
+                direction,
+                raw,
+                screened,
+                sent=sent,
+                changed_by=changed_by,
+                kind=kind,
+                generated=generated,
+            )
+            if cut:
+                line["truncated"] = cut
+            self.add_line(conn, line, cleaned)
+        elif what == "stderr":
+            cleaned, _ = self.redactor.frame(item[3])
+            text = shown(cleaned.rstrip(b"\r").decode("utf-8", "replace"))
+            self.add_line(conn, orjson.loads(event_line(t, "stderr", line=text)))
+        elif what == "lost":
+            for lost_conn, frames in item[3].items():
+                self.add_line(lost_conn, orjson.loads(event_line(t, "lost", frames=frames)))
+        else:
+            self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
 
     def published(self) -> None:
         """End of a batch: its events become one block of the history, the observers' backlogs
@@ -411,57 +502,49 @@ class UiTap:
                 for info in note.messages:
                     if info.changed_by:
                         changed_by.extend(n for n in info.changed_by if n not in changed_by)
-                size = len(note.raw)
-                if note.sent:
-                    size += sum(map(len, note.sent))
+                raw, sent = note.raw, note.sent
+                size = len(raw)
+                if sent:
+                    size += sum(map(len, sent))
+                cut = 0
+                if size > FRAME_SHOWN:
+                    raw, sent, cut = _shown(raw, sent, size)
+                    size -= cut
+                size += ITEM_BYTES
                 hub.ingest(
                     (
                         self.conn,
                         t,
                         "frame",
                         _DIR[note.direction],
-                        note.raw,
-                        note.sent,
+                        raw,
+                        sent,
                         changed_by,
                         note.kind,
                         False,
+                        cut,
                         size,
                     ),
                     size,
                 )
                 for reply in note.replies:
-                    item = (
-                        self.conn,
-                        t,
-                        "frame",
-                        _OTHER[note.direction],
-                        reply,
-                        None,
-                        (),
-                        "message",
-                        True,
-                        len(reply),
-                    )
-                    hub.ingest(item, len(reply))
+                    self._generated(_OTHER[note.direction], reply, t)
             elif type(note) is VersionNegotiated:
-                hub.ingest((self.conn, t, "version", {"protocolVersion": note.version}, 0), 0)
+                fields = {"protocolVersion": note.version}
+                hub.ingest((self.conn, t, "version", fields, ITEM_BYTES), ITEM_BYTES)
 
     def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
         t = now - self.start
         for frame in frames:
-            item = (
-                self.conn,
-                t,
-                "frame",
-                _DIR[direction],
-                frame,
-                None,
-                (),
-                "message",
-                True,
-                len(frame),
-            )
-            self.hub.ingest(item, len(frame))
+            self._generated(_DIR[direction], frame, t)
+
+    def _generated(self, direction: str, frame: bytes, t: float) -> None:
+        size, cut = len(frame), 0
+        if size > FRAME_SHOWN:
+            frame, _, cut = _shown(frame, None, size)
+        size += ITEM_BYTES - cut
+        item = (self.conn, t, "frame", direction, frame, None, (), "message", True, cut, size)
+        self.hub.ingest(item, size)
 
     def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
         fields = {
@@ -473,10 +556,36 @@ class UiTap:
             "bytes": merge.size,
         }
         item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
-        self.hub.ingest(item, NOTE_BYTES)
+        self.hub.ingest(item, NOTE_BYTES)  # (more than the note and its item hold)
 
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())
         version = summary.pop("version", None)
         fields = {"exit": None, "protocolVersion": version, "summary": summary}
-        self.hub.ingest((self.conn, now - self.start, "end", fields, 0), 0)
+        self.hub.ingest((self.conn, now - self.start, "end", fields, ITEM_BYTES), ITEM_BYTES)
+
+
+def _cut(frame: bytes, keep: int) -> bytes:
+    """The first ``keep`` bytes of ``frame`` at most, not ending inside a UTF-8 sequence."""
+    if len(frame) <= keep:
+        return frame
+    while keep > 0 and frame[keep] & 0xC0 == 0x80:
+        keep -= 1
+    return frame[:keep]
+
+
+def _shown(
+    raw: bytes, sent: tuple[bytes, ...] | None, size: int
+) -> tuple[bytes, tuple[bytes, ...] | None, int]:
+    """What the view keeps of a frame and the frames sent instead (``size`` bytes together):
+    ``FRAME_SHOWN`` bytes at most, the frame first; and how many bytes it leaves out."""
+    kept = _cut(raw, FRAME_SHOWN)
+    left = FRAME_SHOWN - len(kept)
+    if sent:
+        shown_sent = []
+        for frame in sent:
+            part = _cut(frame, left)
+            shown_sent.append(part)
+            left -= len(part)
+        sent = tuple(shown_sent)
+    return kept, sent, size - (FRAME_SHOWN - left)

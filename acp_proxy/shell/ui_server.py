@@ -22,31 +22,37 @@ and there is no framing, masking or upgrade to implement.
 from __future__ import annotations
 
 import errno
+import os
 import secrets
 import signal
 import socket
+import stat
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import anyio
 import orjson
 
 from acp_proxy.config.model import UiConfig
+from acp_proxy.record.escape import visible
 from acp_proxy.record.settings import RecordConfig
-from acp_proxy.shell import hooks
+from acp_proxy.shell import hooks, ui_routes
 from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
-from acp_proxy.ui import events, export, security
+from acp_proxy.shell.ui_routes import SECURITY_HEADERS, text
+from acp_proxy.ui import events, security
 from acp_proxy.ui.history import GZIP_HEADER, deflated
 
 MAX_HEAD: Final = 8 * 1024
-HEAD_TIMEOUT_S: Final = 10.0
-MAX_CLIENTS: Final = 128  # requests and subscriptions at once; more wait in the backlog
+HEAD_TIMEOUT_S: Final = 10.0  # a request head must be whole by then
+MAX_CLIENTS: Final = 128  # requests and subscriptions (that passed the checks) at once
+MAX_HEADS: Final = 128  # connections not yet let in; past it the oldest is closed
 KEEPALIVE_S: Final = 15.0  # an SSE comment this often: a dead observer is noticed
 FLUSH_INTERVAL_S: Final = 0.05  # an observer is written to at most this often (batches)...
 PACE_BELOW: Final = 4  # ... while its backlog is below a quarter of its bound
@@ -65,41 +71,11 @@ RECORDS_EXPOSURE: Final = (
     "anyone who has its URL (with the token) can read the records",
     "pass --allow-remote to serve them there",
 )
-_STATUS: Final = {
-    200: "OK",
-    400: "Bad Request",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    421: "Misdirected Request",
-    503: "Service Unavailable",
-}
-# The page talks only to its own origin; no frame may embed it; the token never leaves in a
-# Referer.
-_SECURITY_HEADERS: Final = (
-    "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; base-uri 'none'; "
-    "form-action 'none'; frame-ancestors 'none'\r\n"
-    "X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\n"
-    "Referrer-Policy: no-referrer\r\nCache-Control: no-store\r\n"
-)
 
 
 def page_bytes() -> bytes:
     """The page (package data: ``acp_proxy/ui/page.html``)."""
     return (resources.files("acp_proxy.ui") / "page.html").read_bytes()
-
-
-def _response(status: int, ctype: str, body: bytes, extra: str = "") -> bytes:
-    head = (
-        f"HTTP/1.1 {status} {_STATUS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
-        f"Content-Length: {len(body)}\r\n{_SECURITY_HEADERS}{extra}Connection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
-
-
-def _text(status: int, text: str) -> bytes:
-    return _response(status, "text/plain; charset=utf-8", (text + "\n").encode())
 
 
 class UiServer:
@@ -120,15 +96,26 @@ class UiServer:
         self.names = tuple(names)
         self.allow_remote = allow_remote
         self.page = page_bytes()
+        self.max_clients = MAX_CLIENTS
+        self.max_heads = MAX_HEADS
         self.refused = 0  # requests refused by the checks
+        self.evicted = 0  # connections closed unanswered to make room for a newer one
+        self.failed = 0  # requests the view failed to answer (logged, answered 500)
         self.cut_off: list[str] = []  # why observers were cut off (the last 100)
+        # Connections not yet let in (still sending their head, or being refused), oldest
+        # first: past ``max_heads`` the oldest is closed to make room.
+        self._waiting: dict[anyio.CancelScope, None] = {}
 
     async def serve(self, sock: socket.socket) -> None:
-        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled."""
-        slots = anyio.Semaphore(MAX_CLIENTS)
+        """Accept and answer on ``sock`` (non-blocking, listening) until cancelled.
+
+        A connection holds one of ``max_clients`` slots only once its request passed the
+        checks: until then it is one of at most ``max_heads`` waiting connections, the oldest
+        of which is closed when a new one comes. Connections that never send a whole request
+        (or never one with the token) therefore cannot keep a request with the token waiting."""
+        slots = anyio.Semaphore(self.max_clients)
         async with anyio.create_task_group() as tg:
             while True:
-                await slots.acquire()
                 while True:
                     try:
                         client, _ = sock.accept()
@@ -139,85 +126,106 @@ class UiServer:
                         if exc.errno in (errno.ECONNABORTED, errno.EINTR):
                             continue
                         await anyio.sleep(0.1)  # out of descriptors: the sessions come first
-                tg.start_soon(self._client, client, slots)
+                while len(self._waiting) >= self.max_heads:
+                    oldest = next(iter(self._waiting))
+                    del self._waiting[oldest]
+                    oldest.cancel()
+                    self.evicted += 1
+                scope = anyio.CancelScope()
+                self._waiting[scope] = None
+                tg.start_soon(self._client, client, slots, scope)
 
-    async def _client(self, client: socket.socket, slots: anyio.Semaphore) -> None:
+    async def _client(
+        self, client: socket.socket, slots: anyio.Semaphore, waiting: anyio.CancelScope
+    ) -> None:
+        """One connection: its head, the checks, then its answer in a slot. Whatever goes wrong
+        in answering is logged and answered 500 (or the connection closed, when part of the
+        answer went out already): it never reaches the server's task group, nor the session."""
         stream = SocketStream(client)
+        request = None
         try:
-            head = b""
-            with anyio.move_on_after(HEAD_TIMEOUT_S):
-                while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
-                    try:
-                        head += await stream.receive(MAX_HEAD)
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
-                        break
-            request = security.parse_head(head)
+            with waiting:
+                request = await self._admit(stream)
+            self._waiting.pop(waiting, None)
             if request is None:
-                await close_with(stream, _text(400, "bad request"))
                 return
-            refused = security.refusal(
-                request,
-                token=self.token,
-                port=self.port,
-                names=self.names,
-                allow_remote=self.allow_remote,
-            )
-            if refused is not None:
-                self.refused += 1
-                await close_with(stream, _text(refused.status, refused.reason))
-                return
-            if request.path == "/events" and request.method == "GET":
-                await self._events(stream, request)
-                return
-            response = self.respond(request)
-            if request.method == "HEAD":
-                response = response.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
-            await close_with(stream, response)
+            async with slots:
+                await self._answer(stream, request)
+        except Exception as exc:  # the view's own failure: the session goes on
+            self._failed(request, exc)
+            with anyio.move_on_after(CUTOFF_SEND_S):
+                await close_with(stream, text(500, "the live view failed to answer this request"))
         finally:
-            slots.release()
+            self._waiting.pop(waiting, None)
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    def respond(self, request: security.Request) -> bytes:
-        """The whole response to a request that is not a subscription."""
-        path = request.path
-        if path in ("/", "/index.html"):
-            return _response(200, "text/html; charset=utf-8", self.page)
-        if path == "/api/sessions":
-            sessions = [
-                {"conn": s.conn, "header": s.header, "ended": s.ended}
-                for s in self.hub.sessions.values()
-            ]
-            return _response(200, "application/json", orjson.dumps({"sessions": sessions}))
-        if path == "/history":
-            # The replay as one JSON Lines body (a page loads it in one request, then
-            # subscribes to /events?since=<the last seq>): much faster than one message each.
-            since = _int(request.query.get("since")) or 0
-            _, missing = self.hub.replay(since)
-            lines = [orjson.dumps(events.hello(self.hub.mode, self.hub.builder.head))]
-            if missing:
-                lines.append(orjson.dumps({"event": "truncated", "lost": missing}))
-            body = b"\n".join([*lines, *self.hub.history.data(since)]) + b"\n"
-            return _response(200, "application/x-ndjson", body)
-        conn = _int(request.query.get("conn"))
-        if path == "/api/entities":
-            session = self.hub.sessions.get(conn) if conn is not None else None
-            if session is None:
-                return _text(404, "no such session (conn=N: see /api/sessions)")
-            return _response(200, "application/json", orjson.dumps(session.view.snapshot()))
-        if path == "/export":
-            session = self.hub.sessions.get(conn) if conn is not None else None
-            if session is None:
-                return _text(404, "no such session (conn=N: see /api/sessions)")
-            held = list(self.hub.events(session.conn))
-            if request.query.get("format") == "zed":
-                return _response(200, "application/json", export.zed_json(held))
-            body = export.record_lines(held, session.header)
-            disposition = f'Content-Disposition: attachment; filename="session-{conn}.jsonl"\r\n'
-            return _response(200, "application/x-ndjson", body, disposition)
-        return _text(
-            404, "/, /events, /history, /api/sessions, /api/entities?conn=N, /export?conn=N"
+    def _failed(self, request: security.Request | None, exc: Exception) -> None:
+        self.failed += 1
+        get_logger().error(
+            "the live view failed to answer a request",
+            path=request.path if request is not None else None,
+            error=f"{type(exc).__name__}: {exc}",
         )
+
+    async def _admit(self, stream: SocketStream) -> security.Request | None:
+        """The request of a connection, once it passed the checks (else refused: ``None``)."""
+        head = b""
+        with anyio.move_on_after(HEAD_TIMEOUT_S):
+            while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
+                try:
+                    head += await stream.receive(MAX_HEAD)
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+        request = security.parse_head(head)
+        if request is None:
+            await close_with(stream, text(400, "bad request"))
+            return None
+        refused = security.refusal(
+            request,
+            token=self.token,
+            port=self.port,
+            names=self.names,
+            allow_remote=self.allow_remote,
+        )
+        if refused is not None:
+            self.refused += 1
+            await close_with(stream, text(refused.status, refused.reason))
+            return None
+        return request
+
+    async def _answer(self, stream: SocketStream, request: security.Request) -> None:
+        self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
+        if request.path == "/events" and request.method == "GET":
+            try:
+                await self._events(stream, request)
+            except Exception as exc:  # part of the stream went out: the connection just ends
+                self._failed(request, exc)
+            return
+        answer = await self.respond(request)
+        if isinstance(answer, bytes):
+            if request.method == "HEAD":
+                answer = answer.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+            await close_with(stream, answer)
+            return
+        head, pieces = answer
+        try:
+            await _send_all(stream, [head])
+            if request.method != "HEAD":
+                async for piece in pieces:
+                    await _send_all(stream, [piece])
+        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return  # the reader went away or stopped reading
+        except Exception as exc:  # part of the body went out: the connection just ends
+            self._failed(request, exc)
+            return
+        finally:
+            await pieces.aclose()
+        await close_with(stream, b"")
+
+    async def respond(self, request: security.Request) -> ui_routes.Body:
+        """The answer to a request that is not a subscription (``acp_proxy.shell.ui_routes``)."""
+        return await ui_routes.respond(self.hub, self.page, request)
 
     async def _stream(
         self, stream: SocketStream, observer: Observer, first: list[bytes | memoryview]
@@ -248,10 +256,10 @@ class UiServer:
     async def _events(self, stream: SocketStream, request: security.Request) -> None:
         hub = self.hub
         since_text = request.query.get("since") or request.headers.get("last-event-id") or "0"
-        since = hub.builder.head if since_text == "now" else (_int(since_text) or 0)
+        since = hub.builder.head if since_text == "now" else (ui_routes.parse_int(since_text) or 0)
         observer = hub.subscribe()
         if observer is None:
-            await close_with(stream, _text(503, f"too many observers ({hub.max_observers})"))
+            await close_with(stream, text(503, f"too many observers ({hub.max_observers})"))
             return
         try:
             # Compressed for a reader that accepts it (a browser): the history's blocks are
@@ -261,7 +269,7 @@ class UiServer:
             encoding = "Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" if gzip else ""
             head = (
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
-                f"{_SECURITY_HEADERS}{encoding}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
+                f"{SECURITY_HEADERS}{encoding}X-Accel-Buffering: no\r\nConnection: close\r\n\r\n"
             ).encode("latin-1")
             opening = [b"retry: 2000\n\n"]
             opening.append(sse_chunk(None, orjson.dumps(events.hello(hub.mode, hub.builder.head))))
@@ -337,12 +345,6 @@ def accepts_gzip(header: str) -> bool:
 
 _KEEPALIVE: Final = b": keepalive\n\n"
 _KEEPALIVE_GZ: Final = deflated(_KEEPALIVE)
-
-
-def _int(text: str | None) -> int | None:
-    if text is None or not text.isdigit():
-        return None
-    return int(text)
 
 
 def token_url(host: str, port: int, token: str) -> str:
@@ -429,25 +431,48 @@ async def run_with_ui(
     return code
 
 
+def open_record(path: str) -> BinaryIO:
+    """``path`` opened for reading, when it is a regular file: a FIFO, a device or a
+    directory is refused (``OSError``) before it is opened, so that ``acp-proxy ui`` never
+    waits for a writer that may not come, nor reads a device without end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, unread
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(
+                errno.EINVAL,
+                "not a regular file (acp-proxy ui reads record files written by --record; "
+                "to look at a session while it runs, use --ui)",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 async def serve_records(
     paths: Sequence[str], url: str, allow_remote: bool, limits: HubLimits
 ) -> int:
     """``acp-proxy ui FILE...``: serve the recorded sessions until interrupted."""
-    from acp_proxy.record.format import RecordError, parse_header, parse_line
+    from acp_proxy.record.format import parse_line
+    from acp_proxy.shell.recordread import EndOfFile, RecordLines, first_header
 
     hub = UiHub(mode="records", limits=limits)
     for path in paths:
         try:
-            with open(path, "rb") as file:
-                first = file.readline()
-                header = parse_header(first)
+            with open_record(path) as file:
+                lines = RecordLines(file)
+                header = first_header(lines)
+                if isinstance(header, str):
+                    print(f"acp-proxy: {visible(path)}: {header}", file=sys.stderr)
+                    return 2
                 conn = hub.open_session(dict(header))
-                for raw in file:
-                    line = parse_line(raw)
+                while not isinstance(raw := lines.read(), EndOfFile):
+                    line = parse_line(raw) if raw is not None else None
                     if line is not None:
                         hub.add_line(conn, line)
-        except (OSError, RecordError) as exc:
-            print(f"acp-proxy: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+        except OSError as exc:
+            print(f"acp-proxy: {visible(path)}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     made = await _serving(
         url, allow_remote, hub, what=f"{len(paths)} record(s)", exposure=RECORDS_EXPOSURE

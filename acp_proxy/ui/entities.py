@@ -13,7 +13,11 @@ keys each rule writes) picks, among the rules that changed the frame, those that
 no such rule writes goes to the other middleware that changed the frame. Without ``rule_keys``
 (a record written before it) every rule and middleware that changed the frame is named. Pure;
 bounded: ``MAX_ENTITIES`` entities per session and ``MAX_HISTORY`` updates per entity (older
-updates are counted, not kept).
+updates are counted, not kept), and in
+bytes: ``held`` counts what the parsed values it keeps may cost (``PARSED_FACTOR`` times the
+bytes of each message that can change the state: Python's objects for JSON take about eight
+times its text); the hub stops feeding a view past its share (``stop``), and the snapshot says
+so (``"truncated": true``, ``"stopped_at"``: the first frame not applied).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from acp_proxy.ui.events import parse_frame
 
 MAX_ENTITIES: Final = 5000
 MAX_HISTORY: Final = 200
+PARSED_FACTOR: Final = 10  # bytes a kept parsed JSON value may cost per byte of its text
 DEFAULT_VERSION: Final = 2
 # Stands for "the proxy wrote all of it" where the agent's own patch would be.
 _PROXY: Final = object()
@@ -69,9 +74,20 @@ def _agent_patches(raw: JsonValue, version: int) -> dict[EntityKey, Field]:
 class EntityView:
     """One session's entities (see the module docstring)."""
 
-    __slots__ = ("_model", "_order", "_rule_keys", "_tracked", "_turns", "version")
+    __slots__ = (
+        "_model",
+        "_order",
+        "_rule_keys",
+        "_tracked",
+        "_turns",
+        "held",
+        "stopped_at",
+        "version",
+    )
 
     def __init__(self, rule_keys: Mapping[str, frozenset[str]] | None = None) -> None:
+        self.held = 0  # what the kept values may cost, in bytes (see the module docstring)
+        self.stopped_at: int | None = None  # the seq of the first frame not applied
         self.version = DEFAULT_VERSION
         # "rules:NAME" -> the entity keys rule NAME writes; None: not known.
         self._rule_keys = rule_keys
@@ -111,9 +127,30 @@ class EntityView:
             assert isinstance(version, int)
             self.version = version
 
+    def stop(self, seq: int) -> None:
+        """Apply nothing from event ``seq`` on (the hub's byte bound was reached)."""
+        if self.stopped_at is None:
+            self.stopped_at = seq
+
+    def cost(self, event: JsonObject) -> int:
+        """What applying ``event`` may add to ``held`` (0: it changes no state)."""
+        if event.get("dir") != AGENT_TO_CLIENT or event.get("kind", "message") != "message":
+            return 0
+        if event.get("truncated"):
+            return 0  # only its first bytes are held: not JSON, it changes no state
+        sent = event.get("sent")
+        if isinstance(sent, list):
+            size = sum(len(s) for s in sent if isinstance(s, str))
+        else:
+            raw = event.get("raw")
+            size = len(raw) if isinstance(raw, str) else 0
+        return PARSED_FACTOR * size
+
     def feed(self, event: JsonObject, frame: Field = OMITTED) -> None:
         """Apply one stream event (frames toward the client change the client's state);
         ``frame``: the JSON value of its frame when the caller parsed it already."""
+        if self.stopped_at is not None:
+            return
         if event.get("event") == "version":
             self.set_version(event.get("protocolVersion"))
             return
@@ -134,6 +171,7 @@ class EntityView:
         changed_by = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
         if self._model is None:
             self._model = ClientModel(self.version, self._turns)
+        self.held += self.cost(event)
         for value in delivered:
             for message in _messages(value):
                 self._turns.see(AGENT_TO_CLIENT, message)
@@ -243,8 +281,11 @@ class EntityView:
 
     def snapshot(self) -> JsonObject:
         """The panel's data: each entity's stored fields and `_meta` as the client holds them,
-        the keys the proxy injected, and the update history, in first-seen order."""
-        state = self._model.snapshot() if self._model is not None else {"entities": {}}
+        the keys the proxy injected, and the update history, in first-seen order. It shares
+        the values the view holds (a copy would recurse through a deep frame and double the
+        memory): encode it before the view is fed again."""
+        model = self._model
+        state = model.snapshot(copied=False) if model is not None else {"entities": {}}
         stored = state["entities"]
         snapshots = state.get("snapshots", {})
         out: list[JsonValue] = []
@@ -270,5 +311,6 @@ class EntityView:
         return {
             "version": self.version,
             "entities": out,
-            "truncated": len(self._tracked) >= MAX_ENTITIES,
+            "truncated": len(self._tracked) >= MAX_ENTITIES or self.stopped_at is not None,
+            "stopped_at": self.stopped_at,
         }

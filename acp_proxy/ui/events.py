@@ -11,7 +11,8 @@ The stream (documented in docs/live-view.md; change it only with ``STREAM_VERSIO
 - ``{"event": "hello", "stream": "acp-proxy-events", "version": 1, "mode": "live" | "records",
   "head": seq}``: the first event of every subscription;
 - ``{"seq", "conn", "event": "session", "header": {...}}``: a session starts (its record header);
-- a frame: the record's frame line plus ``seq``, ``conn`` and ``info``;
+- a frame: the record's frame line plus ``seq``, ``conn`` and ``info`` (since version 3, with
+  ``truncated``: N when the view kept only the frame's first bytes, N the bytes it left out);
 - the record's events (``version``, ``end``, ``stopped``, ``lost``) plus ``seq`` and ``conn``;
 - ``{"seq", "conn", "t", "event": "stderr", "line"}``: a line of the agent's stderr;
 - ``{"seq", "conn", "t", "event": "coalesced", "direction", "update", "entity", "frames",
@@ -31,9 +32,10 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
+from acp_proxy.ui.display import shown
 
 STREAM_NAME: Final = "acp-proxy-events"
-STREAM_VERSION: Final = 2  # 2: the ``coalesced`` event
+STREAM_VERSION: Final = 3  # 2: the ``coalesced`` event; 3: a frame's ``truncated``
 # Requests awaiting their response, per session and direction: past this the oldest is
 # forgotten (its response is then shown unjoined), so a peer that never answers costs nothing.
 MAX_PENDING: Final = 4096
@@ -182,5 +184,8 @@ class StreamBuilder:
         if joiner is None:
             joiner = self._joiners[conn] = Joiner()
         joiner.see(direction, info, self.head, when)
+        for name, text in info.items():
+            if type(text) is str:
+                info[name] = shown(text)  # what the timeline shows: controls visible
         event["info"] = info
         return event

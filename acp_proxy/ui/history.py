@@ -211,6 +211,10 @@ class History:
         """The JSON of each event after ``since`` still held, oldest first (cold path)."""
         parts, _ = self.since(since)
         for part in parts:
-            for chunk in bytes(part).split(b"\n\n"):
-                if chunk:
-                    yield chunk[chunk.index(b"data: ") + 6 :]
+            yield from datas(part)
+
+
+def datas(part: bytes | memoryview) -> list[bytes]:
+    """The JSON of each event in ``part`` (whole events of the stream, as ``read`` and
+    ``since`` hand them out)."""
+    return [chunk[chunk.index(b"data: ") + 6 :] for chunk in bytes(part).split(b"\n\n") if chunk]
