@@ -249,3 +249,27 @@ def test_v1_permission_and_chunks() -> None:
     key = ("agent_message", SID, None, "#1")
     assert snap["entities"][key]["fields"] == {"content": [TEXT, TEXT]}
     assert snap["snapshots"][("session_plan", SID)] == {"entries": []}
+
+
+def test_message_turns_bound_pending_prompts_and_need_a_session() -> None:
+    from acp_proxy.meta import state as state_module
+
+    turns = state_module.MessageTurns()
+    key = ("agent_message", "s", None)
+    assert turns.key(key) == ("agent_message", "s", None, "#1")
+    # A prompt whose params name no session is no turn boundary.
+    turns.see("client_to_agent", {"jsonrpc": "2.0", "id": 1, "method": "session/prompt"})
+    turns.see("agent_to_client", {"jsonrpc": "2.0", "id": 1, "result": {}})
+    turns.see("client_to_agent", {"jsonrpc": "2.0", "id": 2, "method": "session/new"})
+    assert turns.key(key) == ("agent_message", "s", None, "#1")
+    # Past MAX_PROMPTS_PENDING prompts awaiting their response, the oldest is forgotten: its
+    # response is then no boundary; a remembered one's is.
+    limit = state_module.MAX_PROMPTS_PENDING
+    for rid in range(limit + 1):
+        prompt = {"sessionId": "s", "prompt": []}
+        turns.see("client_to_agent", {"id": rid, "method": "session/prompt", "params": prompt})
+    assert turns.key(key) == ("agent_message", "s", None, "#2")
+    turns.see("agent_to_client", {"id": 0, "result": {}})  # forgotten
+    assert turns.key(key) == ("agent_message", "s", None, "#2")
+    turns.see("agent_to_client", {"id": limit, "result": {}})  # remembered
+    assert turns.key(key) == ("agent_message", "s", None, "#3")

@@ -44,3 +44,20 @@ def test_shown_counts_the_frames_among_the_rows_shown() -> None:
     assert counts(EVENTS, [0, 1, 2, 3, 4, 5]) == {"frames": 2, "shown": 2}  # no filter
     assert counts(EVENTS, [3]) == {"frames": 2, "shown": 1}
     assert counts(EVENTS, [4]) == {"frames": 2, "shown": 0}  # a merge row: not a frame
+
+
+def test_the_page_s_scripts_parse() -> None:
+    """Every script of the page parses (two features once declared one name twice, and the whole
+    page stopped; only the browser tests saw it)."""
+    import re
+
+    page = PAGE_PATH.read_text(encoding="utf-8")
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", page, re.S)
+    assert scripts
+    node = shutil.which("node")
+    assert node is not None, "node parses the page's code (CI installs it)"
+    for script in scripts:
+        done = subprocess.run(
+            [node, "--check", "-"], input=script.encode(), capture_output=True, check=False
+        )
+        assert done.returncode == 0, done.stderr.decode()
