@@ -266,7 +266,7 @@ def test_message_turns_bound_pending_prompts_and_need_a_session() -> None:
     # response is then no boundary; a remembered one's is.
     limit = state_module.MAX_PROMPTS_PENDING
     for rid in range(limit + 1):
-        prompt = {"sessionId": "s", "prompt": []}
+        prompt: dict[str, Any] = {"sessionId": "s", "prompt": []}
         turns.see("client_to_agent", {"id": rid, "method": "session/prompt", "params": prompt})
     assert turns.key(key) == ("agent_message", "s", None, "#2")
     turns.see("agent_to_client", {"id": 0, "result": {}})  # forgotten
