@@ -136,3 +136,27 @@ async def test_a_writer_parked_while_frames_wait_is_logged_and_woken() -> None:
     finally:
         for fd in (r1, w1, r2, w2):
             os.close(fd)
+
+
+@pytest.mark.anyio
+async def test_a_wait_at_the_bound_that_only_a_merge_would_lift_is_not_reported() -> None:
+    """The watchdog looks without merging: a reader at the bound whose fresh frames would merge
+    below it waits for the writer's look, which wakes it; the watchdog neither merges nor
+    reports it (its own merge would have made the room it then called lost)."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    try:
+        to_client = _outbox(w1, coalesce=True)
+        to_agent = _outbox(w2, coalesce=False)
+        from_agent = Reader(Direction.AGENT_TO_CLIENT, 1 << 20)
+        from_client = Reader(Direction.CLIENT_TO_AGENT, 1 << 20)
+        for _ in range(4):  # one tool call four times: merges into one
+            to_client.queue.push(OutFrame(_update(1), None, 2), 0.0)
+        from_agent.waiting = "room"
+        log = _Log()
+        assert watchdog.check(log, from_client, to_agent, from_agent, to_client) == 0
+        assert len(to_client.queue) == 4 and log.errors == []
+        assert to_client.queue.has_room() and len(to_client.queue) == 1  # (what a look does)
+    finally:
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)

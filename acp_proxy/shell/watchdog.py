@@ -30,7 +30,8 @@ def lost_wakeups(reader: Reader, forward: Outbox, back: Outbox) -> Iterator[tupl
     ``reader`` reads one peer; ``forward`` is the outbox toward the other peer, ``back`` the one
     toward the peer ``reader`` reads (its replies)."""
     waiting = reader.waiting
-    if waiting == "room" and not forward.reader_woken() and forward.queue.has_room():
+    # (``room_now``: a look that merged would make the room it then reports.)
+    if waiting == "room" and not forward.reader_woken() and forward.queue.room_now():
         yield "reader waits for room that its queue has", forward
     elif waiting == "reply room" and not back.reader_woken() and back.has_reply_room():
         yield "reader waits for reply room that the replies have", back
@@ -47,7 +48,7 @@ def side_state(reader: Reader, outbox: Outbox) -> dict[str, Any]:
         "partial_line_bytes": reader.splitter.buffered,
         "queued_frames": len(outbox.queue),
         "queued_bytes": outbox.queue.pending_bytes,
-        "has_room": outbox.queue.has_room(),
+        "has_room": outbox.queue.room_now(),
         "read_while_paused": {"lines": lines, "bytes": nbytes},
         "replies": len(outbox.replies),
         "tail_bytes": sum(len(part) for part in outbox.tail),

@@ -218,33 +218,35 @@ class OutboundQueue:
 
     @property
     def paused_input(self) -> tuple[int, int]:
-        """(lines, bytes) read since the writer last made progress (the paused-input cap's)."""
+        """(lines, bytes) read since the writer last made progress."""
         return self._in_lines, self._in_bytes
 
-    def has_room(self) -> bool:
-        """True while below both bounds; the shell stops reading from the producer otherwise.
-
-        At the bound, the frames pushed since the last merge pass are merged first (when merging
-        pays). While the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound
-        is read (its messages, or its bytes as they came), however well it merges: a paused
-        peer costs about the reading it costs without merging, and what was read is merged
-        while it waits. The cap holds until a take that is not a paused peer's fill, even
-        with the queue empty (a paused peer whose buffer took everything must not make the
-        proxy read on); the writer wakes the reader after every take for that reason."""
+    def room_now(self) -> bool:
+        """``has_room`` without its merge pass: no side effect (for a look from outside)."""
         config = self._config
-        if self._merge and (
-            self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
-            or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
-        ):
-            return False
-        if self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes:
-            return True
-        if not self._fresh or not self._merge or not self._pays(self._now):
-            return False
-        self._pass(_ROOM_PASS)  # bounded: the reader's task holds the event loop meanwhile
-        return (
+        return not self._capped() and (
             self._count < config.max_queue_messages and self.pending_bytes < config.max_queue_bytes
         )
+
+    def _capped(self) -> bool:
+        config = self._config
+        return self._merge and (
+            self._in_lines >= PAUSE_INPUT_FACTOR * config.max_queue_messages
+            or self._in_bytes >= PAUSE_INPUT_FACTOR * config.max_queue_bytes
+        )
+
+    def has_room(self) -> bool:
+        """True while below both bounds (else the shell stops reading the producer). At the
+        bound, what was pushed since the last pass is merged first (when merging pays). While
+        the writer takes nothing, at most ``PAUSE_INPUT_FACTOR`` times the bound is read, however
+        well it merges, until a take that is not a paused peer's fill, the queue empty or not
+        (the writer wakes the reader after every take for that reason)."""
+        if self.room_now():
+            return True
+        if self._capped() or not self._fresh or not self._merge or not self._pays(self._now):
+            return False
+        self._pass(_ROOM_PASS)  # bounded: the reader's task holds the event loop meanwhile
+        return self.room_now()
 
     # -- push -----------------------------------------------------------------------------
 
