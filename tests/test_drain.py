@@ -161,7 +161,9 @@ async def test_a_paused_client_stops_the_proxy_reading_the_agent(tmp_path: Path)
     agent streams 64 MB: the agent cannot finish (it blocks on its full pipe), the proxy holds
     a few MiB, and once ``cat`` resumes every byte arrives, in order."""
     total = 64_000_000
-    config = write_config(tmp_path / "c.yaml", CONFIG)
+    # The client's stdin is empty, so the grace period starts at once; the agent, blocked by
+    # the paused ``cat``, must outlive the pause and the drain however loaded the machine is.
+    config = write_config(tmp_path / "c.yaml", CONFIG + "agent: {grace_period: 120}\n")
     done = tmp_path / "agent_done"
     received = tmp_path / "received"
     cat, write_end = paused_reader(received)
