@@ -64,7 +64,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         description="Run the acp-proxy benchmark suite.",
         epilog="Full run: python bench/run.py --out bench/results/latest.json",
     )
-    ap.add_argument("--quick", action="store_true", help="tiny data, 1 repetition (CI smoke run)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny data, 1 repetition, the first profile only in scenarios 1-2 (CI smoke run)",
+    )
     ap.add_argument("--out", type=Path, help="write the JSON results here")
     ap.add_argument("--reps", type=int, help="interleaved repetitions (default 3, quick 1)")
     ap.add_argument("--size", type=parse_size, help="throughput data set size (default 50M)")
