@@ -36,8 +36,9 @@ from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.repeats import Repeats
 from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
-from acp_proxy.wire.component import INVALID_REQUEST, Link, Side
-from acp_proxy.wire.envelope import Dialect, error_response
+from acp_proxy.wire.component import Link, Side
+from acp_proxy.wire.envelope import Dialect
+from acp_proxy.wire.errors import INVALID_REQUEST, error_bytes
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize, read_request_id, scan_head
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ class ConductorMux:
                     f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte "
                     "limit; not forwarded"
                 )
-                reply = error_response(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
+                reply = error_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
                 await self._send(reply + b"\n")
         if lines:
             await self._route(lines)

@@ -23,9 +23,9 @@ import anyio.abc
 import orjson
 
 from acp_proxy.wire import rawscan
-from acp_proxy.wire.chain import INTERNAL_ERROR
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 from acp_proxy.wire.rawjson import Unparseable
-from acp_proxy.wire.tracking import error_frame_bytes, is_id
+from acp_proxy.wire.tracking import is_id
 
 # The longest wait for the client's first request (an editor sends ``initialize`` at once).
 FIRST_WAIT_S = 5.0
@@ -136,4 +136,4 @@ def _error_for(raw: bytes, failure: str, detail: str | None, data: bytes | None)
     except Unparseable:
         return None
     text = f"{failure} during {method}: {detail}" if detail else f"{failure} during {method}"
-    return error_frame_bytes(id_bytes, INTERNAL_ERROR, text, data)
+    return error_bytes(id_bytes, INTERNAL_ERROR, text, data)
