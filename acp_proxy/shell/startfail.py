@@ -24,6 +24,7 @@ import orjson
 
 from acp_proxy.wire import rawscan
 from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
+from acp_proxy.wire.framing import Line, LineSplitter
 from acp_proxy.wire.rawjson import Unparseable
 from acp_proxy.wire.tracking import is_id
 
@@ -81,8 +82,7 @@ async def answer_requests(
     ``: DETAIL``; ``data`` as ``error.data``), waiting at most ``first_wait_s`` for the first;
     returns how many were answered."""
     answered = 0
-    pending = bytearray()
-    skipping = False
+    splitter = LineSplitter(MAX_LINE)  # a longer line is dropped up to its newline
     deadline = time.monotonic() + first_wait_s
     while True:
         left = deadline - time.monotonic()
@@ -96,27 +96,17 @@ async def answer_requests(
                 break
         if not chunk:
             continue  # timed out: the deadline check ends the loop
-        lines = chunk.split(b"\n")
-        for i, piece in enumerate(lines):
-            last = i == len(lines) - 1
-            if not skipping:
-                pending += piece
-            if len(pending) > MAX_LINE:
-                pending.clear()
-                skipping = True
-            if last:
-                break
-            if not skipping:
-                frame = _error_for(bytes(pending), message, detail, data)
-                if frame is not None:
-                    try:
-                        await client.send(frame + b"\n")
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        return answered
-                    answered += 1
-                    deadline = time.monotonic() + LINGER_S
-            pending.clear()
-            skipping = False
+        for event in splitter.feed(chunk):
+            if not isinstance(event, Line):
+                continue
+            frame = _error_for(event.raw, message, detail, data)
+            if frame is not None:
+                try:
+                    await client.send(frame + b"\n")
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return answered
+                answered += 1
+                deadline = time.monotonic() + LINGER_S
     return answered
 
 
