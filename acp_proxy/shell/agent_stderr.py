@@ -22,7 +22,7 @@ import anyio
 import orjson
 
 from acp_proxy.shell import hooks
-from acp_proxy.shell.transports import FdStream
+from acp_proxy.shell.transports import STREAM_ERRORS, FdStream
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
@@ -122,7 +122,7 @@ async def drain_stderr(
         while True:
             try:
                 chunk = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
+            except STREAM_ERRORS:
                 break
             if copy_to is not None:
                 data = unwritten + chunk

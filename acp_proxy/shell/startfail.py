@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire import rawscan
 from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 from acp_proxy.wire.framing import Line, LineSplitter
@@ -92,7 +93,7 @@ async def answer_requests(
         with anyio.move_on_after(left):
             try:
                 chunk = await client.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except STREAM_ERRORS:
                 break
         if not chunk:
             continue  # timed out: the deadline check ends the loop
@@ -103,7 +104,7 @@ async def answer_requests(
             if frame is not None:
                 try:
                     await client.send(frame + b"\n")
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except STREAM_ERRORS:
                     return answered
                 answered += 1
                 deadline = time.monotonic() + LINGER_S

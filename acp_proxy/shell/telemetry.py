@@ -34,6 +34,7 @@ from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
@@ -125,7 +126,7 @@ class Telemetry:
                     while b"\n" not in head and len(head) < MAX_HEAD:
                         try:
                             head += await stream.receive(MAX_HEAD - len(head))
-                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        except STREAM_ERRORS:
                             break
                 parts = head.split(b"\n", 1)[0].rstrip(b"\r").split()
                 if len(parts) == 3 and parts[2].startswith(b"HTTP/"):

@@ -44,6 +44,7 @@ from acp_proxy.shell.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.shell.transports import STREAM_ERRORS, gone
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.shell.ui_routes import SECURITY_HEADERS, text
 from acp_proxy.ui import events, security
@@ -175,7 +176,7 @@ class UiServer:
             while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
                 try:
                     head += await stream.receive(MAX_HEAD)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                except STREAM_ERRORS:
                     break
         request = security.parse_head(head)
         if request is None:
@@ -214,7 +215,7 @@ class UiServer:
             if request.method != "HEAD":
                 async for piece in pieces:
                     await _send_all(stream, [piece])
-        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (TimeoutError, *STREAM_ERRORS):
             return  # the reader went away or stopped reading
         except Exception as exc:  # part of the body went out: the connection just ends
             self._failed(request, exc)
@@ -295,7 +296,7 @@ class UiServer:
                 if not (gzip and observer.writing):
                     with anyio.move_on_after(CUTOFF_SEND_S):
                         await stream.send(last)
-        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (TimeoutError, *STREAM_ERRORS):
             pass
         finally:
             hub.unsubscribe(observer)
@@ -303,7 +304,8 @@ class UiServer:
 
 async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> None:
     """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call);
-    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``."""
+    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``,
+    ``anyio.BrokenResourceError`` when the reader is gone."""
     sock = stream.sock
     first = 0  # chunks[:first] are sent
     head: memoryview | None = None  # what is left of chunks[first] after a partial write
@@ -316,6 +318,8 @@ async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> N
             with anyio.fail_after(SEND_TIMEOUT_S):
                 await anyio.wait_writable(sock)
             continue
+        except OSError as exc:  # the reader went away (EPIPE, ECONNRESET)
+            raise gone(exc) from exc
         for buffer in buffers:
             if sent < len(buffer):
                 head = memoryview(buffer)[sent:]

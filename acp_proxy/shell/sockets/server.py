@@ -38,6 +38,7 @@ from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listen
 from acp_proxy.shell.sockets.opening import Opening, OpeningReader, error_line, http_forbidden
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
+from acp_proxy.shell.transports import STREAM_ERRORS
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -157,7 +158,7 @@ class _Server:
                 )
                 try:
                     line = line[stream.try_send(line) :]
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except STREAM_ERRORS:
                     line = b""  # the client is gone (reset): close() below is all there is
                 try:
                     await self.refusal_slots.acquire()
@@ -209,7 +210,7 @@ class _Server:
                         verdict = reader.feed(await stream.receive())
                 except anyio.EndOfStream:
                     verdict = reader.end()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except STREAM_ERRORS:  # reset or closed
                     lost = True
             tg.cancel_scope.cancel()
         if verdict is Opening.FRAME:
