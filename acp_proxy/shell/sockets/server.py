@@ -11,7 +11,6 @@ never looks inside a frame.
 
 from __future__ import annotations
 
-import errno
 import signal
 import socket
 import sys
@@ -36,6 +35,7 @@ from acp_proxy.shell.sockets.address import EXIT_USAGE, Address, AddressError, p
 from acp_proxy.shell.sockets.connect import ConnectError, connect
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
 from acp_proxy.shell.sockets.opening import Opening, OpeningReader, error_line, http_forbidden
+from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import STREAM_ERRORS
@@ -127,20 +127,8 @@ class _Server:
 
     async def _accept_loop(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
         while True:
-            try:
-                client, peer = sock.accept()
-            except BlockingIOError:
-                await anyio.wait_readable(sock)
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: back off instead of spinning; sessions will free some.
-                    self.log.error("cannot accept a connection", error=exc.strerror)
-                    await anyio.sleep(0.1)
-                    continue
-                if exc.errno in (errno.ECONNABORTED, errno.EINTR):
-                    continue
-                raise
+            # Out of descriptors: it backs off instead of spinning; sessions will free some.
+            client, peer = await accept(sock, self.log)
             peer_text = _peer_text(peer, sock.family)
             if len(self.active) >= self.config.max_connections:
                 self.refused += 1
