@@ -19,9 +19,9 @@ from acp_proxy.wire.chain import (
     Replace,
     Reply,
     Verdict,
-    error_response,
     needle_escapes,
 )
+from acp_proxy.wire.errors import error_object
 
 CTX = MessageContext(Direction.AGENT_TO_CLIENT, 2)
 REQ: JsonObject = {"jsonrpc": "2.0", "id": 7, "method": "x/do", "params": {}}
@@ -70,7 +70,7 @@ def test_drop_and_reply_stop_the_chain() -> None:
     after = Fixed(FORWARD)
     dropped = Chain([Link(Fixed(Drop("no"))), Link(after)]).run(NOTE, CTX)
     assert dropped == Outcome((), (), True, (), "Fixed", ())
-    answer = error_response(7, -32601, "no")
+    answer = error_object(7, -32601, "no")
     replied = Chain([Link(Fixed(Reply(answer))), Link(after)]).run(REQ, CTX)
     assert replied == Outcome((), (answer,), True, (), "Fixed", ())
     assert after.seen == []
@@ -84,7 +84,7 @@ def test_fail_open_forwards_unchanged_and_reports() -> None:
 def test_fail_closed_drops_and_answers_a_request() -> None:
     out = Chain([Link(Boom(), fail_closed=True)]).run(REQ, CTX)
     assert out.messages == () and out.dropped_by == "Boom"
-    assert out.replies == (error_response(7, -32603, "acp-proxy: middleware Boom failed"),)
+    assert out.replies == (error_object(7, -32603, "acp-proxy: middleware Boom failed"),)
     note = Chain([Link(Boom(), fail_closed=True)]).run(NOTE, CTX)
     assert note.messages == () and note.replies == ()  # a notification gets no answer
 

@@ -39,6 +39,13 @@ import orjson
 
 from acp_proxy import __version__
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire.errors import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+    error_object,
+)
 
 PROTOCOL_VERSION: Final = 2
 SESSION_ID: Final = "sess_demo_001"
@@ -48,10 +55,6 @@ TOOL_CALL_ID: Final = "call_001"
 TERMINAL_ID: Final = "term_001"
 PLAN_ID: Final = "plan_001"
 PERMISSION_REQUEST_ID: Final = "perm_001"
-
-METHOD_NOT_FOUND: Final = -32601
-INVALID_PARAMS: Final = -32602
-RESOURCE_NOT_FOUND: Final = -32002
 
 
 def _text(text: str) -> JsonObject:
@@ -149,10 +152,6 @@ def _result(request_id: JsonValue, result: JsonObject) -> JsonObject:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
-def _error(request_id: JsonValue, code: int, message: str) -> JsonObject:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-
-
 class DemoAgent:
     """The agent's state machine: one message in, the messages to write out (pure)."""
 
@@ -204,14 +203,14 @@ class DemoAgent:
             return [_result(request_id, {})]
         if method == "session/prompt":
             return self._prompt(request_id, params)
-        return [_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")]
+        return [error_object(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")]
 
     def _prompt(self, request_id: JsonValue, params: JsonObject) -> list[JsonObject]:
         if params.get("sessionId") != SESSION_ID or self.cwd is None:
-            return [_error(request_id, RESOURCE_NOT_FOUND, "Resource not found: session")]
+            return [error_object(request_id, RESOURCE_NOT_FOUND, "Resource not found: session")]
         prompt = params.get("prompt")
         if not isinstance(prompt, list) or not prompt:
-            return [_error(request_id, INVALID_PARAMS, "prompt must be a non-empty array")]
+            return [error_object(request_id, INVALID_PARAMS, "prompt must be a non-empty array")]
         out = [
             _notification({"sessionUpdate": "state_update", "state": "running"}),
             # The user message echo carries the id the prompt response names.
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
-            replies = [_error(None, -32700, "Parse error")]
+            replies = [error_object(None, PARSE_ERROR, "Parse error")]
         else:
             replies = agent.handle(message)
         for reply in replies:

@@ -29,13 +29,11 @@ from acp_proxy.policy.model import Decision, Policy, PolicyMode, Request, Verdic
 from acp_proxy.policy.requests import PERMISSION, Resolve, Summaries
 from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Reply
 from acp_proxy.wire.chain import Verdict as Action
+from acp_proxy.wire.errors import POLICY_DENIED, error_object
 
 NAME = "policy"
 # The ``method`` of an audit line for a tool call that ran without a permission request.
 UNASKED = "session/update"
-# JSON-RPC error code for a request the policy refuses (the spec's "Other" range; not one
-# of the reserved codes, so an agent does not mistake it for a protocol fault).
-POLICY_DENIED = -32001
 _A2C = Direction.AGENT_TO_CLIENT
 _DECIDED = frozenset({PERMISSION, "fs/read_text_file", "fs/write_text_file", "terminal/create"})
 _MODES = frozenset({"session/set_mode", "session/set_config_option"})
@@ -229,11 +227,8 @@ class PolicyMiddleware:
         if not self._enforce:
             return FORWARD
         self.last_changed_by = ("forbid_modes",)
-        error: JsonObject = {
-            "code": POLICY_DENIED,
-            "message": f'acp-proxy policy: mode "{wanted}" is forbidden (forbid_modes)',
-        }
-        return Reply({"jsonrpc": "2.0", "id": message["id"], "error": error})
+        text = f'acp-proxy policy: mode "{wanted}" is forbidden (forbid_modes)'
+        return Reply(error_object(message["id"], POLICY_DENIED, text))
 
     def _audit(
         self,
@@ -265,8 +260,4 @@ class PolicyMiddleware:
 
 def _refusal(rid: JsonValue, method: str, rule: str | None) -> JsonObject:
     by = f'rule "{rule}"' if rule is not None else "the default"
-    error: JsonObject = {
-        "code": POLICY_DENIED,
-        "message": f"acp-proxy policy: {method} denied by {by}",
-    }
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
+    return error_object(rid, POLICY_DENIED, f"acp-proxy policy: {method} denied by {by}")

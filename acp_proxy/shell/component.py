@@ -35,9 +35,10 @@ import orjson
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.repeats import Repeats
-from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
-from acp_proxy.wire.component import INVALID_REQUEST, Link, Side
-from acp_proxy.wire.envelope import Dialect, error_response
+from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, STREAM_ERRORS
+from acp_proxy.wire.component import Link, Side
+from acp_proxy.wire.envelope import Dialect
+from acp_proxy.wire.errors import INVALID_REQUEST, error_bytes
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize, read_request_id, scan_head
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 READ_SIZE = 256 * 1024
 SIDE_CHUNKS = 8
-_STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class _SideStream(anyio.abc.ByteStream):
@@ -179,7 +179,7 @@ class ConductorMux:
             while True:
                 try:
                     chunk = await self.stream.receive(READ_SIZE)
-                except _STREAM_ERRORS:
+                except STREAM_ERRORS:
                     break
                 await self._take(splitter.feed(chunk))
             await self._take(splitter.end())
@@ -211,7 +211,7 @@ class ConductorMux:
                     f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte "
                     "limit; not forwarded"
                 )
-                reply = error_response(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
+                reply = error_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
                 await self._send(reply + b"\n")
         if lines:
             await self._route(lines)
@@ -276,7 +276,7 @@ class ConductorMux:
         if side is Side.CLIENT or side is Side.AGENT:
             target = self.client if side is Side.CLIENT else self.agent
             # (Broken or closed: the session stopped reading that side, shutting down.)
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            with contextlib.suppress(*STREAM_ERRORS):
                 await target.deliver(b"\n".join(lines) + b"\n")
         elif side is Side.CONDUCTOR:
             await self._send(b"\n".join(lines) + b"\n")
@@ -354,7 +354,7 @@ class ConductorMux:
             while self._replies:
                 lines = list(self._replies)
                 self._replies.clear()
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                with contextlib.suppress(*STREAM_ERRORS):
                     await self.agent.deliver(b"\n".join(lines) + b"\n")
 
     async def _send(self, data: bytes) -> None:

@@ -27,6 +27,7 @@ from acp_proxy.record.escape import visible
 from acp_proxy.record.format import is_header
 from acp_proxy.record.replay import AgentStep, ClientPlayer, Replayer
 from acp_proxy.shell.recordread import Problems, open_record, read_record
+from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 PROG = "acp-proxy replay"
@@ -302,7 +303,7 @@ async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse
                 take(splitter.feed(chunk))
                 progress.set()
                 progress = anyio.Event()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except STREAM_ERRORS:
             pass
         take(splitter.end())
         ended.set()

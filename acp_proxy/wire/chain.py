@@ -50,6 +50,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 
 
 class Direction(enum.StrEnum):
@@ -181,18 +182,6 @@ class Outcome:
     skipped: tuple[str, ...] = ()
 
 
-INTERNAL_ERROR = -32603
-
-
-def error_response(request_id: object, code: int, message: str) -> JsonObject:
-    """A JSON-RPC 2.0 error response for ``request_id``."""
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,  # type: ignore[dict-item]
-        "error": {"code": code, "message": message},
-    }
-
-
 def _needles_of(middleware: Middleware) -> tuple[bytes, ...] | None:
     needles = getattr(middleware, "needles", None)
     if needles is None:
@@ -296,11 +285,11 @@ class Chain:
                     dropped_by = dropped_by or mw.name
                     error = f"acp-proxy: middleware {mw.name} failed"
                     if "id" in msg and "method" in msg:  # a request: answer its sender
-                        replies.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        replies.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     elif "id" in msg and ("result" in msg or "error" in msg):
                         # A response: its request must not hang; the receiver gets an error for
                         # the same id instead of the response the middleware choked on.
-                        following.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        following.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     continue
                 passed = getattr(mw, "last_skipped_v1", None)
                 if passed:

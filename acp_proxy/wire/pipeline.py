@@ -47,7 +47,6 @@ from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
 from acp_proxy.wire.chain import (
-    INTERNAL_ERROR,
     Chain,
     Direction,
     MessageContext,
@@ -55,6 +54,7 @@ from acp_proxy.wire.chain import (
 )
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.divert import FRAME_STARTS, KIND_ANSI, KIND_TEXT, SAMPLE_BYTES, Diversion
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 from acp_proxy.wire.framing import (
     Block,
     Line,
@@ -81,7 +81,7 @@ from acp_proxy.wire.notes import (
     VersionNegotiated,
 )
 from acp_proxy.wire.observe import frame_info, method_of, observed
-from acp_proxy.wire.oversize import INVALID_REQUEST, oversize
+from acp_proxy.wire.oversize import oversize
 from acp_proxy.wire.prefilter import (
     ID_KEY,
     agent_needs_parse,
@@ -91,7 +91,7 @@ from acp_proxy.wire.prefilter import (
 )
 from acp_proxy.wire.rewrite import Rewriter, encode
 from acp_proxy.wire.scan import contains
-from acp_proxy.wire.tracking import RequestTracker, error_frame_bytes, is_id
+from acp_proxy.wire.tracking import RequestTracker, is_id
 from acp_proxy.wire.unparsed import ParseBudget
 
 # Bounded memory (README "Bounds"): the parse budget and the pending-request tables
@@ -517,7 +517,7 @@ class Connection:
         self.stats.pending_refused += 1
         self.stats.replies += 1
         self.stats.errors_replied += 1
-        data = error_frame_bytes(
+        data = error_bytes(
             id_bytes,
             INTERNAL_ERROR,
             f"acp-proxy: too many requests awaiting an answer (limit {self._tracker.max_pending}); "
@@ -574,7 +574,6 @@ def _frames(
 __all__ = [
     "DEFAULT_MAX_PENDING",
     "EMPTY",
-    "INVALID_REQUEST",
     "KIND_ANSI",
     "KIND_TEXT",
     "SAMPLE_BYTES",
@@ -594,6 +593,5 @@ __all__ = [
     "SkippedV1",
     "UnusualVersion",
     "VersionNegotiated",
-    "error_frame_bytes",
     "parse_cost",
 ]
