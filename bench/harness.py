@@ -59,6 +59,11 @@ class Settings:
     passthrough_config: Path
     example_config: Path | None
     baseline_ref: str | None = None  # scenario 8: also the proxy at this git ref
+    # Scenarios 1 and 2: the profiles (None: all) and the variants (None: all) to run, and
+    # whether to measure each variant's start-up CPU (scenario 2 subtracts it).
+    profiles: tuple[tuple[str, int], ...] | None = None
+    variants: tuple[str, ...] | None = None
+    startup_cpu: bool = True
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -147,6 +152,10 @@ def drain(
             break
         if sink.first is None:
             sink.first = now
+        # The last byte's arrival, not EOF's: a proxy whose agent exited keeps its output open
+        # a while for requests the client may still send (runtime.answer_after_death), which
+        # is no part of the transfer.
+        sink.last = now
         sink.bytes += len(data)
         sink.lines += data.count(b"\n")
         sink.crc = zlib.crc32(data, sink.crc)
@@ -154,7 +163,8 @@ def drain(
             keep.write(data)
         if sleep_s:
             time.sleep(sleep_s)
-    sink.last = time.perf_counter()
+    if sink.last is None:
+        sink.last = time.perf_counter()
     return sink
 
 
@@ -172,7 +182,7 @@ class Run:
 
     ok: bool
     error: str | None = None
-    xfer_s: float = math.nan  # first output byte to EOF
+    xfer_s: float = math.nan  # first output byte to the last one
     wall_s: float = math.nan  # spawn to exit
     cpu_s: float = math.nan  # the relay's own user+sys (agent subtracted for the proxy)
     maxrss_kb: int = 0
