@@ -20,6 +20,8 @@ from proxy_harness import (
     REPO,
     Lines,
     MemoryByteStream,
+    blocked_writing,
+    children,
     echo_response,
     error_line,
     init_response,
@@ -29,6 +31,7 @@ from proxy_harness import (
     proxy_env,
     request,
     run,
+    wait_until,
     write_config,
 )
 
@@ -365,7 +368,10 @@ async def test_slow_client_backpressure_bounds_memory() -> None:
     ) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         with anyio.fail_after(40):
-            await anyio.sleep(1.5)  # the agent fills the pipes and the proxy's queue
+            # The agent fills the pipes and the proxy's queue, and then waits in a write.
+            await wait_until(
+                lambda: any(map(blocked_writing, children(proc.pid))), "the agent blocked"
+            )
             rss_kib = _rss_kib(proc.pid)
             await proc.stdin.aclose()
             received = 0
