@@ -146,12 +146,13 @@ def drain(
         ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             continue
+        readable = time.perf_counter()
         data = os.read(fd, read_size)
         now = time.perf_counter()
         if not data:
             break
         if sink.first is None:
-            sink.first = now
+            sink.first = readable  # (so that an output read at once still takes some time)
         # The last byte's arrival, not EOF's: a proxy whose agent exited keeps its output open
         # a while for requests the client may still send (runtime.answer_after_death), which
         # is no part of the transfer.
