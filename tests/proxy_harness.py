@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import subprocess
 import sys
 import termios
 from collections.abc import Callable
@@ -198,11 +199,33 @@ class MemoryByteStream(anyio.abc.ByteStream):
         await self._receive.aclose()
 
 
+# Every memory stream ``memory_pipe_pair`` made: ``close_memory_pipes`` (an autouse fixture of
+# conftest.py) closes them once the test ended, as a process closes its pipes when it exits.
+_MEMORY_STREAMS: list[anyio.abc.ObjectSendStream[bytes] | anyio.abc.ObjectReceiveStream[bytes]] = []
+
+
 def memory_pipe_pair(buffer: int = 16) -> tuple[MemoryByteStream, MemoryByteStream]:
     """Two connected byte streams; each direction holds at most ``buffer`` chunks."""
     a_send, b_receive = anyio.create_memory_object_stream[bytes](buffer)
     b_send, a_receive = anyio.create_memory_object_stream[bytes](buffer)
+    _MEMORY_STREAMS.extend((a_send, b_receive, b_send, a_receive))
     return MemoryByteStream(a_send, a_receive), MemoryByteStream(b_send, b_receive)
+
+
+def close_memory_pipes() -> None:
+    """Close every stream of the pairs made so far (closing twice is harmless)."""
+    while _MEMORY_STREAMS:
+        stream = _MEMORY_STREAMS.pop()
+        stream.close()  # type: ignore[union-attr]  # the memory streams' synchronous close
+
+
+def close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    """Close our ends of ``proc``'s pipes (what ``with Popen(...)`` does on exit), for a test
+    that keeps a process past a ``with``; ignores a pipe whose last write fails (EPIPE)."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 # -- backpressure, seen from outside -------------------------------------------------------------

@@ -28,6 +28,7 @@ from proxy_harness import (
     TESTS,
     Lines,
     children,
+    close_pipes,
     echo_response,
     error_line,
     init_response,
@@ -493,6 +494,7 @@ def test_agent_that_stops_reading_stops_the_proxy_reading_the_client(tmp_path: P
             proc.kill()
             proc.wait(timeout=5)
         thread.join(5)
+        close_pipes(proc)
     # Stalled: nothing more was accepted in the second interval, and far less than was offered.
     assert second == first, (first, second)
     assert second < 64 * len(block), f"proxy accepted {second / 2**20:.0f} MiB without a reader"

@@ -23,6 +23,7 @@ from proxy_harness import (
     TESTS,
     blocked_writing,
     children,
+    close_pipes,
     error_line,
     proxy_env,
     request,
@@ -126,7 +127,7 @@ async def run_with_paused_client(
             if proc.poll() is None:
                 proc.kill()  # SIGKILL also ends a stopped process
                 proc.wait()
-        proxy.stdin.close()
+        close_pipes(proxy)
     events = [orjson.loads(line) for line in log_file.read_bytes().splitlines() if line]
     return proxy.returncode, received.read_bytes(), events
 

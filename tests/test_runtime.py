@@ -22,6 +22,7 @@ from proxy_harness import (
     MemoryByteStream,
     blocked_writing,
     children,
+    close_pipes,
     echo_response,
     error_line,
     init_response,
@@ -251,6 +252,7 @@ def test_huge_oversize_line_keeps_memory_bounded(tmp_path: Path) -> None:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     reader.join(10)
+    close_pipes(proc)
     assert proc.returncode == 0
     total = len(head) + size + 3
     assert out[0] == error_line(
