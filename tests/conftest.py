@@ -1,14 +1,24 @@
-"""Shared pytest configuration: anyio's built-in plugin on the asyncio backend only, and a
-fixture that records what ``orjson.loads`` parses (the coalescer's tests count parses)."""
+"""Shared pytest configuration: anyio's built-in plugin on the asyncio backend only, a fixture
+that records what ``orjson.loads`` parses (the coalescer's tests count parses), and the memory
+pipes of ``proxy_harness.memory_pipe_pair`` closed after each test (an unclosed memory stream is
+a ``ResourceWarning``, and every warning is an error)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import settings
+from proxy_harness import close_memory_pipes
+
+
+@pytest.fixture(autouse=True)
+def _close_memory_pipes() -> Iterator[None]:
+    yield
+    close_memory_pipes()
 
 
 @pytest.fixture

@@ -18,6 +18,10 @@ import orjson
 import pytest
 from acp_schema import validate_v1, validate_v1_message, validate_v2, validate_v2_message
 
+# The quick benchmark run (a module fixture, timed with the module's first test) takes about a
+# minute on an idle 2-core machine, more beside the rest of the suite: past the default timeout.
+pytestmark = pytest.mark.timeout(600)
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 

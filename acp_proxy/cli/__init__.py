@@ -201,7 +201,8 @@ def _prepare(
     if config_path is None and plain_stdio(args):
         # Start-up as users feel it: nothing left can refuse this session (no config
         # file, no option but the log level, format and frames), so the agent starts before the
-        # config model, dataclasses and orjson are imported (about 45 ms sooner than after).
+        # config model, dataclasses and orjson are imported (docs/performance.md, "Figures
+        # behind the code").
         from acp_proxy.shell.spawn import enable_supervision, start_early
 
         enable_supervision()

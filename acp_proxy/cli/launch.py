@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Start-up time: what the proxy allocates before its event loop runs (modules, classes,
 # the config, the loop itself) lives as long as the process, so the cyclic garbage collector's
-# passes over it (a few dozen, a tenth of the start-up's CPU) find nothing to free. It is off
+# passes over it (docs/performance.md, "Figures behind the code") find nothing to free. It is off
 # from the command line's parsing until the proxy's first coroutine runs; then those objects
 # are frozen (gc.freeze: no later collection walks them again) and collection resumes.
 COLLECT = {"after_start": False}

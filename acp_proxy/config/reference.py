@@ -174,7 +174,7 @@ def json_schema() -> JsonObject:
     }
 
 
-def _readme_default(setting: Setting, section: Setting | None) -> str:
+def _documented_default(setting: Setting, section: Setting | None) -> str:
     if setting.default_doc is not None:
         return setting.default_doc
     defaults = _defaults(Config())
@@ -199,7 +199,7 @@ def _readme_default(setting: Setting, section: Setting | None) -> str:
 
 
 def settings_table() -> str:
-    """The README's Settings table (a test keeps the README equal to it)."""
+    """The Settings table of docs/configuration.md (a test keeps the page equal to it)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for setting in SETTINGS:
         if setting.kind in (Kind.RULES, Kind.MIDDLEWARE, Kind.POLICY):
@@ -207,9 +207,11 @@ def settings_table() -> str:
         if setting.kind is Kind.SECTION:
             for child in setting.children:
                 rows.append(
-                    f"| `{setting.key}.{child.key}` | {_readme_default(child, setting)} "
+                    f"| `{setting.key}.{child.key}` | {_documented_default(child, setting)} "
                     f"| {child.doc} |"
                 )
         else:
-            rows.append(f"| `{setting.key}` | {_readme_default(setting, None)} | {setting.doc} |")
+            rows.append(
+                f"| `{setting.key}` | {_documented_default(setting, None)} | {setting.doc} |"
+            )
     return "\n".join(rows)

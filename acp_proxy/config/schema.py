@@ -29,7 +29,7 @@ from acp_proxy.meta.annotate import V1Mode
 
 
 class Kind(enum.Enum):
-    """What a setting holds; picks its validation, its JSON schema and its README default."""
+    """What a setting holds; picks its validation, its JSON schema and its documented default."""
 
     BOOL = "bool"
     INT = "int"
@@ -61,7 +61,7 @@ class Setting:
 
     key: str
     kind: Kind
-    doc: str  # the README's "meaning" column and the schema's description
+    doc: str  # the settings table's "meaning" column and the schema's description
     # The dataclass field it fills: on Config, or on the section's dataclass (a section with no
     # attr, like v1, fills Config's fields directly).
     attr: str | None = None
@@ -73,7 +73,7 @@ class Setting:
     # the forms of telemetry.endpoint, one syntax for both.
     http: bool = False
     children: tuple[Setting, ...] = ()  # SECTION
-    default_doc: str | None = None  # README default where the value itself says little
+    default_doc: str | None = None  # the documented default where the value says little
     required: str | None = None  # a rule or middleware field that must be given: the error
 
 

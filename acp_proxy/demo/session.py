@@ -152,6 +152,11 @@ class _Child:
         finally:
             for thread in self._threads:
                 thread.join(timeout=1.0)
+            # Its output is at EOF and read (or its readers gave up): our ends close now, not
+            # whenever the garbage collector finds them (a ResourceWarning then).
+            for stream in (self._proc.stdout, self._proc.stderr):
+                if stream is not None and not any(t.is_alive() for t in self._threads):
+                    stream.close()
 
     def kill(self) -> None:
         if self._proc.poll() is None:

@@ -5,7 +5,8 @@ for a session (``session.PumpSession``). Only moves bytes; knows nothing about f
 JSON-RPC.
 
 Why not anyio's file streams: ``anyio.wrap_file`` / ``FileReadStream`` hop to a worker thread per
-read (a thread hop per message is ~50x slower than chunked reads), and asyncio's pipe
+read (a thread hop per message costs far more than chunked reads: docs/performance.md,
+"Figures behind the code"), and asyncio's pipe
 transports refuse a regular file or ``/dev/null`` as stdout. ``FdStream`` reads and writes the
 fd directly in non-blocking mode and only parks on the event loop's selector (``wait_readable``
 / ``wait_writable``) when the kernel says ``EAGAIN``. A regular file or ``/dev/null`` never says
@@ -176,9 +177,9 @@ class FdStream(anyio.abc.ByteStream):
         (``b""`` at EOF) or the error to raise.
 
         ``anyio.wait_readable`` registers the fd with epoll and unregisters it on every call:
-        two ``epoll_ctl`` calls and a few objects per message, about a third of the proxy's CPU
-        per round trip on interactive traffic (measured: a minimal anyio relay costs
-        ~100 us CPU per request/response, a persistent reader ~60 us). Here the fd stays
+        two ``epoll_ctl`` calls and a few objects per message, a large part of the proxy's CPU
+        per round trip on interactive traffic (docs/performance.md, "Figures behind the code").
+        Here the fd stays
         registered while the reader keeps coming back to wait; the callback drops the
         registration when it fires with nobody waiting (the reader is busy or held by
         backpressure), so a readable fd can never spin the loop, and nothing is read that no

@@ -70,7 +70,8 @@ class Block:
     @property
     def count(self) -> int:
         # Computed on demand: the pipeline's block scan counts the lines in its own pass, and a
-        # ``bytes.count`` per 64 KiB read cost 0.3 us per message of pass-through.
+        # ``bytes.count`` per read was a measurable part of pass-through (docs/performance.md,
+        # "Figures behind the code").
         return self.raw.count(b"\n") + 1
 
     def lines(self) -> list[Line]:

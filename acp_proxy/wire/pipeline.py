@@ -9,7 +9,7 @@ tests that decide what is parsed are in ``prefilter``. It is pure (style.md habi
 clock, no logging; everything the shell must do is in the returned ``Result`` (frames and
 ``Note`` values), mitmproxy-style commands out of a sans-IO core.
 
-Rules ("Streaming behaviour" in the README):
+Rules:
 
 1. Byte-exact pass-through. A frame that no middleware changed leaves as the exact bytes that came
    in (``OutFrame.raw is Line.raw``); a changed message is re-encoded once, and only its changed
@@ -94,7 +94,7 @@ from acp_proxy.wire.scan import contains
 from acp_proxy.wire.tracking import RequestTracker, is_id
 from acp_proxy.wire.unparsed import ParseBudget
 
-# Bounded memory (README "Bounds"): the parse budget and the pending-request tables
+# Bounded memory (docs/bounds.md): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
 DEFAULT_MAX_PENDING = DEFAULT_MAX_PENDING_REQUESTS
 
@@ -244,8 +244,9 @@ class Connection:
         act on (``interested is None``) and that the request tables must see (``"id"`` occurs):
         the parsed message, forwarded as it came. ``None``: anything else, for the general path
         (``_client_line`` / ``_agent_line``), which gives the same result for every frame this
-        one answers (its dozen small calls were half of the proxy's CPU per request;
-        ``test_roundtrip_lane.py`` compares the two on generated frames).
+        one answers (its dozen small calls were a large part of the proxy's CPU per request:
+        docs/performance.md, "Figures behind the code"; ``test_roundtrip_lane.py`` compares the
+        two on generated frames).
 
         Answered here only: a frame that starts like one (``{"``, ``{ ``...), within the parse
         budget even by the cheap estimate, that orjson parses to an object. A request (a valid

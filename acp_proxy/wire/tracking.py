@@ -7,7 +7,7 @@ the proxy writes echo the request id's original bytes). Ids that are equal as va
 ``1.0``) or repeated (the same id twice: a peer's bug) are all kept, oldest first: a response
 answers the oldest request with its id, and every request still waiting when a peer is gone
 gets its own error, so no request that crossed the proxy is left without an answer. Bounded
-(README "Bounds"): at most ``max_pending`` requests per direction (repeats counted) and
+(docs/bounds.md): at most ``max_pending`` requests per direction (repeats counted) and
 ``MAX_PENDING_ID_BYTES`` of ids for both; past that a request is not admitted (the pipeline
 answers it with an error instead of forwarding it). Builds the ``-32603`` errors owed when a
 peer is gone, lazily, in chunks. Pure: no I/O, no clock.

@@ -33,7 +33,7 @@ HTTP_OPENINGS: Final = (
     b"PRI * HTTP/2",
 )
 _LONGEST_OPENING: Final = max(len(token) for token in HTTP_OPENINGS)
-# At most this much of a first line is held before the session starts (README "Bounds").
+# At most this much of a first line is held before the session starts (docs/bounds.md).
 OPENING_HOLD_BYTES: Final = 64 * 1024
 # What framing.LineSplitter counts as whitespace (bytes.isspace): such lines carry no message.
 _BLANK: Final = re.compile(rb"[ \t\n\r\x0b\x0c]*")
