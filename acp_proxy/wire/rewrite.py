@@ -82,7 +82,13 @@ class Rewriter:
         host = self._host
         version = host.version
         inspect_all = host._inspect_all
-        if host._fused is not None and version == 2 and "id" not in message and not inspect_all:
+        if (
+            host._fused is not None
+            and version == 2
+            and "id" not in message
+            and not inspect_all
+            and interested == host._fused_interest
+        ):
             fused = self.fused_frame(direction, raw, message, notes)
             if fused is not None:
                 return fused
@@ -124,10 +130,20 @@ class Rewriter:
                 host._track(direction, out, acc.notes, None)
         if inspect_all:
             acc.notes.append(
-                frame_info(direction, message, len(raw), outcome.changed_by, host._answers)
+                frame_info(
+                    direction,
+                    message,
+                    len(raw),
+                    outcome.changed_by,
+                    host._answers,
+                    marks=outcome.marks,
+                )
             )
         for reply in outcome.replies:
-            acc.reply.append(self.reply_frame(reply, raw, message))
+            # A response keeps the request's id bytes; a notification is encoded on its own.
+            acc.reply.append(
+                self.reply_frame(reply, raw, message) if "id" in reply else self.reply_frame(reply)
+            )
         host._count_out(direction, len(acc.forward))
         return acc.result()
 
