@@ -58,7 +58,7 @@ def main() -> None:
         {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w/p"}},
         c2a,
     )
-    mw({"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s"}}, a2c)
+    mw.on_answer("session/new", {"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s"}})
     update: JsonObject = {
         "sessionUpdate": "tool_call",
         "toolCallId": "t",
