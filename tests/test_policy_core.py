@@ -12,10 +12,20 @@ from hypothesis import strategies as st
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config import ConfigError, parse_config
 from acp_proxy.policy.decide import answer, decide, matches
+from acp_proxy.policy.explain import explain_policy
 from acp_proxy.policy.fastdecide import Decider
 from acp_proxy.policy.globs import GlobError, Undecidable, compile_glob, glob_matches, normalise
-from acp_proxy.policy.model import Decision, Match, Policy, PolicyRule, Request, Verdict
+from acp_proxy.policy.model import (
+    Decision,
+    Match,
+    OnUnasked,
+    Policy,
+    PolicyRule,
+    Request,
+    Verdict,
+)
 from acp_proxy.policy.requests import split_command
+from acp_proxy.policy.schema import policy_schema
 
 HOME = {"HOME": "/home/u"}
 
@@ -458,3 +468,24 @@ def test_a_command_splits_as_shlex_splits_it(command: str) -> None:
     except ValueError:
         expected = None
     assert split_command(command) == expected
+
+
+def test_on_unasked_is_read_checked_explained_and_in_the_schema() -> None:
+    assert error_lines("policy:\n  on_unasked: kill\n") == [
+        'p.yaml:2: policy.on_unasked: expected one of "audit", "cancel", got "kill"'
+    ]
+    explained = {
+        (mode, on): explain_policy(policy(f"policy:\n  mode: {mode}\n  on_unasked: {on}\n"))[2]
+        for mode in ("enforce", "monitor")
+        for on in ("audit", "cancel")
+    }
+    head = "  a tool call a deny rule matches that ran without asking: "
+    assert explained == {
+        ("enforce", "audit"): head + "audited",
+        ("monitor", "audit"): head + "audited",
+        ("enforce", "cancel"): head + "audited, and its session cancelled (session/cancel)",
+        ("monitor", "cancel"): head + "audited (on_unasked: cancel applies in enforce mode only)",
+    }
+    assert policy("policy: {}\n").on_unasked is OnUnasked.AUDIT
+    on_unasked = policy_schema()["policy"]["properties"]["on_unasked"]  # type: ignore[index]
+    assert on_unasked["enum"] == ["audit", "cancel"]  # type: ignore[index]
