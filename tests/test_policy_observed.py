@@ -14,6 +14,7 @@ import pytest
 from acp_schema import validate_v1, validate_v2
 
 from acp_proxy.config import Config, MiddlewareSpec, parse_config
+from acp_proxy.config.rules import RulesMiddleware
 from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
 from acp_proxy.shell.ui_hub import UiHub, UiTap
 from acp_proxy.telemetry import labels
@@ -390,9 +391,20 @@ def _stream(version: int) -> list[bytes]:
 
 @pytest.mark.parametrize("policy", ["", FS_ONLY, POLICY.format(on_unasked="audit", mode="enforce")])
 @pytest.mark.parametrize("version", [1, 2])
-def test_frames_no_rule_concerns_leave_as_without_a_policy(policy: str, version: int) -> None:
-    """The annotation rule beside a policy: the same bytes out as without one, and the fused
-    path still on (v2) for what the policy does not read."""
+def test_frames_no_rule_concerns_leave_as_without_a_policy(
+    policy: str, version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The annotation rule beside a policy: the same bytes out as without one, and in v2 the
+    fused path annotates (the rules link is never run as a chain link), also the tool call
+    updates the policy reads (it reads them first)."""
+    chained: list[object] = []
+    run_as_link = RulesMiddleware.__call__
+
+    def counted(self: RulesMiddleware, message: Any, ctx: Any) -> Any:
+        chained.append(message)
+        return run_as_link(self, message, ctx)
+
+    monkeypatch.setattr(RulesMiddleware, "__call__", counted)
     outputs = []
     for text in (ANNOTATE, ANNOTATE + policy):
         conn = Connection(config(text).build_chain())
@@ -405,6 +417,7 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(policy: str, version:
         outputs.append(out)
         if version == 2:
             assert conn._fused is not None  # beside the policy too
+            assert chained == []
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)
         assert b'"example.dev/route":"edge"' in outputs[0][2][0]  # the rule did annotate
