@@ -287,11 +287,24 @@ class Harness:
     def proxy_config(self, variant: str) -> Path:
         if variant.endswith("-nc"):
             return self.coalesce_config(self.proxy_config(variant.removesuffix("-nc")), False)
+        if variant.endswith("-policy"):
+            return self.policy_config(self.proxy_config(variant.removesuffix("-policy")))
         return {
             "proxy-passthrough": self.s.passthrough_config,
             "proxy-annotate": self.s.annotate_config,
             "proxy-example": self.s.example_config or self.s.annotate_config,
         }[variant]
+
+    def policy_config(self, base: Path) -> Path:
+        """``base`` plus the team policy of ``bench/policy-team.yaml``, its audit file in the
+        work directory (one per configuration, appended to run after run)."""
+        path = self.s.work_dir / f"{base.stem}-policy.yaml"
+        if not path.exists():
+            audit = self.s.work_dir / f"{base.stem}-audit.jsonl"
+            policy = (BENCH / "policy-team.yaml").read_text()
+            policy = policy.replace("  mode: enforce\n", f"  mode: enforce\n  audit: {audit}\n")
+            path.write_text(base.read_text() + "\n" + policy)
+        return path
 
     def coalesce_config(self, base: Path, enabled: bool) -> Path:
         """``base`` plus an explicit ``coalesce: {enabled: ...}`` section (coalescing on or off)."""

@@ -17,7 +17,11 @@ Scenarios:
      against one pass, and with a slow client (coalescing on and off);
   5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row;
   6. start-up wall and CPU time of ``acp-proxy -- true`` against the minimal relay's
-     (``bench/startup.py``).
+     (``bench/startup.py``);
+  9. the permission policy's decision cost with 200 rules, p50 and p99 per request, and a frame
+     it does not concern without and with it (``bench/policy.py``). Scenarios 1 and 2 also run
+     the pass-through and annotation configurations with a team policy beside their rules
+     (``bench/policy-team.yaml``) and compare them with the same rules without one.
 
 The peers (installed by ``bench/setup_peers.py``, skipped with the reason when they
 are not): the TypeScript conductor with no components and with one annotating component, and a
@@ -92,9 +96,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument(
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
-        default={1, 2, 3, 4, 5, 6, 7},
+        default={1, 2, 3, 4, 5, 6, 7, 9},
         help="comma-separated subset, e.g. 3,4 (default: all but 8; 1 and 2 share their runs; "
-        "6 is start-up; 8 is a client that falls behind, bench/slow_client.py)",
+        "6 is start-up; 8 is a client that falls behind, bench/slow_client.py; 9 is the "
+        "policy's decision cost, bench/policy.py)",
     )
     ap.add_argument(
         "--baseline-ref",

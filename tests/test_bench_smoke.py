@@ -40,6 +40,8 @@ THROUGHPUT_VARIANTS = (
     "proxy-annotate",
     "proxy-annotate-nc",
     "proxy-example",
+    "proxy-passthrough-policy",
+    "proxy-annotate-policy",
     *PEER_VARIANTS,
 )
 EXPECTED_IDS = (
@@ -70,6 +72,7 @@ EXPECTED_IDS = (
         f"s7/component/{v}"
         for v in ("direct", "proxy-annotate", "conductor", "conductor-component")
     }
+    | {f"s9/policy-200-rules/{v}" for v in ("decision", "frame-no-policy", "frame-policy")}
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
 # (parallel development), sockets unavailable, example config absent.
@@ -104,6 +107,7 @@ METRICS = {
     3: {"p50_us", "p99_us", "max_us"},
     5: {"mb_s"},
     7: {"rtt_p50_us", "rtt_p99_us", "added_p50_us", "updates_per_s", "delivered"},
+    9: {"p50_us"},
 }
 
 

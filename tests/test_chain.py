@@ -100,7 +100,8 @@ def test_changed_by_names_the_parts_that_acted() -> None:
         ([(b'"tool_call_update"',)], (b"\\u",)),
         ([(b'"session/update"',)], (b"\\u", b"\\/")),
         ([None, (b'"a"',)], (b"\\u",)),
-        ([], (b"\\u",)),
+        ([], ()),  # no needle to hide: a link handed its requests by name has none
+        ([()], ()),
     ],
 )
 def test_needle_escapes(

@@ -11,6 +11,7 @@ cannot be summarised gives ``None``: it is forwarded (``ask``), never dropped.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 
@@ -36,6 +37,9 @@ _TRACKED_FIELDS = ("kind", "title", "rawInput", "locations")
 RAN = frozenset({"in_progress", "completed", "failed"})
 
 Resolve = Callable[[str], str]
+# What only shlex splits right: quotes, a backslash, and the whitespace it does not split on
+# (``str.split`` splits on every Unicode space, shlex on " \t\r\n" only).
+_SHELL_SYNTAX = re.compile(r"['\"\\]|[^\S \t\r\n]")
 
 
 def split_command(command: JsonValue) -> tuple[str, ...] | None:
@@ -46,10 +50,13 @@ def split_command(command: JsonValue) -> tuple[str, ...] | None:
             return tuple(command)  # type: ignore[arg-type]
         return None
     if isinstance(command, str):
-        try:
-            argv = tuple(shlex.split(command))
-        except ValueError:
-            return None
+        if _SHELL_SYNTAX.search(command) is None:
+            argv = tuple(command.split())  # no quote, backslash or odd space: as shlex splits
+        else:
+            try:
+                argv = tuple(shlex.split(command))
+            except ValueError:
+                return None
         return argv or None
     return None
 
@@ -140,12 +147,14 @@ class Summaries:
             return update
         key = (sid, tid)
         state = self._calls.pop(key, None)
-        merged: JsonObject = dict(state) if state is not None else {}
-        for name in _TRACKED_FIELDS:
-            if name in update and update[name] is not None:
+        changes = [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+        if changes or state is None:  # a new state (a stored one is never changed in place)
+            merged: JsonObject = dict(state) if state is not None else {}
+            for name in changes:
                 merged[name] = update[name]
-        _put(self._calls, key, merged, MAX_TOOL_CALLS)
-        return merged
+            state = merged
+        _put(self._calls, key, state, MAX_TOOL_CALLS)
+        return state
 
     def session_cwd(self, sid: JsonValue) -> str | None:
         return self._sessions.get(sid) if isinstance(sid, str) else None

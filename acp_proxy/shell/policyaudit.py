@@ -26,7 +26,7 @@ import orjson
 
 from acp_proxy.config import Config, MiddlewareSpec
 from acp_proxy.policy.audit import audit_line, last_hash, line_hash, verify
-from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
+from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware, audit_fields
 from acp_proxy.policy.model import Policy
 from acp_proxy.record.redact import Redactor
 from acp_proxy.shell.logsetup import get_logger
@@ -87,7 +87,7 @@ class AuditWriter:
         self.lines = 0
 
     def write(self, entry: AuditEntry) -> None:
-        fields = dataclasses.asdict(entry)
+        fields = audit_fields(entry)
         summary, _ = self._redactor.frame(orjson.dumps(fields["summary"]))
         fields["summary"] = orjson.loads(summary)
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")

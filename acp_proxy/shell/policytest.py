@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import orjson
 
 from acp_proxy.config import ConfigError, MiddlewareSpec, load_config
-from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
+from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware, audit_fields
 from acp_proxy.policy.model import PolicyMode
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, is_header
@@ -110,7 +110,7 @@ def main(argv: Sequence[str]) -> int:
                             "record": path,
                             "record_session": info.number,
                             "t": t,
-                            **dataclasses.asdict(decided),
+                            **audit_fields(decided),
                         }
                         del fields["mode"], fields["forwarded"]
                         out.write(orjson.dumps(fields).decode() + "\n")

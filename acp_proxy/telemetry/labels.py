@@ -130,6 +130,11 @@ TOKEN_FIELDS: Final = (
     ("cachedWriteTokens", "cached_write"),
 )
 MAX_CURRENCIES: Final = 16  # distinct ``cost.currency`` values kept per process, then ``other``
+# A permission request the proxy's policy answered: no user waited (``permission_wait_seconds``).
+POLICY: Final = "policy"
+# Policy rule names with a label of their own (they come from the config file), then ``other``.
+MAX_RULES: Final = 100
+DEFAULT_RULE: Final = "default"  # no rule matched: the policy's default decided
 
 
 def method_label(method: str | None) -> str:
@@ -195,3 +200,16 @@ def currency_label(currency: object, seen: set[str]) -> str:
         return OTHER
     seen.add(currency)
     return currency
+
+
+def rule_label(rule: str | None, seen: set[str]) -> str:
+    """A policy rule's label: its name among the first ``MAX_RULES`` distinct names seen by
+    this process (``seen`` grows), ``default`` for the default, else ``other``."""
+    if rule is None:
+        return DEFAULT_RULE
+    if rule in seen:
+        return rule
+    if len(seen) >= MAX_RULES:
+        return OTHER
+    seen.add(rule)
+    return rule

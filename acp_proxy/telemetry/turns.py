@@ -258,6 +258,12 @@ class TurnTracker:
                 self._end_turn(turn, now, L.SESSION_END, None, out)
         return out
 
+    def answered_by_policy(self, session_id: str, rid: Any, now: float) -> list[TurnEvent]:
+        """The proxy's policy answered the agent's permission request ``rid``: no user waited
+        (outcome ``policy``, no time)."""
+        turn = self.turns.get(session_id)
+        return [PermissionAnswered(Permission(session_id, rid, now, turn, None, {}), now, L.POLICY)]
+
     def end(self, now: float) -> list[TurnEvent]:
         """The connection ended: every open wait, tool call and turn ends here."""
         out: list[TurnEvent] = []

@@ -159,6 +159,8 @@ class Blocks:
         # straight from here to ``Rewriter.fused_bytes``, skipping the per-line path's steps
         # that cannot change its outcome there (see ``Rewriter.lane``).
         lane = host._fused is not None and host.version == 2 and host._chain_on
+        # A line another link may want is not the lane's (``Connection._lane_blockers``).
+        blockers = host._lane_blockers
         if specials and self._pass_as_is(direction, raw, specials, lane):
             # Every line the scan picked passes untouched too (a batch of notifications in a
             # stream of them): the block is one run, forwarded without cutting runs out of it
@@ -176,7 +178,12 @@ class Blocks:
             index = line_index + 1
             pos = stop + 1
             line = raw[start:stop]
-            if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
+            if (
+                lane
+                and line[:2] == b'{"'
+                and not contains(line, ID_KEY)
+                and not (blockers and any(contains(line, b) for b in blockers))
+            ):
                 out = self._rw.lane(direction, line, self._max_parse)
                 if out is not None:
                     if special:

@@ -68,6 +68,9 @@ class Host(Protocol):
     _has_links: bool
     _inspect_all: bool
     _fused: object
+    _fused_interest: tuple[bool, ...]
+    _lane_blockers: tuple[bytes, ...]
+    _routed: frozenset[str]
     _answers: dict[JsonValue, str]
     _tracker: RequestTracker
     _ctx_a2c: MessageContext
@@ -105,6 +108,10 @@ class Host(Protocol):
     ) -> OutFrame | None: ...
 
     def _answered(self, direction: Direction, rid: JsonValue) -> tuple[str, bytes] | None: ...
+
+    def _route(
+        self, direction: Direction, message: JsonObject, interested: Interest
+    ) -> Interest: ...
 
     def _refuse_if_full(
         self, direction: Direction, raw: bytes, message: JsonObject

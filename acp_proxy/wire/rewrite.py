@@ -82,9 +82,14 @@ class Rewriter:
         version = host.version
         inspect_all = host._inspect_all
         if host._fused is not None and version == 2 and "id" not in message and not inspect_all:
-            fused = self.fused_frame(direction, raw, message, notes)
-            if fused is not None:
-                return fused
+            if interested == host._fused_interest:
+                fused = self.fused_frame(direction, raw, message, notes)
+                if fused is not None:
+                    return fused
+            elif True in interested:
+                beside = self.beside_fused(direction, raw, message, interested, notes)
+                if beside is not None:
+                    return beside
         ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
         outcome = self.chain.run(message, ctx, interested)
         if (
@@ -123,14 +128,60 @@ class Rewriter:
                 host._track(direction, out, acc.notes, None)
         if inspect_all:
             acc.notes.append(
-                frame_info(direction, message, len(raw), outcome.changed_by, host._answers)
+                frame_info(
+                    direction,
+                    message,
+                    len(raw),
+                    outcome.changed_by,
+                    host._answers,
+                    marks=outcome.marks,
+                )
             )
         for reply in outcome.replies:
-            acc.reply.append(self.reply_frame(reply, raw, message))
+            # A response keeps the request's id bytes; a notification is encoded on its own.
+            acc.reply.append(
+                self.reply_frame(reply, raw, message) if "id" in reply else self.reply_frame(reply)
+            )
         host._count_out(direction, len(acc.forward))
         return acc.result()
 
     # --- the fused v2 path --------------------------------------------------------------------
+
+    def beside_fused(
+        self,
+        direction: Direction,
+        raw: bytes,
+        message: JsonObject,
+        interested: tuple[bool, ...],
+        notes: tuple[Note, ...],
+    ) -> Result | None:
+        """A v2 notification that links beside the fusable one want too: they only read a
+        notification (``wire.chain.Concerns``), so they run first, on their own, and the fused
+        path then does what the chain would have done (the policy reads a tool call update
+        the annotation rule marks). A failure of theirs is reported and the message goes on,
+        as in the chain (fail-open). ``None``: one of them changed it after all (or dropped it,
+        failing closed): the general path starts over."""
+        host = self._host
+        fused_interest = host._fused_interest
+        side = tuple(a and not f for a, f in zip(interested, fused_interest, strict=True))
+        ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
+        before = self.chain.run(message, ctx, side)
+        if before.changed:
+            return None
+        if before.failures:
+            acc = list(notes)
+            self.report(message, before, acc, False)
+            notes = tuple(acc)
+        replies = tuple(self.reply_frame(r) for r in before.replies)
+        data = None
+        if side != interested:  # the fusable link is interested too
+            data = self.fused_bytes(direction, raw, message)
+            if data is None:  # the fused path declines: the chain, that link alone
+                after = self.single(direction, raw, message, fused_interest, notes)
+                return Result(after.forward, (*after.reply, *replies), after.notes)
+        host._count_out(direction, 1)
+        frame = OutFrame(raw if data is None else data, message, host.version)
+        return Result((frame,), replies, notes)
 
     def lane(self, direction: Direction, raw: bytes, max_parse: int) -> OutFrame | None:
         """The fused lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block

@@ -18,6 +18,7 @@ from rows import Row, fmt, output_check, paired_ratios, skipped, stats, status, 
 from variants import (
     BASELINES,
     PEER_VARIANTS,
+    POLICY_VARIANTS,
     PROFILES,
     PROXY_VARIANTS,
     RATIO_BASES,
@@ -118,12 +119,14 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
                         "msg_s": stats([msg_s(r) for r in ok]),
                         "peak_rss_mb": stats([r.maxrss_kb / 1024 for r in ok]),
                     },
-                    ratios={b: paired_ratios(runs, v, b, mb_s) for b in RATIO_BASES},
+                    ratios={
+                        b: paired_ratios(runs, v, b, mb_s) for b in (*RATIO_BASES, *_policy_base(v))
+                    },
                     check=check,
                 )
             )
             cpu_ratios: dict[str, Any] = {}
-            for b in RATIO_BASES:
+            for b in (*RATIO_BASES, *_policy_base(v)):
                 ratio_list: list[float] = []
                 for a, c in zip(runs[v], runs.get(b, []), strict=False):
                     if a.ok and c.ok and cpu_us(c, v=b) > 0:
@@ -143,6 +146,12 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
                 )
             )
     return rows
+
+
+def _policy_base(variant: str) -> tuple[str, ...]:
+    """The variant a "with a policy" variant is compared with (the same rules, no policy)."""
+    base = POLICY_VARIANTS.get(variant)
+    return () if base is None else (base,)
 
 
 def markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
@@ -236,3 +245,35 @@ def markdown_cpu(rows: list[dict[str, Any]], out: list[str]) -> None:
         ],
         body,
     )
+    _policy_markdown(rows, out)
+
+
+def _policy_markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
+    """The rows with a team policy against the same rules without one (same run): frames no
+    policy rule concerns keep their speed."""
+    out.append(
+        "#### With a policy configured (bench/policy-team.yaml; ratios: with ÷ without, the "
+        "same rules, paired by repetition; 1.00 is no cost)"
+    )
+    out.append("")
+    found = {(r["scenario"], r["profile"], r["variant"]): r for r in rows}
+    body = []
+    for (n, profile, variant), r in found.items():
+        if n != 1 or variant not in POLICY_VARIANTS:
+            continue
+        base = POLICY_VARIANTS[variant]
+        cpu = found.get((2, profile, variant))
+        st = status(r)
+        if st:
+            body.append([profile, r["title"], st, "", ""])
+            continue
+        body.append(
+            [
+                profile,
+                r["title"],
+                fmt(r["ratios"].get(base), 3),
+                fmt(cpu["ratios"].get(base), 3) if cpu and not status(cpu) else "-",
+                output_check(r["check"]),
+            ]
+        )
+    table(out, ["profile", "variant", "MB/s ratio", "CPU/msg ratio", "output"], body)
