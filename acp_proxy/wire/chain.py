@@ -27,7 +27,8 @@ Rules of the interface:
 * It returns a ``Verdict``: ``FORWARD`` (unchanged; the original bytes leave the proxy),
   ``Replace(messages)`` (send these instead: the first takes the original's place, inside its batch
   if it was in one; the others follow as separate frames right after, never wrapped into a batch
-  the sender did not send), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
+  the sender did not send; ``Replace(messages, replies=...)`` also sends ``replies`` back to the
+  sender), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
   forwarding, e.g. a JSON-RPC error response).
 * ``needles`` (optional): byte strings of which at least one must occur in the raw frame for the
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
@@ -38,6 +39,7 @@ Rules of the interface:
   reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
 * ``on_initialize`` (optional): a method called with the ``initialize`` response, which the
   chain itself never sees (it runs once that response fixed the version); it must not raise.
+  ``on_initialize_request`` (optional): the same for the client's ``initialize`` request.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -92,11 +94,14 @@ FORWARD = Forward()
 
 @value
 class Replace:
-    """Send ``messages`` instead of the original, in order (see the module docstring)."""
+    """Send ``messages`` instead of the original, in order (see the module docstring), and
+    ``replies`` back to the original's sender (a notification of the proxy's own, such as the
+    ``session/cancel`` a budget sends while the agent's update goes on to the client)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     messages: tuple[JsonObject, ...]
+    replies: tuple[JsonObject, ...] = ()
 
 
 @value
@@ -214,7 +219,7 @@ def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, 
 class Chain:
     """An ordered list of links, built once per connection and run per message."""
 
-    __slots__ = ("_escapes", "_init_watchers", "_links", "_needles")
+    __slots__ = ("_escapes", "_init_watchers", "_links", "_needles", "_request_watchers")
 
     def __init__(self, links: Sequence[Link]) -> None:
         self._links = tuple(links)
@@ -227,6 +232,19 @@ class Chain:
             for link in self._links
             if callable(watcher := getattr(link.middleware, "on_initialize", None))
         )
+        # The links with an ``on_initialize_request`` method (the budgets: whether the client
+        # shows notices).
+        self._request_watchers = tuple(
+            watcher
+            for link in self._links
+            if callable(watcher := getattr(link.middleware, "on_initialize_request", None))
+        )
+
+    def initialize_requested(self, request: JsonObject) -> None:
+        """Tell the links that want it the client's ``initialize`` request (which ``run``
+        never sees: it comes before the version is known)."""
+        for watcher in self._request_watchers:
+            watcher(request)
 
     def initialized(self, response: JsonObject) -> None:
         """Tell the links that want it the ``initialize`` response (which ``run`` never sees:
@@ -311,6 +329,7 @@ class Chain:
                 changed = True
                 if isinstance(verdict, Replace):
                     following.extend(verdict.messages)
+                    replies.extend(verdict.replies)
                     # A middleware may name the parts of it that acted (the rules middleware
                     # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
                     parts = getattr(mw, "last_changed_by", None) or ()

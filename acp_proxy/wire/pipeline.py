@@ -111,8 +111,7 @@ def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
 class Connection:
     """Protocol state of one client-agent connection; ``handle`` one event at a time.
 
-    Not thread-safe: the shell calls it from one task (or under one lock) for both directions,
-    in the order frames were read per direction.
+    Not thread-safe: one task (or one lock) calls it for both directions, in the order read.
     """
 
     __slots__ = (
@@ -279,6 +278,7 @@ class Connection:
                     return None  # the general path refuses it (table full) or says why
                 if method == "initialize" and direction is _C2A:
                     self._init_ids.add(rid)
+                    self.chain.initialize_requested(message)
             elif "result" in message or "error" in message:
                 if direction is _A2C:
                     if rid in self._init_ids:
@@ -489,6 +489,7 @@ class Connection:
             self._admit(direction, rid, method, id_bytes)
             if direction is _C2A and method == "initialize":
                 self._init_ids.add(rid)
+                self.chain.initialize_requested(message)
             return
         if "result" not in message and "error" not in message:
             return  # not a response either
