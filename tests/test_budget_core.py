@@ -383,7 +383,7 @@ class Rig:
         )
         self.version = version
 
-    def persist(self) -> str | None:
+    def persist(self, durable: bool) -> str | None:
         if self.fail is not None:
             return self.fail
         self.ledger.absorb(self.file, self.now)
@@ -599,3 +599,20 @@ def test_turn_seconds_cancel_counts_the_running_turn() -> None:
     rig.now += 31
     got = rig.cost(0.2)
     assert isinstance(got, Replace) and J(got.replies)[0]["method"] == "session/cancel"
+
+
+def test_spend_between_prompts_is_written_at_most_every_second_and_at_each_crossing() -> None:
+    rig = Rig(COST)
+    rig.prompt(1)
+    assert rig.writes == 1  # before the prompt went (nothing counted: no turns limit)
+    rig.cost(0.0)
+    rig.cost(0.1)
+    rig.now += 0.5
+    rig.cost(0.2)
+    assert rig.writes == 1
+    rig.now += 0.5
+    rig.cost(0.3)
+    assert rig.writes == 2
+    rig.cost(4.5)  # a warning: written at once
+    assert rig.writes == 3
+    assert rig.file["limits"]["cost"]["spend"]["s1"]["spent"] == pytest.approx(4.5)

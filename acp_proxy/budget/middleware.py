@@ -6,13 +6,14 @@ connection. Client to agent: a ``session/prompt`` is answered with a ``quotaExce
 JSON-RPC error (never sent to the agent) when a limit that applies to its session is crossed,
 or when the ledger cannot be written (fail closed: the reason is in the error); otherwise its
 turn is counted and written before it is forwarded. Agent to client: what the messages spend
-(``budget.meters``) goes to the ledger; a ``warn_at`` fraction or a limit crossed is told to the
-editor as a ``session/update`` that follows the message (``notice``, or a marked
-``agent_message_chunk``, see ``notice``); a crossed ``cancel_turn`` limit sends one
-``session/cancel`` to the agent for the session's running turn. It never closes a session or
-stops an agent. Each warning, limit reached, refusal, cancellation and failed write goes to
-``sink`` as a ``BudgetEvent`` (the shell logs, counts and audits it). Pure: the clock, the
-state file's writing (``persist``) and the sink are given.
+(``budget.meters``) goes to the ledger, written at most every ``FLUSH_S`` and at each
+crossing; a ``warn_at`` fraction or a limit crossed is told to the editor as a
+``session/update`` that follows the message (``notice``, or a marked ``agent_message_chunk``,
+see ``notice``); a crossed ``cancel_turn`` limit sends one ``session/cancel`` to the agent for
+the session's running turn. It never closes a session or stops an agent. Each warning, limit
+reached, refusal, cancellation and failed write goes to ``sink`` as a ``BudgetEvent`` (the
+shell logs, counts and audits it). Pure: the clock, the state file's writing (``persist``) and
+the sink are given.
 
 The needles keep it off every other frame: frames that name none of its methods, update kinds
 or a stop reason or an error are never parsed for it.
@@ -37,6 +38,10 @@ NAME = "budgets"
 # The Quotas and Limits RFD's ``quotaExceeded`` (a draft; its code is a placeholder there too).
 QUOTA_EXCEEDED = -32003
 NOTICE_META = "acp-proxy/notice"
+# Spend between prompts is written at most this often (and whenever a threshold is crossed):
+# an atomic replace of the file costs milliseconds (a rename over a file flushes it on ext4),
+# and each prompt writes what is pending before it is forwarded anyway.
+FLUSH_S = 1.0
 POOL_PREFIX = "acp-proxy/"
 _A2C = Direction.AGENT_TO_CLIENT
 
@@ -63,7 +68,9 @@ class BudgetEvent:
 
 
 Sink = Callable[[BudgetEvent], None]
-Persist = Callable[[], str | None]  # writes the ledger; the reason it could not, or None
+# Reads the state file and writes the ledger's changes (``durable``: fsynced, before a prompt
+# is forwarded); the reason it could not, or None.
+Persist = Callable[[bool], str | None]
 
 
 def iso(seconds: float | None) -> str | None:
@@ -170,6 +177,7 @@ class BudgetMiddleware:
         self.client_notices = False  # v1: the client advertised ``session.notices``
         self.last_changed_by: tuple[str, ...] = ()
         self._broken: str | None = None  # the last write's failure, until one succeeds
+        self._written_at = float("-inf")
 
     @property
     def name(self) -> str:
@@ -206,7 +214,7 @@ class BudgetMiddleware:
             return FORWARD  # the agent answers a prompt without a session
         rid = message["id"]
         now = self._clock()
-        reason = self._write(sid)
+        reason = self._write(sid, durable=True)
         if reason is not None:
             return self._refuse(unrecorded_error(rid, reason))
         for limit in self.ledger.limits:
@@ -223,7 +231,7 @@ class BudgetMiddleware:
                 return self._refuse(quota_error(rid, status, now))
         crossings = self._apply(self.meters.prompt(sid, rid, now), now)
         if self.ledger.dirty:
-            reason = self._write(sid)
+            reason = self._write(sid, durable=True)
             if reason is not None:
                 del self.meters.turns[sid]
                 return self._refuse(unrecorded_error(rid, reason))
@@ -268,8 +276,8 @@ class BudgetMiddleware:
         if sid is None and spends:
             sid = spends[0].session
         crossings = self._apply(spends, now)
-        if self.ledger.dirty:
-            self._write(sid)
+        if self.ledger.dirty and (crossings or now - self._written_at >= FLUSH_S):
+            self._write(sid, durable=False)
         notices = self._notices(sid, crossings) if sid is not None else []
         cancel = self._cancel(sid, now) if sid is not None else None
         if not notices and cancel is None:
@@ -325,8 +333,9 @@ class BudgetMiddleware:
             )
         return crossings
 
-    def _write(self, sid: str | None) -> str | None:
-        reason = self._persist()
+    def _write(self, sid: str | None, *, durable: bool) -> str | None:
+        self._written_at = self._clock()
+        reason = self._persist(durable)
         if reason is not None and reason != self._broken:
             self._emit("unrecorded", sid, reason=reason)
         self._broken = reason

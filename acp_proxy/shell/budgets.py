@@ -66,8 +66,9 @@ def read_state(path: str) -> Any:
         raise StateError(f"not JSON ({exc})") from None
 
 
-def write_state(path: str, state: object) -> None:
-    """Replace ``path`` with ``state`` at once: a private temporary file, fsynced, renamed."""
+def write_state(path: str, state: object, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``state`` at once: a private temporary file (fsynced when
+    ``durable``: it survives a crash of the machine, not only of the proxy), renamed."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _FLAGS, 0o600)
     try:
@@ -75,7 +76,8 @@ def write_state(path: str, state: object) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         os.unlink(tmp)
@@ -101,29 +103,30 @@ def _reason(path: str, exc: Exception) -> str:
 
 
 class StateFile:
-    """The ledger's state file: ``sync`` reads it, lays the ledger's changes over it, and
-    writes it back (the reason it could not, or ``None``)."""
+    """The ledger's state file: ``sync`` reads it (others' spend, the overrides), lays the
+    ledger's changes over it and writes it back (every time: a file that can no longer be
+    written is found at once), fsynced when ``durable`` (before a prompt is forwarded) and
+    something changed; the reason it could not, or ``None``."""
 
     def __init__(self, path: str, ledger: Ledger, reload: Callable[[], None] | None = None):
         self.path = path
         self.ledger = ledger
-        self.writes = 0
         self._reload = reload
 
-    def sync(self) -> str | None:
+    def sync(self, durable: bool = True) -> str | None:
         if self._reload is not None:
             self._reload()
 
         def work() -> None:
+            dirty = self.ledger.dirty
             self.ledger.absorb(read_state(self.path), time.time())
-            write_state(self.path, self.ledger.to_json())
+            write_state(self.path, self.ledger.to_json(), durable=durable and dirty)
             self.ledger.saved()
 
         try:
             locked(self.path, work)
         except (OSError, StateError) as exc:
             return _reason(self.path, exc)
-        self.writes += 1
         return None
 
 
@@ -272,3 +275,7 @@ async def run_with_budgets(main: Callable[..., Awaitable[int]], config: Config, 
     finally:
         for registry in registries:
             registry.unregister(report)
+        if ledger.dirty:  # the spend since the last write
+            reason = store.sync()
+            if reason is not None:
+                log.error("budget state not recorded at exit", reason=reason)
