@@ -66,6 +66,27 @@ def test_replace_feeds_every_message_to_the_next_link() -> None:
     assert second.seen == [a, b]
 
 
+def test_replace_with_replies_forwards_and_answers_the_sender() -> None:
+    cancel: JsonObject = {"jsonrpc": "2.0", "method": "session/cancel", "params": {}}
+    second = Fixed(FORWARD)
+    out = Chain([Link(Fixed(Replace((NOTE,), replies=(cancel,)))), Link(second)]).run(NOTE, CTX)
+    assert out == Outcome((NOTE,), (cancel,), True, ("Fixed",))
+    assert second.seen == [NOTE]
+
+
+def test_links_that_want_it_see_the_initialize_request() -> None:
+    class Watcher(BaseMiddleware):
+        def __init__(self) -> None:
+            self.requests: list[JsonObject] = []
+
+        def on_initialize_request(self, request: JsonObject) -> None:
+            self.requests.append(request)
+
+    watcher = Watcher()
+    Chain([Link(Fixed(FORWARD)), Link(watcher)]).initialize_requested(REQ)
+    assert watcher.requests == [REQ]
+
+
 def test_drop_and_reply_stop_the_chain() -> None:
     after = Fixed(FORWARD)
     dropped = Chain([Link(Fixed(Drop("no"))), Link(after)]).run(NOTE, CTX)

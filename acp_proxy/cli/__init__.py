@@ -106,6 +106,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import policytest
 
         return policytest.main(args_in[2:])
+    if args_in[:1] == ["budgets"]:
+        from acp_proxy.shell import budgets_cli
+
+        return budgets_cli.main(args_in[1:])
     if args_in[:1] == ["audit"]:
         from acp_proxy.shell.policyaudit import verify_main
 

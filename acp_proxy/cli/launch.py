@@ -89,6 +89,14 @@ def with_telemetry(
 ) -> tuple[Any, ...]:
     """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
     enabled; unchanged, nothing imported, when not."""
+    if config.budgets is not None:
+        # The budgets link goes first in every connection's chain, inside the policy's wrapper
+        # (whose audit file its events share).
+        import functools
+
+        from acp_proxy.shell.budgets import run_with_budgets
+
+        main = functools.partial(run_with_budgets, main)
     if config.policy is not None:
         # The policy link goes first in every connection's chain; its audit file opens first.
         import functools

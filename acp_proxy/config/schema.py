@@ -42,6 +42,7 @@ class Kind(enum.Enum):
     RULES = "rules"  # the rules list (validated by _Parser.rules)
     MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
     POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.parse)
+    BUDGETS = "budgets"  # the budgets (validated by acp_proxy.budget.parse)
     # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
     STRING = "string"  # a non-empty string
     UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
@@ -408,6 +409,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "terminals and mode switches are allowed, refused or left to the editor, and the "
         "audit file of the decisions (docs/policy.md).",
         attr="policy",
+    ),
+    Setting(
+        "budgets",
+        Kind.BUDGETS,
+        "Limits on what sessions spend (cost, tokens, turns, tool calls, turn seconds, identical "
+        "tool calls in a row): warnings, then the next prompt refused or the running turn "
+        "cancelled; never a session killed (docs/budgets.md).",
+        attr="budgets",
     ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}

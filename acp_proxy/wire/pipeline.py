@@ -105,8 +105,7 @@ _OBJECT_OPENER = ord("{")
 class Connection:
     """Protocol state of one client-agent connection; ``handle`` one event at a time.
 
-    Not thread-safe: the shell calls it from one task (or under one lock) for both directions,
-    in the order frames were read per direction.
+    Not thread-safe: one task (or one lock) calls it for both directions, in the order read.
     """
 
     __slots__ = (
@@ -473,6 +472,8 @@ class Connection:
                 self._watched[rid] = method
                 if len(self._watched) > self._tracker.max_pending:
                     del self._watched[next(iter(self._watched))]
+                if method == "initialize":
+                    self.chain.initialize_requested(message)
             return
         if "result" not in message and "error" not in message:
             return  # not a response either
