@@ -5,7 +5,8 @@ Contract: measures and prints; asserts nothing. The real proxy (``python -m acp_
 of an agent that answers ``initialize`` and never a prompt. The client writes N v1
 ``session/prompt`` requests (turns that stay open; past the proxy's in-flight bound they are
 answered with an error) and a last request the agent answers, waits for that answer (so the
-backlog is not counted), then closes its end: the time from that EOF to the proxy's exit is the measure.
+backlog is not counted), then closes its end: the time from that EOF to the proxy's exit is
+the measure.
 Variants, interleaved, same run: ``off`` (no tracing), ``refused`` (tracing, nothing listens on
 the collector's port), ``silent`` (tracing, a collector that accepts and never answers) and
 ``live`` (tracing, a local collector that accepts and discards). ``--root`` times another
