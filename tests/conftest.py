@@ -22,10 +22,22 @@ PROPERTY_TEST_TIMEOUT_S = 300
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Property tests get ``PROPERTY_TEST_TIMEOUT_S`` unless they state their own, and with
+    ``ACP_PROXY_MAX_EXAMPLES=N`` every one is capped at N examples.
+
+    scripts/check runs the suite at full strength without coverage, then the core's own tests
+    again under branch coverage (the 100 % gate), where tracing makes each example about twice
+    as dear and breadth, not depth, is what is measured: there the examples are capped."""
+    cap = os.environ.get("ACP_PROXY_MAX_EXAMPLES")
     for item in items:
-        is_property = getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+        test = getattr(item, "obj", None)
+        is_property = getattr(test, "is_hypothesis_test", False)
         if is_property and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(PROPERTY_TEST_TIMEOUT_S))
+        current = getattr(test, "_hypothesis_internal_use_settings", None)
+        if cap and is_property and isinstance(current, settings):
+            limit = min(current.max_examples, int(cap))
+            test._hypothesis_internal_use_settings = settings(current, max_examples=limit)  # type: ignore[union-attr]
 
 
 @pytest.fixture(autouse=True)
@@ -51,22 +63,3 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(orjson, "loads", counting)
     return seen
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``ACP_PROXY_MAX_EXAMPLES=N`` caps every hypothesis test at N examples.
-
-    scripts/check runs the suite at full strength without coverage, then the core's own tests
-    again under branch coverage (the 100 % gate), where tracing makes each example about twice
-    as dear and breadth, not depth, is what is measured: there the examples are capped."""
-    cap = os.environ.get("ACP_PROXY_MAX_EXAMPLES")
-    if not cap:
-        return
-    for item in items:
-        test = getattr(item, "obj", None)
-        inner = getattr(test, "hypothesis", None)
-        current = getattr(test, "_hypothesis_internal_use_settings", None)
-        if inner is None or not isinstance(current, settings):
-            continue
-        limit = min(current.max_examples, int(cap))
-        test._hypothesis_internal_use_settings = settings(current, max_examples=limit)  # type: ignore[union-attr]
