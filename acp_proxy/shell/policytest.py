@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import orjson
 
+from acp_proxy.cli import flags
 from acp_proxy.config import ConfigError, MiddlewareSpec, load_config
 from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware, audit_fields
 from acp_proxy.policy.model import PolicyMode
@@ -58,7 +59,7 @@ def main(argv: Sequence[str]) -> int:
         description="Replay recorded sessions (--record files) through a config's policy and "
         "print what each request would have got, and which rule decided.",
     )
-    parser.add_argument("--config", required=True, help="the config file with the policy")
+    flags.add_config(parser, "the config file with the policy", required=True)
     parser.add_argument("records", nargs="+", metavar="RECORD")
     parser.add_argument("--json", action="store_true", help="one JSON object per decision")
     args = parser.parse_args(argv)
