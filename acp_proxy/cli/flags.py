@@ -1,17 +1,19 @@
-"""The options several commands share, each defined once: its spelling, type, metavar and help.
+"""The options several commands share, each defined once: its spelling, type and metavar.
 
-Contract: one function an option (or a family of options) that adds it to a given parser or
-group, and the value types of the command line (``size``, ``positive_int``, ``positive_float``:
-a bad value is argparse's usage error, exit 2). The main command (``cli.options``),
-``component``, ``show``, ``replay`` and ``policy test`` take their common options from here, so
-that an option never means or parses differently from one command to another; a command passes
-its own help text only where the option says something narrower there. Imports argparse only
-when a value is refused (start-up time: the main command's fast path builds no parser).
+Contract: ``SHARED`` (how each shared option with a value is spelled and parsed) and ``add``,
+which adds one to a parser or group with the command's own help; ``add_log_options`` (the
+``--log-*`` family); and the value types of the command line (``size``, ``positive_int``,
+``positive_float``: a bad value is argparse's usage error, exit 2). The main command
+(``cli.options``), ``component``, ``show``, ``replay`` and ``policy test`` take their common
+options from here, so that an option never parses differently from one command to another; each
+command says in its help what the option means there. Imports argparse only when a value is
+refused (start-up time: the main command's fast path builds no parser).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 if TYPE_CHECKING:
     import argparse
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     # A parser or one of its groups: what ``add_argument`` is called on.
     Adder = argparse.ArgumentParser | argparse._ArgumentGroup
 
+T = TypeVar("T", int, float)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("json", "console")
 
@@ -27,6 +30,19 @@ def _refused(message: str) -> Exception:
     import argparse
 
     return argparse.ArgumentTypeError(message)
+
+
+def _parsed(parse: Callable[[str], T], text: str, what: str) -> T:
+    try:
+        return parse(text)
+    except ValueError:
+        raise _refused(f"not {what}: {text!r}") from None
+
+
+def _positive(value: int, text: str) -> int:
+    if value <= 0:
+        raise _refused(f"must be positive: {text!r}")
+    return value
 
 
 def size(text: str) -> int:
@@ -38,35 +54,37 @@ def size(text: str) -> int:
         raise _refused(
             f"not a size: {text!r} (a byte count, or a size such as 64MiB, 64mb, 64 MB, 64k)"
         )
-    if value <= 0:
-        raise _refused(f"must be positive: {text!r}")
-    return value
+    return _positive(value, text)
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise _refused(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise _refused(f"must be positive: {text!r}")
-    return value
+    return _positive(_parsed(int, text, "an integer"), text)
 
 
 def positive_float(text: str) -> float:
     """A positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise _refused(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
+    value = _parsed(float, text, "a number")
+    if not 0 < value < float("inf"):
         raise _refused(f"must be a positive number of seconds: {text!r}")
     return value
 
 
-def add_config(parser: Adder, help: str, *, required: bool = False) -> None:
-    """``--config FILE``: the rules file (YAML)."""
-    parser.add_argument("--config", metavar="FILE", required=required, help=help)
+# The options of more than one command that take a value: how each is spelled and parsed.
+SHARED: Final[dict[str, dict[str, Any]]] = {
+    "--config": {"metavar": "FILE"},
+    "--max-frame-bytes": {"metavar": "SIZE", "type": size},
+    "--middleware-path": {"metavar": "DIR", "action": "append"},
+    "--record": {"metavar": "PATH"},
+    "--metrics": {"metavar": "URL"},
+    "--ui": {"metavar": "URL"},
+    "--session": {"metavar": "N", "type": int},
+}
+
+
+def add(parser: Adder, option: str, help: str, **more: Any) -> None:
+    """Add the shared ``option`` (a key of ``SHARED``) with this command's ``help``; ``more``:
+    what only this command says (a default, ``required``)."""
+    parser.add_argument(option, help=help, **SHARED[option], **more)
 
 
 def add_log_options(parser: Adder, *, level: str | None, level_help: str) -> None:
@@ -91,47 +109,12 @@ def add_log_options(parser: Adder, *, level: str | None, level_help: str) -> Non
     )
 
 
-def add_max_frame_bytes(parser: Adder, help: str, **more: Any) -> None:
-    """``--max-frame-bytes SIZE``: the longest line read (``size``)."""
-    parser.add_argument("--max-frame-bytes", type=size, metavar="SIZE", help=help, **more)
-
-
-def add_middleware_path(parser: Adder, help: str) -> None:
-    """``--middleware-path DIR``, repeatable: searched first for the config's ``use:`` modules."""
-    parser.add_argument("--middleware-path", action="append", metavar="DIR", help=help)
-
-
-def add_record(parser: Adder, help: str) -> None:
-    """``--record PATH``: record the session's frames."""
-    parser.add_argument("--record", metavar="PATH", help=help)
-
-
-def add_metrics(parser: Adder, help: str) -> None:
-    """``--metrics URL``: serve ``/metrics``, ``/healthz`` and ``/readyz``."""
-    parser.add_argument("--metrics", metavar="URL", help=help)
-
-
-def add_ui(parser: Adder, help: str, **more: Any) -> None:
-    """``--ui URL``: serve the live view."""
-    parser.add_argument("--ui", metavar="URL", help=help, **more)
-
-
-def add_session(parser: Adder, help: str) -> None:
-    """``--session N``: one session of a record file (from 1)."""
-    parser.add_argument("--session", metavar="N", type=int, help=help)
-
-
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
-    "add_config",
+    "SHARED",
+    "add",
     "add_log_options",
-    "add_max_frame_bytes",
-    "add_metrics",
-    "add_middleware_path",
-    "add_record",
-    "add_session",
-    "add_ui",
     "positive_float",
     "positive_int",
     "size",

@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-V", "--version", action="version", version=f"acp-proxy {__version__}\nscanner: {SCANNER}"
     )
-    flags.add_config(parser, f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through")
+    flags.add(
+        parser, "--config", f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through"
+    )
     flags.add_log_options(
         parser,
         level=None,
@@ -103,14 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the agent's stderr: into the structured log, or to the proxy's stderr as it "
         "is; overrides agent.stderr",
     )
-    flags.add_max_frame_bytes(
+    flags.add(
         parser,
+        "--max-frame-bytes",
         "longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides the "
         "config (default 64MiB)",
     )
     # Recording.
-    flags.add_record(
+    flags.add(
         parser,
+        "--record",
         "append every frame of the session, both directions, to PATH (JSON Lines, secrets "
         "redacted); with --listen a directory or a name with {conn}; overrides record.path",
     )
@@ -157,14 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    flags.add_middleware_path(
+    flags.add(
         parser,
+        "--middleware-path",
         "search DIR first for the modules of the config's use: entries (repeatable; adds to "
         "middleware_paths:); PYTHONPATH does not reach a proxy installed with pipx",
     )
     telemetry = parser.add_argument_group("telemetry")
-    flags.add_metrics(
+    flags.add(
         telemetry,
+        "--metrics",
         "serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. 127.0.0.1:9464, "
         "http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
         "--metrics-allow-remote)",
@@ -176,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
         "metrics; --allow-remote does not cover it)",
     )
-    flags.add_ui(
+    flags.add(
         telemetry,
+        "--ui",
         "serve the live view (a web page of the session's frames and entities, and its event "
         "stream) at URL, in the forms of --metrics but TCP only, e.g. 127.0.0.1:0 or "
         "tcp://127.0.0.1:0 (port 0: a free one); prints its address with an access token to "

@@ -446,14 +446,18 @@ def build_parser() -> argparse.ArgumentParser:
         "conductor's dialect (proxy/initialize, _proxy/initialize, or initialize with "
         "_meta.proxy) is detected from its first message.",
     )
-    flags.add_config(parser, f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through")
+    flags.add(
+        parser, "--config", f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through"
+    )
     flags.add_log_options(parser, level="info", level_help="debug logs one line per frame")
-    flags.add_record(parser, "record the inner messages to PATH")
-    flags.add_metrics(parser, "serve Prometheus metrics at URL")
-    flags.add_ui(parser, "serve the live view at URL (e.g. tcp://127.0.0.1:0)")
-    flags.add_max_frame_bytes(parser, "longest accepted line (default: the config's, 64MiB)")
-    flags.add_middleware_path(
-        parser, "search DIR first for the modules of the config's use: entries (repeatable)"
+    flags.add(parser, "--record", "record the inner messages to PATH")
+    flags.add(parser, "--metrics", "serve Prometheus metrics at URL")
+    flags.add(parser, "--ui", "serve the live view at URL (e.g. tcp://127.0.0.1:0)")
+    flags.add(parser, "--max-frame-bytes", "longest accepted line (default: the config's, 64MiB)")
+    flags.add(
+        parser,
+        "--middleware-path",
+        "search DIR first for the modules of the config's use: entries (repeatable)",
     )
     return parser
 

@@ -59,7 +59,7 @@ def main(argv: Sequence[str]) -> int:
         description="Replay recorded sessions (--record files) through a config's policy and "
         "print what each request would have got, and which rule decided.",
     )
-    flags.add_config(parser, "the config file with the policy", required=True)
+    flags.add(parser, "--config", "the config file with the policy", required=True)
     parser.add_argument("records", nargs="+", metavar="RECORD")
     parser.add_argument("--json", action="store_true", help="one JSON object per decision")
     args = parser.parse_args(argv)

@@ -48,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         "status: 0 matched, 1 diverged or stopped early, 2 usage.",
     )
     parser.add_argument("file", metavar="FILE")
-    flags.add_session(
+    flags.add(
         parser,
+        "--session",
         "the Nth session of the file (from 1; `acp-proxy show --list FILE` lists them); needed "
         "when the file holds more than one",
     )
@@ -75,8 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="recorded timing divided by X (default 1; 0: as fast as possible)",
     )
-    flags.add_max_frame_bytes(
+    flags.add(
         parser,
+        "--max-frame-bytes",
         "longest line read from the other side, as the proxy's option (default 64MiB): a "
         "longer line is not read; a request in it gets a -32600 error and the replay counts "
         "as diverged",

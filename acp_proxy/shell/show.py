@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--list", action="store_true", help="list the sessions of the file, one per line"
     )
-    flags.add_session(parser, "only the Nth session of the file (from 1; see --list)")
+    flags.add(parser, "--session", "only the Nth session of the file (from 1; see --list)")
     parser.add_argument("--method", metavar="GLOB", help="only these methods (session/*)")
     parser.add_argument("--session-id", metavar="ID", help="only this ACP sessionId")
     parser.add_argument("--dir", choices=(CLIENT_TO_AGENT, AGENT_TO_CLIENT), help="one direction")
