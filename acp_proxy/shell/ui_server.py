@@ -41,10 +41,8 @@ from acp_proxy.config.model import UiConfig
 from acp_proxy.record.escape import visible
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks, ui_routes
-from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.sockets import serving
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
-from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.transports import STREAM_ERRORS, gone
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
@@ -350,17 +348,17 @@ async def _serving(
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
-    try:
-        address = parse_endpoint(url, browser=True)
-        listener = await open_listener(
-            address, allow_remote=allow_remote, log=log, exposure=exposure
-        )
-    except AddressError as exc:
-        print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
-        return 2
-    except ListenError as exc:
-        say_fatal(log, "cannot serve the live view", f"--ui: {exc}")
-        return exc.exit_code
+    listener = await serving.open_endpoint(
+        url,
+        option="ui",
+        browser=True,
+        allow_remote=allow_remote,
+        exposure=exposure,
+        what="the live view",
+        log=log,
+    )
+    if isinstance(listener, int):
+        return listener
     token = secrets.token_urlsafe(32)
     host = listener.address.host
     names = [host]
