@@ -1,6 +1,6 @@
 """The options several commands share, each defined once: its spelling, type and metavar.
 
-Contract: ``SHARED`` (how each shared option with a value is spelled and parsed) and ``add``,
+Contract: ``SHARED`` (how each shared option is spelled and parsed) and ``add``,
 which adds one to a parser or group with the command's own help; ``add_log_options`` (the
 ``--log-*`` family); and the value types of the command line (``size``, ``positive_int``,
 ``positive_float``: a bad value is argparse's usage error, exit 2). The main command
@@ -69,8 +69,12 @@ def positive_float(text: str) -> float:
     return value
 
 
-# The options of more than one command that take a value: how each is spelled and parsed.
+# The options of more than one command: how each is spelled and parsed.
 SHARED: Final[dict[str, dict[str, Any]]] = {
+    "--log-level": {"type": str.lower, "choices": LOG_LEVELS},  # DEBUG, Debug, debug alike
+    "--log-format": {"choices": LOG_FORMATS, "default": "console"},
+    "--log-file": {"metavar": "FILE"},
+    "--log-frames": {"action": "store_true"},
     "--config": {"metavar": "FILE"},
     "--max-frame-bytes": {"metavar": "SIZE", "type": size},
     "--middleware-path": {"metavar": "DIR", "action": "append"},
@@ -90,22 +94,14 @@ def add(parser: Adder, option: str, help: str, **more: Any) -> None:
 def add_log_options(parser: Adder, *, level: str | None, level_help: str) -> None:
     """``--log-level``, ``--log-format``, ``--log-file``, ``--log-frames``; ``level``: the
     default of ``--log-level`` (``None``: the command decides when it is not given)."""
-    parser.add_argument(
-        "--log-level",
-        type=str.lower,  # DEBUG, Debug and debug alike
-        choices=LOG_LEVELS,
-        default=level,
-        help=level_help,
-    )
-    parser.add_argument(
-        "--log-format", choices=LOG_FORMATS, default="console", help="(default: console)"
-    )
-    parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
-    parser.add_argument(
+    add(parser, "--log-level", level_help, default=level)
+    add(parser, "--log-format", "(default: console)")
+    add(parser, "--log-file", "append logs here instead of stderr")
+    add(
+        parser,
         "--log-frames",
-        action="store_true",
-        help="debug lines carry each frame's contents, redacted like a record and cut at "
-        "2000 characters (implies --log-level debug)",
+        "debug lines carry each frame's contents, redacted like a record and cut at 2000 "
+        "characters (implies --log-level debug)",
     )
 
 

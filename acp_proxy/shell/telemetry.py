@@ -43,6 +43,7 @@ METRICS_EXPOSURE = (
     "anyone who can reach it can read the metrics and the health of the proxy",
     "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
 )
+METRICS = serving.Endpoint("metrics", "metrics", browser=False, exposure=METRICS_EXPOSURE)
 # Connections open at once (each holds at most MAX_HEAD bytes); beyond it, the oldest one is
 # closed to make room: a probe or a scrape is answered as soon as its request line is in, so
 # the oldest is one that is slow to send its request or to read its answer.
@@ -181,15 +182,7 @@ async def run_with_metrics(
     ``allow_remote``) before spawning anything.
     """
     log = get_logger()
-    listener = await serving.open_endpoint(
-        url,
-        option="metrics",
-        browser=False,
-        allow_remote=allow_remote,
-        exposure=METRICS_EXPOSURE,
-        what="metrics",
-        log=log,
-    )
+    listener = await serving.open_endpoint(url, METRICS, allow_remote=allow_remote, log=log)
     if isinstance(listener, int):
         return listener
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))

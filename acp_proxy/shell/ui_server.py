@@ -348,15 +348,8 @@ async def _serving(
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
-    listener = await serving.open_endpoint(
-        url,
-        option="ui",
-        browser=True,
-        allow_remote=allow_remote,
-        exposure=exposure,
-        what="the live view",
-        log=log,
-    )
+    endpoint = serving.Endpoint("ui", "the live view", browser=True, exposure=exposure)
+    listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
     if isinstance(listener, int):
         return listener
     token = secrets.token_urlsafe(32)

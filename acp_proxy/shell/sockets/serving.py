@@ -20,6 +20,7 @@ import errno
 import socket
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
@@ -40,28 +41,35 @@ LINE_ENDS: Final = (b"\n",)
 Start = Callable[[socket.socket], Callable[[], Coroutine[Any, Any, None]] | None]
 
 
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An HTTP endpoint of the proxy: its option (``metrics``: ``--metrics URL``), what it
+    serves (for "cannot serve WHAT"), whether its address is a browser's (TCP only), and what a
+    non-loopback address exposes, with its own consent."""
+
+    option: str
+    what: str
+    browser: bool
+    exposure: tuple[str, str]
+
+
 async def open_endpoint(
-    url: str,
-    *,
-    option: str,
-    browser: bool,
-    allow_remote: bool,
-    exposure: tuple[str, str],
-    what: str,
-    log: Any,
+    url: str, endpoint: Endpoint, *, allow_remote: bool, log: Any
 ) -> Listener | int:
-    """The bound listener of the HTTP endpoint ``--OPTION URL`` (``browser``: the address as a
-    browser's URL, TCP only), or the exit code of a refusal: 2 for an address that is not one
-    (said on stderr), the listener's own code when it cannot be bound (said as the fatal
-    "cannot serve WHAT"). ``exposure``: what a non-loopback address exposes, and its consent."""
+    """The bound listener of ``endpoint`` at ``url``, or the exit code of a refusal: 2 for an
+    address that is not one (said on stderr), the listener's own code when it cannot be bound
+    (said as the fatal "cannot serve WHAT")."""
+    option = endpoint.option
     try:
-        address = parse_endpoint(url, browser=browser)
-        return await open_listener(address, allow_remote=allow_remote, log=log, exposure=exposure)
+        address = parse_endpoint(url, browser=endpoint.browser)
+        return await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=endpoint.exposure
+        )
     except AddressError as exc:
         print(f"acp-proxy: --{option}: {exc}", file=sys.stderr)
         return 2
     except ListenError as exc:
-        say_fatal(log, f"cannot serve {what}", f"--{option}: {exc}")
+        say_fatal(log, f"cannot serve {endpoint.what}", f"--{option}: {exc}")
         return exc.exit_code
 
 
@@ -127,4 +135,12 @@ def _past_end(head: bytes, ends: tuple[bytes, ...]) -> int:
     return min(found, default=-1)
 
 
-__all__ = ["ACCEPT_BACKOFF_S", "Start", "accept", "open_endpoint", "read_head", "serve"]
+__all__ = [
+    "ACCEPT_BACKOFF_S",
+    "Endpoint",
+    "Start",
+    "accept",
+    "open_endpoint",
+    "read_head",
+    "serve",
+]
