@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import os
 import secrets
 import signal
@@ -32,7 +33,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import anyio
 import orjson
@@ -415,7 +416,7 @@ async def run_with_ui(
     return code
 
 
-def open_record(path: str) -> BinaryIO:
+def open_record(path: str) -> io.BufferedReader:
     """``path`` opened for reading, when it is a regular file: a FIFO, a device or a
     directory is refused (``OSError``) before it is opened, so that ``acp-proxy ui`` never
     waits for a writer that may not come, nor reads a device without end."""
