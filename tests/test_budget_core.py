@@ -13,16 +13,12 @@ from hypothesis import strategies as st
 
 from acp_proxy.budget.ledger import PROCESS_KEY, Ledger, StateError, is_crossed, key_of
 from acp_proxy.budget.meters import Meters, Spend
-from acp_proxy.budget.middleware import (
-    NOTICE_META,
-    QUOTA_EXCEEDED,
-    BudgetEvent,
-    BudgetMiddleware,
-)
+from acp_proxy.budget.middleware import NOTICE_META, BudgetEvent, BudgetMiddleware
 from acp_proxy.budget.model import Action, Budgets, Limit, Meter, Per
 from acp_proxy.budget.parse import duration_seconds
 from acp_proxy.config import ConfigError, parse_config
 from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace, Reply
+from acp_proxy.wire.errors import QUOTA_EXCEEDED
 
 C2A = Direction.CLIENT_TO_AGENT
 A2C = Direction.AGENT_TO_CLIENT

@@ -22,6 +22,7 @@ def test_the_codes_are_json_rpc_s_and_acp_s() -> None:
         "SERVER_ERROR": -32000,
         "POLICY_DENIED": -32001,
         "RESOURCE_NOT_FOUND": -32002,
+        "QUOTA_EXCEEDED": -32003,
         "REQUEST_CANCELLED": -32800,
     }
 
@@ -97,6 +98,16 @@ def test_error_object() -> None:
         "error": {"code": -32601, "message": "no"},
     }
     assert list(error_object(None, -32603, "m")) == ["jsonrpc", "id", "error"]
+    assert error_object(1, -32003, "m", data={"a": None}) == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {"code": -32003, "message": "m", "data": {"a": None}},
+    }
+    assert error_object(1, -32003, "m", data=None)["error"] == {
+        "code": -32003,
+        "message": "m",
+        "data": None,  # null data is data; only an omitted one is left out
+    }
 
 
 _IDS = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text())

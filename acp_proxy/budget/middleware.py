@@ -33,10 +33,9 @@ from acp_proxy.budget.meters import CostSeen, Meters, Spend
 from acp_proxy.budget.model import Action, Limit, Meter
 from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace, Reply
 from acp_proxy.wire.chain import Verdict as Action_
+from acp_proxy.wire.errors import QUOTA_EXCEEDED, error_object
 
 NAME = "budgets"
-# The Quotas and Limits RFD's ``quotaExceeded`` (a draft; its code is a placeholder there too).
-QUOTA_EXCEEDED = -32003
 NOTICE_META = "acp-proxy/notice"
 # Spend between prompts is written at most this often (and whenever a threshold is crossed):
 # an atomic replace of the file costs milliseconds (a rename over a file flushes it on ext4),
@@ -103,24 +102,19 @@ def quota_error(rid: JsonValue, status: Status, now: float) -> JsonObject:
         "spent": status.spent,
         "max": status.max,
     }
-    error: JsonObject = {
-        "code": QUOTA_EXCEEDED,
-        "message": f'acp-proxy budgets: prompt refused: the limit "{limit.name}" is reached '
-        f"({limit.meter.value} {spent} of {amount_text(limit.meter, status.max)}){until}",
-        "data": data,
-    }
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
+    text = (
+        f'acp-proxy budgets: prompt refused: the limit "{limit.name}" is reached '
+        f"({limit.meter.value} {spent} of {amount_text(limit.meter, status.max)}){until}"
+    )
+    return error_object(rid, QUOTA_EXCEEDED, text, data=data)
 
 
 def unrecorded_error(rid: JsonValue, reason: str) -> JsonObject:
     """The error a prompt gets while the budgets cannot be recorded (fail closed)."""
-    error: JsonObject = {
-        "code": QUOTA_EXCEEDED,
-        "message": f"acp-proxy budgets: prompt refused: the budget state cannot be recorded "
-        f"({reason})",
-        "data": {"poolId": POOL_PREFIX + "state", "reason": reason},
-    }
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
+    text = f"acp-proxy budgets: prompt refused: the budget state cannot be recorded ({reason})"
+    return error_object(
+        rid, QUOTA_EXCEEDED, text, data={"poolId": POOL_PREFIX + "state", "reason": reason}
+    )
 
 
 def notice(

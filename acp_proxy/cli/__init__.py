@@ -2,11 +2,12 @@
 
 Contract: owns the ``acp-proxy`` command surface (which subcommand or mode runs; the order in
 which the config is loaded, logging set up and the agent started) and the process exit code.
-The options are in ``options``, the config subcommands in ``commands``, what runs around the
-event loop in ``launch``. Configuration is validated completely before the agent is spawned
-(style.md habit 5); a bad config exits 2 with every error of the file on stderr. Never writes
-to stdout except for ``--help``, ``--version``, ``check-config``, ``schema`` and ``show`` (no
-protocol is running then), and ``replay``, whose stdout is the protocol of the agent it plays.
+The options are in ``options`` (those several commands share in ``flags``), the config
+subcommands in ``commands``, what runs around the event loop in ``launch``. Configuration is
+validated completely before the agent is spawned (style.md habit 5); a bad config exits 2 with
+every error of the file on stderr. Never writes to stdout except for ``--help``, ``--version``,
+``check-config``, ``schema`` and ``show`` (no protocol is running then), and ``replay``, whose
+stdout is the protocol of the agent it plays.
 """
 
 from __future__ import annotations

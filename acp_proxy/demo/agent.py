@@ -31,6 +31,7 @@ use to see a permission wait inside a turn. The default script is unchanged.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Final
@@ -46,6 +47,7 @@ from acp_proxy.wire.errors import (
     RESOURCE_NOT_FOUND,
     error_object,
 )
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 PROTOCOL_VERSION: Final = 2
 SESSION_ID: Final = "sess_demo_001"
@@ -249,6 +251,18 @@ def _permission_request() -> JsonObject:
     }
 
 
+def _replies(agent: DemoAgent, event: Line | Oversize) -> list[JsonObject]:
+    """What the agent writes for one line read (one over the bound does not parse)."""
+    parse_error = [error_object(None, PARSE_ERROR, "Parse error")]
+    if isinstance(event, Oversize):
+        return parse_error
+    try:
+        message = orjson.loads(event.raw)
+    except orjson.JSONDecodeError:
+        return parse_error
+    return agent.handle(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve stdin/stdout until EOF. Malformed lines get a JSON-RPC parse error (id null).
 
@@ -261,23 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ask-permission", action="store_true")
     args = parser.parse_args(argv)
     agent = DemoAgent(ask_permission=args.ask_permission)
-    stdin = sys.stdin.buffer
     stdout = sys.stdout.buffer
-    # readline() returns as soon as one line is in: it does not wait for a full buffer.
-    for line in iter(stdin.readline, b""):
-        if not line.strip():
-            continue
-        try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            replies = [error_object(None, PARSE_ERROR, "Parse error")]
-        else:
-            replies = agent.handle(message)
-        for reply in replies:
-            stdout.write(orjson.dumps(reply) + b"\n")
-            stdout.flush()  # one write per frame: the proxy sees each as it is produced
-            if args.pace_ms > 0 and len(replies) > 1:
-                time.sleep(args.pace_ms / 1000)
+    splitter = LineSplitter()  # a line over its bound is answered as one that does not parse
+
+    def answer(events: list[Line | Oversize]) -> None:
+        for event in events:
+            replies = _replies(agent, event)
+            for reply in replies:
+                stdout.write(orjson.dumps(reply) + b"\n")
+                stdout.flush()  # one write per frame: the proxy sees each as it is produced
+                if args.pace_ms > 0 and len(replies) > 1:
+                    time.sleep(args.pace_ms / 1000)
+
+    # os.read returns as soon as something is in: it does not wait for a full buffer.
+    for chunk in iter(lambda: os.read(0, 65536), b""):
+        answer(splitter.feed(chunk))
+    answer(splitter.end())
     return 0
 
 

@@ -22,6 +22,7 @@ import orjson
 
 from acp_proxy import __version__
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire.framing import Line, LineSplitter
 
 PROTOCOL_VERSION: Final = 2
 CLIENT_INFO: Final[JsonObject] = {
@@ -93,8 +94,14 @@ class _Child:
             thread.start()
 
     def _read_stdout(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
-            self._lines.put(line)
+        # Split as the proxy splits (a line over the limit comes as its head, which no parser
+        # reads); os.read returns what is there.
+        splitter = LineSplitter()
+        for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+            for event in splitter.feed(chunk):
+                self._lines.put(event.raw if isinstance(event, Line) else event.head)
+        for event in splitter.end():
+            self._lines.put(event.raw if isinstance(event, Line) else event.head)
         self._lines.put(None)
 
     def _read_stderr(self, stream: IO[bytes]) -> None:

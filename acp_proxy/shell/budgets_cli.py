@@ -22,6 +22,7 @@ from typing import Any
 
 from acp_proxy.budget.ledger import STATE_VERSION, is_crossed
 from acp_proxy.budget.model import Meter
+from acp_proxy.cli import flags
 from acp_proxy.config import ConfigError, load_config
 from acp_proxy.shell.budgets import locked, read_state, write_state
 
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     where = argparse.ArgumentParser(add_help=False)
     group = where.add_mutually_exclusive_group(required=True)
-    group.add_argument("--config", metavar="FILE", help="the config file (its budgets.state)")
+    flags.add(group, "--config", "the config file (its budgets.state)")
     group.add_argument("--state", metavar="FILE", help="the state file itself")
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", parents=[where], help="each limit's spend, window and state")

@@ -436,6 +436,9 @@ async def run_component(
 
 def build_parser() -> argparse.ArgumentParser:
     """``acp-proxy component``'s options: the main command's, less the agent's and sockets'."""
+    from acp_proxy.cli import flags
+    from acp_proxy.cli.options import CONFIG_ENV
+
     parser = argparse.ArgumentParser(
         prog="acp-proxy component",
         description="Run as a proxy component of an ACP conductor (proxy chains): one stdio "
@@ -443,24 +446,18 @@ def build_parser() -> argparse.ArgumentParser:
         "conductor's dialect (proxy/initialize, _proxy/initialize, or initialize with "
         "_meta.proxy) is detected from its first message.",
     )
-    parser.add_argument("--config", metavar="FILE", help="rules file (YAML)")
-    parser.add_argument(
-        "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"), default="info"
+    flags.add(
+        parser, "--config", f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through"
     )
-    parser.add_argument("--log-format", choices=("json", "console"), default="console")
-    parser.add_argument("--log-file", metavar="PATH")
-    parser.add_argument("--log-frames", action="store_true", help="log each frame's contents")
-    parser.add_argument("--record", metavar="PATH", help="record the inner messages to PATH")
-    parser.add_argument("--metrics", metavar="URL", help="serve Prometheus metrics at URL")
-    parser.add_argument(
-        "--ui", metavar="URL", help="serve the live view at URL (e.g. tcp://127.0.0.1:0)"
-    )
-    parser.add_argument("--max-frame-bytes", type=int, metavar="N")
-    parser.add_argument(
+    flags.add_log_options(parser, level="info", level_help="debug logs one line per frame")
+    flags.add(parser, "--record", "record the inner messages to PATH")
+    flags.add(parser, "--metrics", "serve Prometheus metrics at URL")
+    flags.add(parser, "--ui", "serve the live view at URL (e.g. tcp://127.0.0.1:0)")
+    flags.add(parser, "--max-frame-bytes", "longest accepted line (default: the config's, 64MiB)")
+    flags.add(
+        parser,
         "--middleware-path",
-        action="append",
-        metavar="DIR",
-        help="search DIR first for the modules of the config's use: entries (repeatable)",
+        "search DIR first for the modules of the config's use: entries (repeatable)",
     )
     return parser
 

@@ -11,6 +11,7 @@ What a line means is ``acp_proxy.record.format``'s job.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from collections import deque
@@ -68,7 +69,7 @@ class Problems:
             )
 
 
-def open_record(path: str, *, follow: bool, prog: str) -> IO[bytes] | str:
+def open_record(path: str, *, follow: bool, prog: str) -> io.BufferedIOBase | str:
     """The record file opened for reading, or why it cannot be (with ``follow``, a file that
     does not exist yet is waited for: a live view starts before the session does)."""
     told = False
@@ -100,7 +101,7 @@ class RecordLines:
     the format decides what it is."""
 
     def __init__(
-        self, stream: IO[bytes], *, follow: bool = False, max_line: int = MAX_LINE_BYTES
+        self, stream: io.BufferedIOBase, *, follow: bool = False, max_line: int = MAX_LINE_BYTES
     ) -> None:
         self._stream = stream
         self._follow = follow
@@ -128,7 +129,7 @@ class RecordLines:
                 self.number += 1
                 self.offset = self._next
                 return None
-            chunk = self._stream.readline(_CHUNK)  # up to a newline: a pipe gives what it has
+            chunk = self._stream.read1(_CHUNK)  # what is there: a pipe never waits for more
             if chunk:
                 self._ready.extend(self._splitter.feed(chunk))
             elif self._follow:
@@ -209,7 +210,7 @@ def placed_entries(
 
 
 def read_record(
-    stream: IO[bytes], *, follow: bool, problems: Problems
+    stream: io.BufferedIOBase, *, follow: bool, problems: Problems
 ) -> Iterator[tuple[SessionInfo, JsonObject]] | str:
     """An iterator over the record's usable lines (see ``entries``), or why the file is not a
     record (its first line is not a header)."""
@@ -221,7 +222,7 @@ def read_record(
 
 
 def read_placed_record(
-    stream: IO[bytes], *, follow: bool, problems: Problems
+    stream: io.BufferedIOBase, *, follow: bool, problems: Problems
 ) -> Iterator[tuple[SessionInfo, JsonObject, int]] | str:
     """``read_record`` with where each line starts (see ``placed_entries``)."""
     lines = RecordLines(stream, follow=follow)
@@ -231,7 +232,7 @@ def read_placed_record(
     return placed_entries(lines, header, problems)
 
 
-def line_at(stream: IO[bytes], offset: int) -> bytes:
+def line_at(stream: io.BufferedIOBase, offset: int) -> bytes:
     """The line that starts at ``offset`` of a seekable record file, without its newline (at
     most ``MAX_LINE_BYTES``: the lines read back are ones read before, within it)."""
     stream.seek(offset)

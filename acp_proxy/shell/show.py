@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.cli import flags
 from acp_proxy.record.chunkrefs import ChunkRef, chunk_value
 from acp_proxy.record.escape import safe_json, safe_json_chunks, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
@@ -54,12 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--list", action="store_true", help="list the sessions of the file, one per line"
     )
-    parser.add_argument(
-        "--session",
-        metavar="N",
-        type=int,
-        help="only the Nth session of the file (from 1; see --list)",
-    )
+    flags.add(parser, "--session", "only the Nth session of the file (from 1; see --list)")
     parser.add_argument("--method", metavar="GLOB", help="only these methods (session/*)")
     parser.add_argument("--session-id", metavar="ID", help="only this ACP sessionId")
     parser.add_argument("--dir", choices=(CLIENT_TO_AGENT, AGENT_TO_CLIENT), help="one direction")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import sys
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -30,10 +29,8 @@ import anyio
 
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.sockets import serving
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
-from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.telemetry.endpoint import parse_head
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
@@ -46,6 +43,7 @@ METRICS_EXPOSURE = (
     "anyone who can reach it can read the metrics and the health of the proxy",
     "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
 )
+METRICS = serving.Endpoint("metrics", "metrics", browser=False, exposure=METRICS_EXPOSURE)
 # Connections open at once (each holds at most MAX_HEAD bytes); beyond it, the oldest one is
 # closed to make room: a probe or a scrape is answered as soon as its request line is in, so
 # the oldest is one that is slow to send its request or to read its answer.
@@ -184,17 +182,9 @@ async def run_with_metrics(
     ``allow_remote``) before spawning anything.
     """
     log = get_logger()
-    try:
-        address = parse_endpoint(url, browser=False)
-        listener = await open_listener(
-            address, allow_remote=allow_remote, log=log, exposure=METRICS_EXPOSURE
-        )
-    except AddressError as exc:
-        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
-        return 2
-    except ListenError as exc:
-        say_fatal(log, "cannot serve metrics", f"--metrics: {exc}")
-        return exc.exit_code
+    listener = await serving.open_endpoint(url, METRICS, allow_remote=allow_remote, log=log)
+    if isinstance(listener, int):
+        return listener
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
     log.info(
         "serving metrics",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import os
 import secrets
 import signal
@@ -32,7 +33,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import anyio
 import orjson
@@ -41,10 +42,8 @@ from acp_proxy.config.model import UiConfig
 from acp_proxy.record.escape import visible
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks, ui_routes
-from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.sockets import serving
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
-from acp_proxy.shell.sockets.listening import ListenError, open_listener
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.transports import STREAM_ERRORS, gone
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
@@ -350,17 +349,10 @@ async def _serving(
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
-    try:
-        address = parse_endpoint(url, browser=True)
-        listener = await open_listener(
-            address, allow_remote=allow_remote, log=log, exposure=exposure
-        )
-    except AddressError as exc:
-        print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
-        return 2
-    except ListenError as exc:
-        say_fatal(log, "cannot serve the live view", f"--ui: {exc}")
-        return exc.exit_code
+    endpoint = serving.Endpoint("ui", "the live view", browser=True, exposure=exposure)
+    listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
+    if isinstance(listener, int):
+        return listener
     token = secrets.token_urlsafe(32)
     host = listener.address.host
     names = [host]
@@ -424,7 +416,7 @@ async def run_with_ui(
     return code
 
 
-def open_record(path: str) -> BinaryIO:
+def open_record(path: str) -> io.BufferedReader:
     """``path`` opened for reading, when it is a regular file: a FIFO, a device or a
     directory is refused (``OSError``) before it is opened, so that ``acp-proxy ui`` never
     waits for a writer that may not come, nor reads a device without end."""

@@ -1,8 +1,8 @@
 """JSON-RPC 2.0 error responses: the codes by name, and the one builder of an error response.
 
 Contract: every error response the proxy writes on its own (a refused or oversize request, an
-agent gone, a middleware's bad reply, a policy's refusal, a replay that diverged) is built here,
-in one shape, member for member (JSON-RPC 2.0 section 5.1):
+agent gone, a middleware's bad reply, a policy's or a budget's refusal, a replay that diverged)
+is built here, in one shape, member for member (JSON-RPC 2.0 section 5.1):
 
     {"jsonrpc":"2.0","id":ID,"error":{"code":CODE,"message":MESSAGE[,"data":DATA]}}
 
@@ -19,7 +19,7 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue, Omitted
 
 # JSON-RPC 2.0's own codes.
 PARSE_ERROR: Final = -32700
@@ -35,13 +35,22 @@ SERVER_ERROR: Final = -32000
 # mistake it for a protocol fault).
 POLICY_DENIED: Final = -32001
 RESOURCE_NOT_FOUND: Final = -32002
+# A prompt a budget refused: the Quotas and Limits RFD's ``quotaExceeded`` (a draft; its code is
+# a placeholder there too).
+QUOTA_EXCEEDED: Final = -32003
 # ACP's own: the answer to a cancelled request.
 REQUEST_CANCELLED: Final = -32800
 
 
-def error_object(request_id: JsonValue, code: int, message: str) -> JsonObject:
-    """The error response to the request whose id is ``request_id``, as a value."""
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+def error_object(
+    request_id: JsonValue, code: int, message: str, *, data: JsonValue | Omitted = OMITTED
+) -> JsonObject:
+    """The error response to the request whose id is ``request_id``, as a value; ``data``:
+    ``error.data``, if any."""
+    error: JsonObject = {"code": code, "message": message}
+    if data is not OMITTED:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 def error_bytes(
@@ -70,6 +79,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
     "POLICY_DENIED",
+    "QUOTA_EXCEEDED",
     "REQUEST_CANCELLED",
     "RESOURCE_NOT_FOUND",
     "SERVER_ERROR",

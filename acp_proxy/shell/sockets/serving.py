@@ -1,7 +1,8 @@
 """Serving on a listening socket: the one accept loop, and reading an HTTP request head.
 
-Contract: owns taking connections off a listening socket (``accept``; ``serve`` runs a task per
-connection) and reading what a client sent of its HTTP request head, bounded in size and time
+Contract: owns binding an HTTP endpoint's listener (``open_endpoint``: ``--metrics``, ``--ui``),
+taking connections off a listening socket (``accept``; ``serve`` runs a task per connection)
+and reading what a client sent of its HTTP request head, bounded in size and time
 (``read_head``). The servers decide the rest: ``--listen`` (``server``) its connection limit,
 ``/metrics`` (``shell.telemetry``) and the live view (``shell.ui_server``) which connections
 they let in and what they answer; what a head means is
@@ -17,12 +18,17 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 
+from acp_proxy.shell.logsetup import say_fatal
+from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
+from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
 from acp_proxy.shell.transports import STREAM_ERRORS
 
 ACCEPT_BACKOFF_S: Final = 0.1
@@ -33,6 +39,38 @@ LINE_ENDS: Final = (b"\n",)
 
 # What runs for one accepted connection (``None``: close it at once).
 Start = Callable[[socket.socket], Callable[[], Coroutine[Any, Any, None]] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An HTTP endpoint of the proxy: its option (``metrics``: ``--metrics URL``), what it
+    serves (for "cannot serve WHAT"), whether its address is a browser's (TCP only), and what a
+    non-loopback address exposes, with its own consent."""
+
+    option: str
+    what: str
+    browser: bool
+    exposure: tuple[str, str]
+
+
+async def open_endpoint(
+    url: str, endpoint: Endpoint, *, allow_remote: bool, log: Any
+) -> Listener | int:
+    """The bound listener of ``endpoint`` at ``url``, or the exit code of a refusal: 2 for an
+    address that is not one (said on stderr), the listener's own code when it cannot be bound
+    (said as the fatal "cannot serve WHAT")."""
+    option = endpoint.option
+    try:
+        address = parse_endpoint(url, browser=endpoint.browser)
+        return await open_listener(
+            address, allow_remote=allow_remote, log=log, exposure=endpoint.exposure
+        )
+    except AddressError as exc:
+        print(f"acp-proxy: --{option}: {exc}", file=sys.stderr)
+        return 2
+    except ListenError as exc:
+        say_fatal(log, f"cannot serve {endpoint.what}", f"--{option}: {exc}")
+        return exc.exit_code
 
 
 async def accept(sock: socket.socket, log: Any = None) -> tuple[socket.socket, Any]:
@@ -97,4 +135,12 @@ def _past_end(head: bytes, ends: tuple[bytes, ...]) -> int:
     return min(found, default=-1)
 
 
-__all__ = ["ACCEPT_BACKOFF_S", "Start", "accept", "read_head", "serve"]
+__all__ = [
+    "ACCEPT_BACKOFF_S",
+    "Endpoint",
+    "Start",
+    "accept",
+    "open_endpoint",
+    "read_head",
+    "serve",
+]
