@@ -29,7 +29,7 @@ import functools
 import re
 
 from acp_proxy.policy.decide import argv_starts, in_precedence, matches, names_match
-from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable, rest_of
+from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable
 from acp_proxy.policy.model import Glob, Policy, PolicyRule, Request, Verdict
 
 # Distinct (method, kind) keys whose groups are kept; past it the table starts over.
@@ -161,12 +161,17 @@ def _sides(paths: tuple[str, ...], cwd: str | None, backward: bool) -> tuple[_Pa
     """Each path as the fast path reads it (backwards only when ``backward``; its rest only
     with a ``cwd``); ``None``: a path too long for it."""
     out = []
+    base = None if cwd is None else cwd.rstrip("/")
     for path in paths:
         if len(path) > MAX_PATH_CHARS:
             return None
-        out.append(
-            (path, path[::-1] if backward else "", None if cwd is None else rest_of(path, cwd))
-        )
+        rest = None  # ``globs.rest_of``, inline: the hot path
+        if cwd is not None:
+            if path in (cwd, base):
+                rest = ""
+            elif path.startswith(base + "/"):  # type: ignore[operator]
+                rest = path[len(base) :]  # type: ignore[arg-type]
+        out.append((path, path[::-1] if backward else "", rest))
     return tuple(out)
 
 

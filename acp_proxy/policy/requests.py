@@ -161,6 +161,9 @@ class Summaries:
     # -- summaries
 
     def _paths(self, raw: list[str], cwd: str | None) -> tuple[str, ...]:
+        if len(raw) == 1:  # the usual request: one path
+            normal = normalise(raw[0], cwd)
+            return () if normal is None else (self._resolve(normal),)
         out: list[str] = []
         for path in raw:
             normal = normalise(path, cwd)
@@ -212,6 +215,12 @@ class Summaries:
             return None
         cwd = self._sessions.get(sid)
         if method == PERMISSION:
+            if "subject" not in params:  # v1: the tool call
+                call = params.get("toolCall")
+                if type(call) is not dict:
+                    return None
+                self.asked(sid, call.get("toolCallId"))
+                return self._tool_call(PERMISSION, sid, call, cwd, True)
             return self._permission(params, sid, cwd)
         if method in (READ, WRITE):
             path = params.get("path")
