@@ -32,6 +32,7 @@ MAX_TOOL_CALLS = 4096
 PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "abs_path", "notebook_path")
 COMMAND_KEYS = ("command", "cmd")
 _TRACKED_FIELDS = ("kind", "title", "rawInput", "locations")
+_TRACKED = frozenset(_TRACKED_FIELDS)
 # A tool call update with one of these statuses shows that the call ran.
 RAN = frozenset({"in_progress", "completed", "failed"})
 
@@ -146,7 +147,11 @@ class Summaries:
             return update
         key = (sid, tid)
         state = self._calls.pop(key, None)
-        changes = [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+        changes = (
+            [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+            if update.keys() & _TRACKED  # (a request naming the call by its id only: none)
+            else ()
+        )
         if changes or state is None:  # a new state (a stored one is never changed in place)
             merged: JsonObject = dict(state) if state is not None else {}
             for name in changes:
