@@ -490,3 +490,36 @@ def test_on_unasked_is_read_checked_explained_and_in_the_schema() -> None:
     assert policy("policy: {}\n").on_unasked is OnUnasked.AUDIT
     schema: Any = policy_schema()
     assert schema["policy"]["properties"]["on_unasked"]["enum"] == ["audit", "cancel"]
+
+
+_glob_bodies = st.lists(
+    st.sampled_from(["/", "/", "a", "b", ".", "*", "**", "?", "[ab]", "[!a]", "[/]"]),
+    min_size=1,
+    max_size=7,
+).map("".join)
+_abs_paths = st.lists(st.sampled_from(["/", "a", "b", ".", "ab"]), max_size=8).map(
+    lambda parts: "/" + "".join(parts)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_glob_bodies, _abs_paths)
+def test_the_fast_regex_and_its_key_agree_with_the_glob(body: str, path: str) -> None:
+    """A glob's fast regex (backwards for ``**`` globs) matches a path exactly when the glob
+    does, and a path it matches starts (backwards: ends) with the glob's key."""
+    source = body if body.startswith(("/", "**")) else "/" + body
+    for glob in (compile_glob(source, None), compile_glob("{cwd}" + "/" + body, None)):
+        if glob.anchor == "/":
+            text = path[::-1] if glob.reverse else path
+            expected = glob_matches(glob, path, None)
+        else:
+            text = "" if path == "/" else path  # the rest after a cwd of "/"
+            expected = glob_matches(glob, path, "/")
+        fast = re.match(f"(?:{glob.fast})\\Z", text, re.DOTALL) is not None
+        assert fast == expected, (glob.source, path)
+        if expected and glob.key is not None:
+            if glob.reverse:
+                assert text[:1] == glob.key
+            else:
+                cut = text.find("/", 1)
+                assert (text if cut < 0 else text[:cut]) == glob.key, (glob.source, path)

@@ -29,7 +29,7 @@ import functools
 import re
 
 from acp_proxy.policy.decide import argv_starts, in_precedence, matches, names_match
-from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable, rest_of
+from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable
 from acp_proxy.policy.model import Glob, Policy, PolicyRule, Request, Verdict
 
 # Distinct (method, kind) keys whose groups are kept; past it the table starts over.
@@ -130,24 +130,52 @@ class _Rule:
         return outside is None or any(not outside.hit(p) for p in paths)
 
 
+_Scan = tuple[re.Pattern[str], tuple[int, ...]]  # an alternation, and each group's rule
+
+
+def _alternation(branches: list[tuple[int, str]]) -> _Scan:
+    """One regex of ``branches`` (rule index, its regex) in order, a capturing group each."""
+    pattern = "|".join(f"((?:{regex})\\Z)" for _, regex in branches)
+    return _compile(pattern), tuple(i for i, _ in branches)
+
+
+def _first(scan: _Scan, text: str, first: int) -> int:
+    """``first``, or the rule of the first alternative of ``scan`` that matches ``text`` when
+    it comes before."""
+    found = scan[0].match(text)
+    if found is None:
+        return first
+    return min(first, scan[1][found.lastindex - 1])  # type: ignore[operator]
+
+
 class _Group:
-    """The rules that can match one (method, kind) pair, in precedence order; per side, the
-    alternation of its pure rules' regexes, and where each of its groups sits in ``rules``."""
+    """The rules that can match one (method, kind) pair, in precedence order; per side of a
+    path, its pure rules' globs as alternations: one for the globs any text may match, one per
+    key (``Glob.key``) for the others, so a path meets only the rules that can match it."""
 
     __slots__ = ("backward", "cwd", "others", "paths", "rules", "scans")
 
     def __init__(self, rules: tuple[_Rule, ...]) -> None:
         self.rules = rules
-        scans: list[tuple[int, re.Pattern[str], tuple[int, ...]]] = []
+        scans: list[tuple[int, _Scan | None, dict[str, _Scan]]] = []
         for side in (_FORWARD, _BACKWARD, _REST):
-            at = [
-                i
-                for i, r in enumerate(rules)
-                if r.pure and r.inside is not None and r.inside.regexes[side] is not None
-            ]
-            if at:
-                pattern = "|".join(f"({rules[i].inside.regexes[side]})" for i in at)  # type: ignore[union-attr]
-                scans.append((side, _compile(pattern), tuple(at)))
+            any_text: list[tuple[int, str]] = []
+            by_key: dict[str, list[tuple[int, str]]] = {}
+            for i, rule in enumerate(rules):
+                if not rule.pure:
+                    continue
+                globs = [g for g in rule.rule.match.paths or () if side_of(g) == side]
+                for key in dict.fromkeys(g.key for g in globs):
+                    regex = "|".join(f"(?:{g.fast})" for g in globs if g.key == key)
+                    (any_text if key is None else by_key.setdefault(key, [])).append((i, regex))
+            if any_text or by_key:
+                scans.append(
+                    (
+                        side,
+                        _alternation(any_text) if any_text else None,
+                        {k: _alternation(v) for k, v in by_key.items()},
+                    )
+                )
         self.scans = tuple(scans)
         self.others = tuple(i for i, r in enumerate(rules) if not r.pure)
         sets = [r.inside for r in rules] + [r.outside for r in rules]
@@ -161,12 +189,17 @@ def _sides(paths: tuple[str, ...], cwd: str | None, backward: bool) -> tuple[_Pa
     """Each path as the fast path reads it (backwards only when ``backward``; its rest only
     with a ``cwd``); ``None``: a path too long for it."""
     out = []
+    base = None if cwd is None else cwd.rstrip("/")
     for path in paths:
         if len(path) > MAX_PATH_CHARS:
             return None
-        out.append(
-            (path, path[::-1] if backward else "", None if cwd is None else rest_of(path, cwd))
-        )
+        rest = None  # ``globs.rest_of``, inline: the hot path
+        if cwd is not None:
+            if path in (cwd, base):
+                rest = ""
+            elif path.startswith(base + "/"):  # type: ignore[operator]
+                rest = path[len(base) :]  # type: ignore[arg-type]
+        out.append((path, path[::-1] if backward else "", rest))
     return tuple(out)
 
 
@@ -219,14 +252,22 @@ class Decider:
                         return r.rule
                 return None
             paths = made
-            for side, regex, at in group.scans:
+            for side, any_text, by_key in group.scans:
                 for path in paths:
                     text = path[side]
-                    if text is not None:
-                        found = regex.match(text)
-                        if found is not None:
-                            i = at[found.lastindex - 1]  # type: ignore[operator]
-                            first = min(first, i)
+                    if text is None:
+                        continue
+                    if by_key:  # the rules whose globs spell out how the text starts
+                        if side == _BACKWARD:
+                            key = text[:1]
+                        else:
+                            cut = text.find("/", 1)
+                            key = text if cut < 0 else text[:cut]
+                        keyed = by_key.get(key)
+                        if keyed is not None:
+                            first = _first(keyed, text, first)
+                    if any_text is not None:
+                        first = _first(any_text, text, first)
         for i in group.others:
             if i > first:
                 break

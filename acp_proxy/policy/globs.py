@@ -63,13 +63,33 @@ def compile_glob(source: str, home: str | None) -> Glob:
         raise GlobError(f'"{CWD}" may only start a glob')
     units = _units(body)
     reverse = anchor == "/" and bool(units) and units[0][0] == _DSTAR
+    fast = units[::-1] if reverse else units
     return Glob(
-        source,
-        re.compile(_emit(units) + r"\Z", re.DOTALL),
-        anchor,
-        _emit(units[::-1] if reverse else units),
-        reverse,
-    )
+        source, re.compile(_emit(units) + r"\Z", re.DOTALL), anchor, _emit(fast), reverse,
+        _key(fast, reverse),
+    )  # fmt: skip
+
+
+def _key(units: list[_Unit], backward: bool) -> str | None:
+    """What a text must start with for the fast regex of ``units`` to match it (``None``: it
+    may start with anything): read backwards, its first character; read forwards (a path, or
+    the rest after the cwd), its whole first component (``/etc`` for ``/etc/**``), when the
+    glob spells it out."""
+    literal: list[str] = []
+    n = len(units)
+    spelled = True  # forwards: the literal reaches the end of the first component
+    for i, (kind, text) in enumerate(units):
+        if kind != _CHAR:
+            spelled = False  # a wildcard: forwards, the first component is not spelled out
+            break
+        if text == "/" and i + 2 == n and units[i + 1][0] == _DSTAR:
+            break  # the final "/**" matches the empty string too: the component ends here
+        if text == "/" and i > 0 and not backward:
+            break
+        literal.append(text)
+    if backward:
+        return literal[0] if literal else None
+    return "".join(literal) if literal and spelled else None
 
 
 # The units of a glob: one character, ``*``, ``**`` (two stars or more), ``?``, a class.

@@ -56,6 +56,9 @@ class Glob:
     anchor: str = "/"
     fast: str = field(default="", compare=False)
     reverse: bool = field(default=False, compare=False)
+    # What a text must start with for ``fast`` to match (``None``: anything; see
+    # ``policy.globs._key``): the fast path looks only at the rules that can match.
+    key: str | None = field(default=None, compare=False)
 
 
 @value

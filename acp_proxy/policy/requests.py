@@ -33,6 +33,7 @@ MAX_TOOL_CALLS = 4096
 PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "abs_path", "notebook_path")
 COMMAND_KEYS = ("command", "cmd")
 _TRACKED_FIELDS = ("kind", "title", "rawInput", "locations")
+_TRACKED = frozenset(_TRACKED_FIELDS)
 # A tool call update with one of these statuses shows that the call ran.
 RAN = frozenset({"in_progress", "completed", "failed"})
 
@@ -147,7 +148,11 @@ class Summaries:
             return update
         key = (sid, tid)
         state = self._calls.pop(key, None)
-        changes = [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+        changes = (
+            [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+            if update.keys() & _TRACKED  # (a request naming the call by its id only: none)
+            else ()
+        )
         if changes or state is None:  # a new state (a stored one is never changed in place)
             merged: JsonObject = dict(state) if state is not None else {}
             for name in changes:
@@ -162,6 +167,9 @@ class Summaries:
     # -- summaries
 
     def _paths(self, raw: list[str], cwd: str | None) -> tuple[str, ...]:
+        if len(raw) == 1:  # the usual request: one path
+            normal = normalise(raw[0], cwd)
+            return () if normal is None else (self._resolve(normal),)
         out: list[str] = []
         for path in raw:
             normal = normalise(path, cwd)
@@ -213,6 +221,12 @@ class Summaries:
             return None
         cwd = self._sessions.get(sid)
         if method == PERMISSION:
+            if "subject" not in params:  # v1: the tool call
+                call = params.get("toolCall")
+                if type(call) is not dict:
+                    return None
+                self.asked(sid, call.get("toolCallId"))
+                return self._tool_call(PERMISSION, sid, call, cwd, True)
             return self._permission(params, sid, cwd)
         if method in (READ, WRITE):
             path = params.get("path")

@@ -6,8 +6,9 @@ without a ``Result`` each; in a block (several complete lines read together), on
 lines something may need (a needle of an interested link, an ``"id"`` for the request tables, an
 escape that could hide either, anything that does not start like ``{"``), which take the
 per-line path, and the runs between them are forwarded as they arrived, unsplit and unparsed.
-On a v2 connection whose chain is one fusable middleware, a notification in a block goes through
-the fused lane (``Rewriter.lane``). Pure, no I/O.
+On a v2 connection with one fusable middleware (beside links that declared their concerns), a
+notification in a block that no other link may want goes through the fused lane
+(``Rewriter.lane``). Pure, no I/O.
 """
 
 from __future__ import annotations

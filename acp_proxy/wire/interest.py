@@ -15,7 +15,7 @@ from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import Chain, Direction, needle_escapes
 from acp_proxy.wire.host import Interest
 from acp_proxy.wire.prefilter import has_any
-from acp_proxy.wire.scan import contains
+from acp_proxy.wire.scan import contains, scan
 
 
 def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
@@ -27,6 +27,7 @@ class LinkInterest:
     """The interest of one connection's links (see the module)."""
 
     __slots__ = (
+        "all_needles",
         "any_needles",
         "escapes",
         "fused",
@@ -46,6 +47,12 @@ class LinkInterest:
         self.escapes = needle_escapes(self.link_needles)  # same rule as Chain.interested
         # Some link has needles to look for (a link without any is handed requests by name).
         self.any_needles = any(n is None or n for n in self.link_needles)
+        # Every link's needles and the escapes that could hide one, for one scan that answers
+        # "no link" for most frames (``None``: a link wants every frame).
+        self.all_needles: tuple[bytes, ...] | None = None
+        if all(n is not None for n in self.link_needles):
+            found = dict.fromkeys(x for n in self.link_needles if n for x in n)
+            self.all_needles = (*found, *self.escapes)
         self.routes = chain.routes
         # Client requests whose response takes the general path: ``initialize`` (the version
         # negotiation) and those a link is told the response of (``Concerns.answers``).
@@ -78,13 +85,17 @@ class LinkInterest:
         """Per link, whether it may act on ``raw``; ``None`` when no link may.
 
         The same answer as ``Chain.interested`` (a link without needles always; otherwise one of
-        its needles occurs, or the frame has a JSON escape that could hide one), computed with
-        ``scan.contains`` (the accelerator's SIMD search when built; ``in`` on bytes costs an
-        internal exception per call on CPython 3.11) and the escape scan done once, only when
-        needed.
+        its needles occurs, or the frame has a JSON escape that could hide one). Most frames hold
+        none of them: one ``scan.scan`` of every link's needles and the escapes says so in one
+        pass (the accelerator's SIMD search when built); otherwise each link's needles are
+        looked for with ``scan.contains`` (``in`` on bytes costs an internal exception per
+        call on CPython 3.11), the escape scan done once, only when needed.
         """
         if not self.on:
             return None
+        needles = self.all_needles
+        if needles is not None and not scan(raw, needles)[1]:
+            return None  # no needle of any link, no escape (the usual frame): one C pass
         escaped: bool | None = None
         flags: list[bool] = []
         for needles in self.link_needles:

@@ -259,11 +259,12 @@ class Connection:
         Answered here only: a frame that starts like one (``{"``, ``{ ``...), within the parse
         budget even by the cheap estimate, that orjson parses to an object. A request (a valid
         ``id``, a string ``method``) is admitted to its table, or left to the general path's
-        refusal when the table is full; a response (a valid ``id``, ``result`` or ``error``)
-        takes its request out of the table, except the response to ``initialize`` (the
-        version negotiation, left to the general path); any other object is forwarded
-        untracked, as the general path does. Not inspecting (``_inspect_all``), as the caller
-        checks.
+        refusal when the table is full, or left to it when a link is handed it by its method or
+        its response is watched (``LinkInterest.general``: ``initialize``, ``session/new`` with
+        a policy); a response (a valid ``id``, ``result`` or ``error``) takes its request out
+        of the table, except a watched one's (the version negotiation, a link told of it: the
+        general path); any other object is forwarded untracked, as the general path does. Not
+        inspecting (``_inspect_all``), as the caller checks.
         """
         # ``{`` first: an object with nothing before its opener (what ``FRAME_STARTS`` admits
         # of objects, once orjson parsed it), so what parses is a ``dict``.

@@ -185,8 +185,9 @@ class Rewriter:
 
     def lane(self, direction: Direction, raw: bytes, max_parse: int) -> OutFrame | None:
         """The fused lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
-        that starts with ``{"`` and holds no ``"id"``, on a v2 connection whose chain is one
-        fusable middleware, handled as the per-line path would (``Connection._single``,
+        that starts with ``{"`` and holds no ``"id"`` nor a needle of another link
+        (``LinkInterest.lane_blockers``), on a v2 connection with one fusable middleware,
+        handled as the per-line path would (``Connection._single``,
         ``single``, ``fused_frame``) with its steps that cannot change the outcome here left
         out: the prefilter (without a needle of its rules, ``fused_v2`` leaves a message as it
         is, which is what the per-line path does without parsing it), the parse budget check
