@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_record_read import INIT, WRITE_OK, A, capped, client_lines, frame, session
 
+from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.record.chunkrefs import ChunkRef
 from acp_proxy.record.transcript import Transcript
 
@@ -43,7 +44,9 @@ def _event(i: int, size: int = 200) -> dict[str, Any]:
 def _grown_per_message(messages: list[dict[str, Any]]) -> float:
     """Bytes the transcript's state grew by per message fed (each a line of its own, at a
     known offset), over the second half of ``messages`` (the first made the state's tables)."""
-    lines = [{"t": 0.5, "dir": A, "raw": orjson.dumps(m).decode()} for m in messages]
+    lines: list[dict[str, JsonValue]] = [
+        {"t": 0.5, "dir": A, "raw": orjson.dumps(m).decode()} for m in messages
+    ]
     half = len(lines) // 2
     transcript = Transcript(version=2)
     tracemalloc.start()
@@ -106,20 +109,49 @@ def test_an_event_list_keeps_a_reference_only_while_a_place_is_set() -> None:
 
 
 def test_state_of_events_bigger_than_the_address_space_reads_them_back(tmp_path: Path) -> None:
-    # 2,000 unknown-kind updates of 16 KiB (32 MiB of text) in a process that may map 40 MiB:
+    # 500 unknown-kind updates of 64 KiB (32 MiB of text) in a process that may map 40 MiB:
     # kept as parsed values they do not fit; each is 8 bytes of state and read back as the
     # state is printed.
-    n = 2_000
+    n, size = 500, 64 * 1024
     record = tmp_path / "events.jsonl"
     with record.open("wb") as f:
         f.write(session(end=False))
         for i in range(n):
-            f.write(frame(0.5, A, _event(i, 16 * 1024)))
+            f.write(frame(0.5, A, _event(i, size)))
     stdin = tmp_path / "client.jsonl"
     stdin.write_bytes(client_lines(INIT, WRITE_OK))
     done = capped(40, stdin, "show", "--state", str(record))
     assert (done.returncode, done.stderr) == (0, b"")
     events = json.loads(done.stdout)["events"]
     assert events == [
-        {"sessionId": "s", "update": _event(i, 16 * 1024)["params"]["update"]} for i in range(n)
+        {"sessionId": "s", "update": _event(i, size)["params"]["update"]} for i in range(n)
     ]
+
+
+def test_a_state_that_does_not_fit_stops_with_a_clear_message(tmp_path: Path) -> None:
+    # 3,000 tool calls whose latest fields hold 16 KiB each (the client keeps them all), in a
+    # process that may map 40 MiB: no line is reported unreadable for want of memory and no
+    # partial state is printed as if it were the client's.
+    record = tmp_path / "entities.jsonl"
+    with record.open("wb") as f:
+        f.write(session(end=False))
+        for i in range(3_000):
+            update = {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": f"t{i}",
+                "status": "completed",
+                "rawOutput": {"text": "y" * 16384},
+            }
+            f.write(frame(0.5, A, _update(update)))
+    stdin = tmp_path / "client.jsonl"
+    stdin.write_bytes(client_lines(INIT, WRITE_OK))
+    done = capped(40, stdin, "show", "--state", str(record))
+    assert (done.returncode, done.stdout) == (1, b"")
+    assert (
+        done.stderr
+        == (
+            f"acp-proxy show: {record}: out of memory; stopped (--state holds 8 bytes per chunk "
+            "and per event, the latest fields of each entity, and one line of the record at a "
+            "time)\n"
+        ).encode()
+    )

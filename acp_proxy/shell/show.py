@@ -127,6 +127,21 @@ def _list(sessions: list[tuple[SessionInfo, int, str]], out: IO[str]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _show(args)
+    except MemoryError:
+        pass  # out of the handler first: its traceback holds what filled the memory
+    sys.stdout.flush()
+    print(
+        f"{PROG}: {visible(args.file)}: out of memory; stopped (--state holds 8 bytes per "
+        "chunk and per event, the latest fields of each entity, and one line of the record "
+        "at a time)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _show(args: argparse.Namespace) -> int:
     out = sys.stdout
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
