@@ -280,6 +280,8 @@ class _Server:
                 )
                 status = f"agent {describe_status(rc)}"
                 summary = {"exit_code": exit_code_of(rc), **session.summary()}
+                if not conn.shutdown.is_set() and not session.stats.client_eof:
+                    await self._linger(conn, stream, client_rx, session, log)
             else:
                 label = str(self.agent_address)
                 try:
@@ -328,6 +330,31 @@ class _Server:
                 duration_s=round(time.monotonic() - started, 3),
                 **summary,
             )
+
+    async def _linger(
+        self,
+        conn: _Conn,
+        stream: SocketStream,
+        client_rx: PrefixedReceiveStream,
+        session: Any,
+        log: Any,
+    ) -> None:
+        """The agent died with the client still there: answer what it sends next with the
+        error its requests in flight got (``runtime.answer_after_death``, as on stdio), until
+        it closes its side, is silent for the linger time, or the server shuts down."""
+        from anyio.streams.stapled import StapledByteStream
+
+        from acp_proxy.shell.runtime import answer_after_death
+
+        async with anyio.create_task_group() as tg:
+
+            async def on_shutdown() -> None:
+                await conn.shutdown.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_shutdown)
+            await answer_after_death(session, StapledByteStream(stream, client_rx), log)
+            tg.cancel_scope.cancel()
 
 
 def _peer_text(peer: Any, family: int) -> str:
