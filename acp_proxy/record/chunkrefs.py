@@ -79,7 +79,8 @@ class RefList(list[Any]):
     array instead of an object; any other value as it is, in order. To the state model and to
     a JSON encoder it is a list: ``append``, ``len``, iteration (which yields the references
     as objects again, made as they are read). Its elements live in its segments, never in the
-    list object itself."""
+    list object itself: an encoder that reads a list's storage directly (orjson does, for a
+    list subclass) sees it empty; the stdlib's ``json`` iterates it, as ``show`` does."""
 
     __slots__ = ("_length", "_segments")
     ref_type: ClassVar[type[ChunkRef]] = ChunkRef
