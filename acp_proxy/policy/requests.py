@@ -138,7 +138,7 @@ class Summaries:
 
     def asked(self, sid: str, tid: JsonValue) -> None:
         """The agent asked about the tool call ``tid``."""
-        if isinstance(tid, str):
+        if type(tid) is str:
             _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
 
     def _merge(self, sid: str, update: JsonObject) -> JsonObject:
@@ -157,7 +157,10 @@ class Summaries:
             for name in changes:
                 merged[name] = update[name]
             state = merged
-        _put(self._calls, key, state, MAX_TOOL_CALLS)
+        calls = self._calls  # ``_put``, inline (the key was popped above)
+        calls[key] = state
+        if len(calls) > MAX_TOOL_CALLS:
+            del calls[next(iter(calls))]
         return state
 
     def session_cwd(self, sid: JsonValue) -> str | None:
