@@ -135,6 +135,7 @@ class PolicyMiddleware:
         self.needles: tuple[bytes, ...] = TOOL_CALL_NEEDLES if reads_tool_calls(policy) else ()
         # The decisions made while handling the current message (the chain takes them).
         self.marks: list[AuditEntry] = []
+        self._entries = sink is not None
 
     @property
     def name(self) -> str:
@@ -145,6 +146,8 @@ class PolicyMiddleware:
         self.state.initialized(response)
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Action:
+        # Whether a decision's entry is read: by the audit file, or by observers (its mark).
+        self._entries = self._sink is not None or ctx.observed
         method = message.get("method")
         if ctx.direction is _A2C:
             if method == "session/update":
@@ -248,6 +251,8 @@ class PolicyMiddleware:
         if not isinstance(wanted, str) or wanted not in self.policy.forbid_modes:
             return FORWARD
         sid = params.get("sessionId")
+        if not self._entries:
+            return self._mode_verdict(message, wanted)
         summary: JsonObject = {"mode": wanted}
         if method == "session/set_config_option" and isinstance(params.get("configId"), str):
             summary["configId"] = params["configId"]
@@ -264,6 +269,9 @@ class PolicyMiddleware:
                 not self._enforce,
             )
         )
+        return self._mode_verdict(message, wanted)
+
+    def _mode_verdict(self, message: JsonObject, wanted: str) -> Action:
         if not self._enforce:
             return FORWARD
         self.last_changed_by = ("forbid_modes",)
@@ -284,6 +292,8 @@ class PolicyMiddleware:
         forwarded: bool,
         cancelled: bool = False,
     ) -> None:
+        if not self._entries:
+            return  # nobody reads it: no audit file, no observer
         self._emit(
             AuditEntry(
                 sid if type(sid) is str else None,
