@@ -421,3 +421,48 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)
         assert b'"example.dev/route":"edge"' in outputs[0][2][0]  # the rule did annotate
+
+
+def test_a_call_that_ran_unasked_is_summarised_only_when_a_deny_rule_may_match_it() -> None:
+    """No deny rule for its kind: no summary, no path resolved (``realpath`` costs syscalls)."""
+    text = """\
+policy:
+  rules:
+    - {name: reads, match: {kind: read}, decision: allow}
+    - {name: no-etc, match: {kind: edit, paths: ["/etc/**"]}, decision: deny}
+"""
+    loaded = parse_config(text, "p.yaml", {"HOME": "/home/u"})
+    assert loaded.policy is not None
+    resolved: list[str] = []
+
+    def resolve(path: str) -> str:
+        resolved.append(path)
+        return path
+
+    audit: list[AuditEntry] = []
+    factory = functools.partial(PolicyMiddleware, loaded.policy, audit.append, resolve)
+    chained = dataclasses.replace(loaded, middleware=(MiddlewareSpec(NAME, factory),))
+    conn = Connection(chained.build_chain())
+    opened(conn, 1)
+    resolved.clear()  # (the session's cwd)
+    read = update(
+        "tool_call",
+        toolCallId="r",
+        title="Read",
+        kind="read",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    edit = update(
+        "tool_call",
+        toolCallId="e",
+        title="Edit",
+        kind="edit",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    conn.handle(A2C, Line(read))
+    assert (resolved, audit) == ([], [])
+    conn.handle(A2C, Line(edit))
+    assert resolved == ["/etc/hosts"]
+    assert [(a.method, a.rule) for a in audit] == [("session/update", "no-etc")]

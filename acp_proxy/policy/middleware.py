@@ -223,7 +223,7 @@ class PolicyMiddleware:
         ``on_unasked: cancel`` its session cancelled (``session/cancel``, the same
         notification in v1 and v2)."""
         try:
-            request = self.state.tool_update(params)
+            request = self.state.tool_update(params, self._may_deny)
             if request is None:
                 return FORWARD
             rule = self._decider.deciding_rule(request)
@@ -242,6 +242,9 @@ class PolicyMiddleware:
             "params": {"sessionId": sid},
         }
         return ForwardWith((cancel,))
+
+    def _may_deny(self, kind: str | None) -> bool:
+        return self._decider.may_deny(PERMISSION, kind)
 
     def _mode(self, message: JsonObject, method: str) -> Action:
         params = message.get("params")
