@@ -70,6 +70,9 @@ class Host(Protocol):
     _fused: object
     _fused_interest: tuple[bool, ...]
     _lane_blockers: tuple[bytes, ...]
+    _read_v1: dict[tuple[bool, ...], tuple[bool, ...]]
+    _read_v2: dict[tuple[bool, ...], tuple[bool, ...]]
+    _reading: bool
     _routed: frozenset[str]
     _answers: dict[JsonValue, str]
     _tracker: RequestTracker
