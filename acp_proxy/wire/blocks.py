@@ -163,7 +163,7 @@ class Blocks:
         # A line another link may want is not the lane's (``Connection._lane_blockers``).
         blockers = host._lane_blockers
         # The read lane: a notification only links that read it (the policy) want.
-        reading = host._reading and host._chain_on
+        reading = host._link_interest.reading and host._chain_on
         if specials and self._pass_as_is(direction, raw, specials, lane):
             # Every line the scan picked passes untouched too (a batch of notifications in a
             # stream of them): the block is one run, forwarded without cutting runs out of it

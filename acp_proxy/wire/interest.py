@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import Chain, Direction, needle_escapes
-from acp_proxy.wire.host import Interest
 from acp_proxy.wire.prefilter import has_any
 from acp_proxy.wire.scan import contains, scan
+
+# Per link, whether it may act on a frame; ``None``: no link may (``wire.host.UNSET``: not yet
+# computed).
+Interest = tuple[bool, ...] | None
 
 
 def _needles_of(middleware: object) -> tuple[bytes, ...] | None:

@@ -132,9 +132,6 @@ class Connection:
         "_max_parse",
         "_needles_on",
         "_observe",
-        "_read_v1",
-        "_read_v2",
-        "_reading",
         "_rewriter",
         "_route",
         "_routed",
@@ -180,9 +177,6 @@ class Connection:
         self._fused = interest.fused
         self._fused_interest = interest.fused_interest
         self._lane_blockers = interest.lane_blockers
-        self._read_v1 = interest.read_v1
-        self._read_v2 = interest.read_v2
-        self._reading = interest.reading
         # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``); and the
         # watched client requests (``LinkInterest.watch``) waiting, each with its method.
         self._tracker = RequestTracker(max_pending)

@@ -204,7 +204,8 @@ class Rewriter:
             return None
         host = self._host
         interested = host._interested(raw)
-        lane = host._read_v2 if host._fused is not None and host.version == 2 else host._read_v1
+        links = host._link_interest
+        lane = links.read_v2 if host._fused is not None and host.version == 2 else links.read_v1
         side = None if interested is None else lane.get(interested)
         if interested is None or side is None:  # nobody after all, or a link that may change it
             return None
