@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
@@ -43,14 +44,35 @@ def schema_defs(version: int) -> dict[str, Any]:
     return defs
 
 
+# Instances already found valid, by (version, defname, canonical JSON): property tests validate
+# the same small values again and again, and a validation costs milliseconds. Only successes
+# are kept, so an invalid instance raises every time; values orjson cannot write canonically
+# (big integers, Decimals, non-string keys) are validated without the cache.
+_VALID: set[tuple[int, str, bytes]] = set()
+_VALID_MAX = 200_000
+
+
+def _validate(version: int, defname: str, instance: object) -> None:
+    try:
+        key = (version, defname, orjson.dumps(instance, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        _validator(version, defname).validate(instance)
+        return
+    if key in _VALID:
+        return
+    _validator(version, defname).validate(instance)
+    if len(_VALID) < _VALID_MAX:
+        _VALID.add(key)
+
+
 def validate_v2(defname: str, instance: object) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``instance`` is a valid v2 ``defname``."""
-    _validator(2, defname).validate(instance)
+    _validate(2, defname, instance)
 
 
 def validate_v1(defname: str, instance: object) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``instance`` is a valid v1 ``defname``."""
-    _validator(1, defname).validate(instance)
+    _validate(1, defname, instance)
 
 
 def validate_v2_message(message: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ splicer is the reference the lossless-rewrite property tests were written agains
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from typing import Any
 
@@ -48,11 +49,15 @@ def objects(draw: st.DrawFn, depth: int = 2) -> str:
     members = []
     for key in draw(st.lists(st.sampled_from(KEYS), max_size=5)):
         if depth > 0 and draw(st.booleans()):
-            value = draw(objects(depth - 1))
+            value = draw(_objects_at(depth - 1))
         else:
             value = draw(json_text(1))
         members.append(f'"{key}"{draw(WS)}:{draw(WS)}{value}')
     return "{" + ws + ("," + draw(WS)).join(members) + draw(WS) + "}"
+
+
+# One strategy object per depth (a fresh one per draw is described again by hypothesis).
+_objects_at = functools.cache(objects)
 
 
 @needs_c

@@ -24,18 +24,10 @@ from hypothesis import strategies as st
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.state import ClientModel
 from acp_proxy.shell import outbox as outbox_module
-from acp_proxy.shell.outbox import (
-    GATE_IDLE_MAX_S,
-    GATE_MIN_S,
-    GATE_UNREAD,
-    STARVED_UNREAD,
-    WRITE_CHUNK,
-    Outbox,
-    SideStats,
-    write_all,
-)
+from acp_proxy.shell.outbox import WRITE_CHUNK, Outbox, SideStats, write_all
 from acp_proxy.shell.transports import FdStream
 from acp_proxy.wire.coalesce import MERGE_COST_S, OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce_gate import GATE_IDLE_MAX_S, GATE_MIN_S, GATE_UNREAD, STARVED_UNREAD
 from acp_proxy.wire.coalesce_merge import Group
 from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
 from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run

@@ -9,6 +9,7 @@ the changes applied, and an unchanged document must come out byte for byte.
 
 from __future__ import annotations
 
+import functools
 import json
 from decimal import Decimal
 from typing import Any
@@ -68,6 +69,9 @@ def json_strings(draw: st.DrawFn) -> str:
     return '"' + body + '"'
 
 
+# One strategy object per depth: a fresh one per draw made hypothesis describe it again
+# (``inspect.getsource`` on every call), a third of these properties' time.
+@functools.cache
 def json_text(depth: int = 3) -> st.SearchStrategy[str]:
     scalars = st.one_of(NUMBERS, json_strings(), st.sampled_from(["true", "false", "null"]))
     if depth == 0:

@@ -37,13 +37,11 @@ from acp_proxy.policy.model import Decision, OnUnasked, Policy, PolicyMode, Requ
 from acp_proxy.policy.requests import PERMISSION, READ, TERMINAL, WRITE, Resolve, Summaries
 from acp_proxy.wire.chain import FORWARD, Concerns, Direction, ForwardWith, MessageContext, Reply
 from acp_proxy.wire.chain import Verdict as Action
+from acp_proxy.wire.errors import POLICY_DENIED, error_object
 
 NAME = "policy"
 # The ``method`` of an audit line for a tool call that ran without a permission request.
 UNASKED = "session/update"
-# JSON-RPC error code for a request the policy refuses (the spec's "Other" range; not one
-# of the reserved codes, so an agent does not mistake it for a protocol fault).
-POLICY_DENIED = -32001
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
 _DECIDED = frozenset({PERMISSION, READ, WRITE, TERMINAL})
@@ -278,11 +276,8 @@ class PolicyMiddleware:
         if not self._enforce:
             return FORWARD
         self.last_changed_by = ("forbid_modes",)
-        error: JsonObject = {
-            "code": POLICY_DENIED,
-            "message": f'acp-proxy policy: mode "{wanted}" is forbidden (forbid_modes)',
-        }
-        return Reply({"jsonrpc": "2.0", "id": message["id"], "error": error})
+        text = f'acp-proxy policy: mode "{wanted}" is forbidden (forbid_modes)'
+        return Reply(error_object(message["id"], POLICY_DENIED, text))
 
     def _audit(  # noqa: PLR0917 (one line's fields)
         self,
@@ -320,8 +315,4 @@ class PolicyMiddleware:
 
 def _refusal(rid: JsonValue, method: str, rule: str | None) -> JsonObject:
     by = f'rule "{rule}"' if rule is not None else "the default"
-    error: JsonObject = {
-        "code": POLICY_DENIED,
-        "message": f"acp-proxy policy: {method} denied by {by}",
-    }
-    return {"jsonrpc": "2.0", "id": rid, "error": error}
+    return error_object(rid, POLICY_DENIED, f"acp-proxy policy: {method} denied by {by}")

@@ -25,7 +25,8 @@ WRITE = "fs/write_text_file"
 TERMINAL = "terminal/create"
 # The tool kind each client method stands for, so ``kind:`` rules guard them too.
 METHOD_KINDS = {READ: "read", WRITE: "edit", TERMINAL: "execute"}
-# Bounds (README "Bounds"): sessions with a known cwd, and tool calls whose state is kept.
+# Bounds on what peers can make the policy keep: sessions with a known cwd, and tool calls
+# whose state is kept.
 MAX_SESSIONS = 1024
 MAX_TOOL_CALLS = 4096
 # ``rawInput`` keys that name a file (Claude's ``file_path``, Gemini's ``absolute_path``...).

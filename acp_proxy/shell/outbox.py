@@ -22,7 +22,7 @@ import anyio.abc
 from acp_proxy.base.values import value
 from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
-from acp_proxy.wire.coalesce_pace import RATE_WINDOW_S
+from acp_proxy.wire.coalesce_gate import GATE_PAUSED_S, GATE_UNREAD, WriteGate
 from acp_proxy.wire.written import after_written, frames_size, line_end_within, parts_of
 
 # A frame (or the frames of one write) at least this big is written with writev (each frame,
@@ -34,23 +34,6 @@ _MAX_PARTS = 256
 # The rest stays queued, where later updates still merge into it; handing the whole backlog to
 # one write would commit it to the peer unmerged while the peer reads it slowly.
 WRITE_CHUNK = 64 * 1024
-# While the queue merges (a slow peer), the writer keeps at most about this much unread in the
-# peer's kernel buffer (a pipe of 1 MiB would otherwise hold ~1,500 updates nothing can merge
-# any more), checking every GATE_MIN_S to GATE_MAX_S as the peer's pace says.
-GATE_UNREAD = 64 * 1024
-GATE_MIN_S = 0.0005
-GATE_MAX_S = 0.02
-# While the peer reads nothing (paused), the writer looks again after at most this long: a
-# peer that resumes waits no longer for the proxy (about 200 wake-ups a second of pause).
-GATE_IDLE_MAX_S = 0.005
-# A peer that read nothing for this long while the queue had nothing left to merge or encode
-# ahead is paused: the writer fills its kernel buffer and waits in the write (the kernel wakes
-# it the moment the peer reads, as with coalescing off).
-GATE_PAUSED_S = 0.1
-# A look that finds the peer read what it was given, down to less than this unread: the peer
-# waits for the proxy, not the other way round, so the queue stops merging, until the peer
-# leaves more than half of ``GATE_UNREAD`` unread for a rate window.
-STARVED_UNREAD = 16 * 1024
 
 
 @value(frozen=False)
@@ -84,14 +67,7 @@ class Outbox:
     """
 
     __slots__ = (
-        "_drained_at",
-        "_gate_at",
-        "_gate_idle",
-        "_gate_read",
-        "_gate_sent",
-        "_gate_unread",
-        "_gate_window",
-        "_idle_since",
+        "_gate",
         "_ready",
         "_space",
         "broken",
@@ -129,15 +105,7 @@ class Outbox:
         )
         unread = getattr(tx, "unread", None)
         self.unread: Callable[[], int | None] | None = unread if callable(unread) else None
-        self._gate_at: float | None = None  # the gate's last look: when, unread, bytes sent
-        self._gate_unread = self._gate_sent = self._gate_read = 0
-        self._gate_window = 0.0  # the start of the window the peer's pace is measured over
-        # How long to wait while the peer's pace is unknown: doubled at each look that finds
-        # it read nothing (a paused peer costs few wake-ups), back to ``GATE_MIN_S`` when it
-        # reads (a peer that resumed is fed within ``GATE_IDLE_MAX_S``).
-        self._gate_idle = GATE_MIN_S
-        self._idle_since: float | None = None  # since when the peer has read nothing
-        self._drained_at: float | None = None  # when a look last found the peer had read it all
+        self._gate = WriteGate()  # when to write while the queue merges (pure rules)
         # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
         # writer then merges while it waits for the peer (``queue.look``), not when it takes.
         self.gauged = False
@@ -340,12 +308,9 @@ class Outbox:
 
     def gate(self, now: float) -> float | None:
         """While the queue merges: how long to wait before the next write, so that the peer's
-        kernel buffer holds at most about ``GATE_UNREAD`` bytes it has not read (what waits in
-        the queue still merges; what is in the kernel's buffer no longer can). ``None``: write
-        now. Each look also measures the peer's own pace (what it read since the last look,
-        over windows of ``RATE_WINDOW_S``), which tells the queue whether merging pays; the
-        wait follows that pace.
-        """
+        kernel buffer holds at most about ``GATE_UNREAD`` bytes it has not read; ``None``:
+        write now. Each look also measures the peer's pace, which tells the queue whether
+        merging pays (the rules: ``coalesce_gate``)."""
         queue = self.queue
         unread_of = self.unread
         if unread_of is None or len(queue) == 0:
@@ -354,61 +319,16 @@ class Outbox:
         if unread is None:
             return None
         self.gauged = True
-        sent = self.stats.bytes
-        rate = 0.0
-        read = 0
-        last = self._gate_at
-        if last is not None:
-            # What it read since the last look, however long ago (a paused peer that resumed
-            # and read down its buffer is seen to have read it all: ``_judge``).
-            read = max(0, self._gate_unread + (sent - self._gate_sent) - unread)
-        if last is not None and now - last > 4 * RATE_WINDOW_S and unread < GATE_UNREAD:
-            last = None  # not looked for a while and nothing much waits: a fresh start
-        if last is not None:
-            self._gate_read += read
-            self._gate_idle = GATE_MIN_S if read else min(2 * self._gate_idle, GATE_IDLE_MAX_S)
-            if read:
-                self._idle_since = None
-            elif self._idle_since is None:
-                self._idle_since = last
-            span = now - self._gate_window
-            if span >= RATE_WINDOW_S:
-                rate = self._gate_read / span
-                queue.consumed(self._gate_read, span)
-                self._gate_window, self._gate_read = now, 0
-            elif now > self._gate_window:
-                rate = self._gate_read / (now - self._gate_window)
-        else:
-            self._gate_window, self._gate_read = now, 0
-            self._gate_idle, self._idle_since = GATE_MIN_S, None
-        self._gate_at, self._gate_unread, self._gate_sent = now, unread, sent
-        self._judge(now, unread, read)
-        if unread <= GATE_UNREAD or not queue.merging(now):
-            return None
-        if rate <= 0.0:
-            return self._gate_idle
-        return min(max((unread - GATE_UNREAD) / rate, GATE_MIN_S), GATE_MAX_S)
-
-    def _judge(self, now: float, unread: int, read: int) -> None:
-        """Whether the peer is behind the proxy (``queue.peer_waits``: merging may pay), from
-        what it left unread and what it ``read`` since the gate's last look."""
-        if read and unread < STARVED_UNREAD:
-            # It read (nearly) all it was given: it waits for the proxy, where merging could
-            # only make it wait longer (a fast peer, a paused one that resumed).
-            self._drained_at = now
-            self.queue.peer_waits = False
-        elif unread > GATE_UNREAD // 2 and (
-            self._drained_at is None or now - self._drained_at >= RATE_WINDOW_S
-        ):
-            # It left data unread for a rate window since it last read everything. Not
-            # sooner: right after a write a peer that keeps up has not read it yet, and merging
-            # would make it wait (a peer that stops gets at most its kernel buffer unmerged).
-            self.queue.peer_waits = True
+        look = self._gate.look(now, unread, self.stats.bytes)
+        if look.consumed is not None:
+            queue.consumed(*look.consumed)
+        if look.peer_waits is not None:
+            queue.peer_waits = look.peer_waits
+        return self._gate.wait(unread, look.rate, queue.merging(now))
 
     def paused(self, now: float) -> bool:
         """The peer has read nothing for ``GATE_PAUSED_S`` (as far as the gate looked)."""
-        since = self._idle_since
-        return since is not None and now - since >= GATE_PAUSED_S
+        return self._gate.paused(now, GATE_PAUSED_S)
 
     def flush_now(self, now: float) -> None:
         """After a push: write what is ready right here if the writer is idle, else wake it."""

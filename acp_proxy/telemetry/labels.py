@@ -11,6 +11,15 @@ from __future__ import annotations
 import signal
 from typing import Final
 
+from acp_proxy.wire.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    REQUEST_CANCELLED,
+)
+
 OTHER: Final = "other"
 
 # Every method the ACP schemas name (v1 and v2, stable and unstable: the ``x-method`` values of
@@ -66,7 +75,15 @@ ACP_METHODS: Final = frozenset(
 # (-32000..-32099, where ACP puts auth_required -32000 and resource_not_found -32002) and ACP's
 # request_cancelled (-32800). Any other code is ``other``.
 _KNOWN_CODES: Final = frozenset(
-    {-32700, -32600, -32601, -32602, -32603, -32800, *range(-32099, -31999)}
+    {
+        PARSE_ERROR,
+        INVALID_REQUEST,
+        METHOD_NOT_FOUND,
+        INVALID_PARAMS,
+        INTERNAL_ERROR,
+        REQUEST_CANCELLED,
+        *range(-32099, -31999),
+    }
 )
 
 # The protocol versions ACP defines (``initialize``'s ``protocolVersion``).

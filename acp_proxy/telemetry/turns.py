@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from acp_proxy.telemetry import labels as L
+from acp_proxy.wire.errors import REQUEST_CANCELLED
 
 MAX_OPEN: Final = 10_000  # open turns, tool calls and permission waits per connection (each)
 
@@ -433,7 +434,7 @@ def _has_content(kind: str, update: dict[str, Any]) -> bool:
 def _outcome(message: dict[str, Any], options: dict[str, str]) -> str:
     if "error" in message:
         code = message["error"].get("code") if isinstance(message["error"], dict) else None
-        return L.CANCELLED if code == -32800 else L.ERROR
+        return L.CANCELLED if code == REQUEST_CANCELLED else L.ERROR
     result = message.get("result")
     outcome = result.get("outcome") if isinstance(result, dict) else None
     if not isinstance(outcome, dict):

@@ -27,7 +27,8 @@ Rules of the interface:
 * It returns a ``Verdict``: ``FORWARD`` (unchanged; the original bytes leave the proxy),
   ``Replace(messages)`` (send these instead: the first takes the original's place, inside its batch
   if it was in one; the others follow as separate frames right after, never wrapped into a batch
-  the sender did not send), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
+  the sender did not send; ``Replace(messages, replies=...)`` also sends ``replies`` back to the
+  sender), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
   forwarding, e.g. a JSON-RPC error response).
 * ``needles`` (optional): byte strings of which at least one must occur in the raw frame for the
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
@@ -48,6 +49,7 @@ Rules of the interface:
 * ``marks`` (optional): a list the middleware appends values to while it handles a message
   (the policy: its decisions); the chain takes them into ``Outcome.marks`` after each call, for
   the observers (metrics, the live view), who read them when ``ctx.observed``.
+* ``on_initialize_request`` (optional): the same for the client's ``initialize`` request.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -60,6 +62,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 
 
 class Direction(enum.StrEnum):
@@ -115,11 +118,14 @@ class ForwardWith:
 
 @value
 class Replace:
-    """Send ``messages`` instead of the original, in order (see the module docstring)."""
+    """Send ``messages`` instead of the original, in order (see the module docstring), and
+    ``replies`` back to the original's sender (a notification of the proxy's own, such as the
+    ``session/cancel`` a budget sends while the agent's update goes on to the client)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     messages: tuple[JsonObject, ...]
+    replies: tuple[JsonObject, ...] = ()
 
 
 @value
@@ -217,18 +223,6 @@ class Outcome:
     marks: tuple[object, ...] = ()
 
 
-INTERNAL_ERROR = -32603
-
-
-def error_response(request_id: object, code: int, message: str) -> JsonObject:
-    """A JSON-RPC 2.0 error response for ``request_id``."""
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,  # type: ignore[dict-item]
-        "error": {"code": code, "message": message},
-    }
-
-
 def _needles_of(middleware: Middleware) -> tuple[bytes, ...] | None:
     needles = getattr(middleware, "needles", None)
     if needles is None:
@@ -259,6 +253,7 @@ class Chain:
         "_links",
         "_marking",
         "_needles",
+        "_request_watchers",
         "answers",
         "concerned",
         "routes",
@@ -298,6 +293,19 @@ class Chain:
             for c, link in zip(concerns, self._links, strict=True)
             if isinstance(c, Concerns) and c.answers
         )
+        # The links with an ``on_initialize_request`` method (the budgets: whether the client
+        # shows notices).
+        self._request_watchers = tuple(
+            watcher
+            for link in self._links
+            if callable(watcher := getattr(link.middleware, "on_initialize_request", None))
+        )
+
+    def initialize_requested(self, request: JsonObject) -> None:
+        """Tell the links that want it the client's ``initialize`` request (which ``run``
+        never sees: it comes before the version is known)."""
+        for watcher in self._request_watchers:
+            watcher(request)
 
     def initialized(self, response: JsonObject) -> None:
         """Tell the links that want it the ``initialize`` response (which ``run`` never sees:
@@ -378,11 +386,11 @@ class Chain:
                     dropped_by = dropped_by or mw.name
                     error = f"acp-proxy: middleware {mw.name} failed"
                     if "id" in msg and "method" in msg:  # a request: answer its sender
-                        replies.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        replies.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     elif "id" in msg and ("result" in msg or "error" in msg):
                         # A response: its request must not hang; the receiver gets an error for
                         # the same id instead of the response the middleware choked on.
-                        following.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        following.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     continue
                 passed = getattr(mw, "last_skipped_v1", None)
                 if passed:
@@ -402,6 +410,7 @@ class Chain:
                 changed = True
                 if isinstance(verdict, Replace):
                     following.extend(verdict.messages)
+                    replies.extend(verdict.replies)
                     # A middleware may name the parts of it that acted (the rules middleware
                     # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
                     parts = getattr(mw, "last_changed_by", None) or ()

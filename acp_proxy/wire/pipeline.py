@@ -9,7 +9,7 @@ tests that decide what is parsed are in ``prefilter``. It is pure (style.md habi
 clock, no logging; everything the shell must do is in the returned ``Result`` (frames and
 ``Note`` values), mitmproxy-style commands out of a sans-IO core.
 
-Rules ("Streaming behaviour" in the README):
+Rules:
 
 1. Byte-exact pass-through. A frame that no middleware changed leaves as the exact bytes that came
    in (``OutFrame.raw is Line.raw``); a changed message is re-encoded once, and only its changed
@@ -47,13 +47,13 @@ from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
 from acp_proxy.wire.chain import (
-    INTERNAL_ERROR,
     Chain,
     Direction,
     MessageContext,
 )
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.divert import FRAME_STARTS, KIND_ANSI, KIND_TEXT, SAMPLE_BYTES, Diversion
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 from acp_proxy.wire.framing import (
     Block,
     Line,
@@ -81,7 +81,7 @@ from acp_proxy.wire.notes import (
     VersionNegotiated,
 )
 from acp_proxy.wire.observe import frame_info, method_of, observed
-from acp_proxy.wire.oversize import INVALID_REQUEST, oversize
+from acp_proxy.wire.oversize import oversize
 from acp_proxy.wire.prefilter import (
     ID_KEY,
     agent_needs_parse,
@@ -90,10 +90,10 @@ from acp_proxy.wire.prefilter import (
 )
 from acp_proxy.wire.rewrite import Rewriter, encode
 from acp_proxy.wire.scan import contains
-from acp_proxy.wire.tracking import RequestTracker, error_frame_bytes, is_id
+from acp_proxy.wire.tracking import RequestTracker, is_id
 from acp_proxy.wire.unparsed import ParseBudget
 
-# Bounded memory (README "Bounds"): the parse budget and the pending-request tables
+# Bounded memory (docs/bounds.md): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
 DEFAULT_MAX_PENDING = DEFAULT_MAX_PENDING_REQUESTS
 
@@ -105,8 +105,7 @@ _OBJECT_OPENER = ord("{")
 class Connection:
     """Protocol state of one client-agent connection; ``handle`` one event at a time.
 
-    Not thread-safe: the shell calls it from one task (or under one lock) for both directions,
-    in the order frames were read per direction.
+    Not thread-safe: one task (or one lock) calls it for both directions, in the order read.
     """
 
     __slots__ = (
@@ -253,8 +252,9 @@ class Connection:
         act on (``interested is None``) and that the request tables must see (``"id"`` occurs):
         the parsed message, forwarded as it came. ``None``: anything else, for the general path
         (``_client_line`` / ``_agent_line``), which gives the same result for every frame this
-        one answers (its dozen small calls were half of the proxy's CPU per request;
-        ``test_roundtrip_lane.py`` compares the two on generated frames).
+        one answers (its dozen small calls were a large part of the proxy's CPU per request:
+        docs/performance.md, "Figures behind the code"; ``test_roundtrip_lane.py`` compares the
+        two on generated frames).
 
         Answered here only: a frame that starts like one (``{"``, ``{ ``...), within the parse
         budget even by the cheap estimate, that orjson parses to an object. A request (a valid
@@ -473,6 +473,8 @@ class Connection:
                 self._watched[rid] = method
                 if len(self._watched) > self._tracker.max_pending:
                     del self._watched[next(iter(self._watched))]
+                if method == "initialize":
+                    self.chain.initialize_requested(message)
             return
         if "result" not in message and "error" not in message:
             return  # not a response either
@@ -504,7 +506,7 @@ class Connection:
         self.stats.pending_refused += 1
         self.stats.replies += 1
         self.stats.errors_replied += 1
-        data = error_frame_bytes(
+        data = error_bytes(
             id_bytes,
             INTERNAL_ERROR,
             f"acp-proxy: too many requests awaiting an answer (limit {self._tracker.max_pending}); "
@@ -564,7 +566,6 @@ def _frames(
 __all__ = [
     "DEFAULT_MAX_PENDING",
     "EMPTY",
-    "INVALID_REQUEST",
     "KIND_ANSI",
     "KIND_TEXT",
     "SAMPLE_BYTES",
@@ -584,6 +585,5 @@ __all__ = [
     "SkippedV1",
     "UnusualVersion",
     "VersionNegotiated",
-    "error_frame_bytes",
     "parse_cost",
 ]

@@ -18,13 +18,12 @@ from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawsplice
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
-    INTERNAL_ERROR,
     Direction,
     MiddlewareFailure,
     Outcome,
-    error_response,
 )
 from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 from acp_proxy.wire.host import Acc, Host
 from acp_proxy.wire.notes import (
     Dropped,
@@ -383,13 +382,13 @@ def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | No
         encoded = None
     if encoded is None:  # a middleware's reply that is not JSON: an error for the request
         rid = request.get("id") if request is not None else None
-        error = error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
+        error = error_object(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
         try:  # the id keeps the request's bytes, as every reply's does
             if raw is not None and request is not None:
                 return rawsplice.splice(raw, request, error)
             return rawjson.encode_value(error)
         except (rawjson.Unencodable, rawjson.Unparseable):
-            encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
+            encoded = orjson.dumps(error_object(None, INTERNAL_ERROR, "bad reply"))
     return encoded
 
 
