@@ -20,7 +20,7 @@ from acp_proxy.shell.ui_hub import UiHub, UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.framing import Line
+from acp_proxy.wire.framing import Block, Line
 from acp_proxy.wire.pipeline import Connection, Result
 
 C2A, A2C = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
@@ -421,3 +421,78 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)
         assert b'"example.dev/route":"edge"' in outputs[0][2][0]  # the rule did annotate
+
+
+def test_a_call_that_ran_unasked_is_summarised_only_when_a_deny_rule_may_match_it() -> None:
+    """No deny rule for its kind: no summary, no path resolved (``realpath`` costs syscalls)."""
+    text = """\
+policy:
+  rules:
+    - {name: reads, match: {kind: read}, decision: allow}
+    - {name: no-etc, match: {kind: edit, paths: ["/etc/**"]}, decision: deny}
+"""
+    loaded = parse_config(text, "p.yaml", {"HOME": "/home/u"})
+    assert loaded.policy is not None
+    resolved: list[str] = []
+
+    def resolve(path: str) -> str:
+        resolved.append(path)
+        return path
+
+    audit: list[AuditEntry] = []
+    factory = functools.partial(PolicyMiddleware, loaded.policy, audit.append, resolve)
+    chained = dataclasses.replace(loaded, middleware=(MiddlewareSpec(NAME, factory),))
+    conn = Connection(chained.build_chain())
+    opened(conn, 1)
+    resolved.clear()  # (the session's cwd)
+    read = update(
+        "tool_call",
+        toolCallId="r",
+        title="Read",
+        kind="read",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    edit = update(
+        "tool_call",
+        toolCallId="e",
+        title="Edit",
+        kind="edit",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    conn.handle(A2C, Line(read))
+    assert (resolved, audit) == ([], [])
+    conn.handle(A2C, Line(edit))
+    assert resolved == ["/etc/hosts"]
+    assert [(a.method, a.rule) for a in audit] == [("session/update", "no-etc")]
+
+
+def test_in_a_block_the_policy_reads_the_lines_in_order() -> None:
+    """A tool call, the permission request about it and its update read together (one block):
+    the request is decided before the update is read, so the call is not taken for one that
+    ran unasked."""
+    audit: list[AuditEntry] = []
+    conn = Connection(
+        config(POLICY.format(on_unasked="cancel", mode="enforce"), audit).build_chain()
+    )
+    opened(conn, 1)
+    lines = [
+        update(
+            "tool_call",
+            toolCallId="b1",
+            title="rm",
+            kind="execute",
+            status="pending",
+            rawInput={"command": "rm -rf x"},
+        ),
+        permission(30, {"toolCallId": "b1"}),
+        update("tool_call_update", toolCallId="b1", status="completed"),
+        update("agent_message_chunk", content={"type": "text", "text": "done"}),
+    ]
+    result = conn.handle_many(A2C, [Block(b"\n".join(lines))], join=True)
+    assert [(a.method, a.rule) for a in audit] == [("session/request_permission", "no-rm")]
+    assert [f.raw for f in result.reply] == [
+        b'{"jsonrpc":"2.0","id":30,"result":{"outcome":{"outcome":"selected","optionId":"reject"}}}'
+    ]
+    assert b"\n".join(f.raw for f in result.forward) == b"\n".join([lines[0], lines[2], lines[3]])
