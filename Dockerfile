@@ -40,13 +40,13 @@
 #    `securityContext: {runAsNonRoot: true}` works as is.
 #
 # Health: with `--metrics URL` on the command line, HEALTHCHECK asks URL/healthz (the probe,
-# python -m acp_proxy.shell.probe, reads the arguments of PID 1, or of PID 1's acp-proxy child
+# python -m acp_proxy.shell.telemetry.probe, reads the arguments of PID 1, or of PID 1's acp-proxy child
 # under `docker run --init`); without --metrics there is nothing to ask and the check passes
 # while the proxy's process is alive. ACP_PROXY_HEALTHCHECK_URL=tcp://127.0.0.1:9464 names the endpoint
 # when `metrics:` is set in the config file instead.
 
 # ---- build: install the project and its dependencies into /install (pip stays here) ----
-# gcc (build stage only) compiles the optional C block scanner (acp_proxy/wire/_scan.c, README
+# gcc (build stage only) compiles the optional C block scanner (acp_proxy/wire/raw/_scan.c, README
 # "Dependencies"); the check after the install fails the build if it fell back to pure Python.
 FROM python:3.11-slim AS build
 RUN apt-get update \
@@ -59,7 +59,7 @@ COPY acp_proxy ./acp_proxy
 # configure the exporter); the check fails the build without the C scanner or the tracing SDK.
 RUN pip install --no-cache-dir --no-warn-script-location --prefix=/install '.[otel]' \
     && cd / && PYTHONPATH=/install/lib/python3.11/site-packages python -c \
-       "from acp_proxy.wire.scan import SCANNER; assert SCANNER == 'C', SCANNER; \
+       "from acp_proxy.wire.raw.block_scan import SCANNER; assert SCANNER == 'C', SCANNER; \
 import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter"
 
 # ---- runtime: the installed files only ----
@@ -75,6 +75,6 @@ USER 10001:10001
 # The metrics and health endpoints (--metrics), by convention on 9464 (Prometheus exporters).
 EXPOSE 9464
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["python", "-m", "acp_proxy.shell.probe"]
+    CMD ["python", "-m", "acp_proxy.shell.telemetry.probe"]
 ENTRYPOINT ["acp-proxy"]
 CMD ["--help"]

@@ -1,8 +1,9 @@
 """Build the optional C accelerator of the block scan, MarkupSafe-style.
 
-Everything else is declared in pyproject.toml. ``acp_proxy/wire/_scan.c`` is compiled when a C
+Everything else is declared in pyproject.toml. ``acp_proxy/wire/raw/_scan.c`` is compiled when a C
 compiler and the Python headers are present; when the build fails (no compiler, no headers, an
-unsupported interpreter), the install goes on without it and ``acp_proxy.wire.scan`` uses its
+unsupported interpreter), the install goes on without it and ``acp_proxy.wire.raw.block_scan`` uses
+its
 pure-Python fallback (same results, slower: README "Dependencies"). ``acp-proxy --version``
 says which scanner is active. ``ACP_PROXY_NO_C=1`` skips the build on purpose.
 """
@@ -17,7 +18,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
-EXTENSIONS = [Extension("acp_proxy.wire._scan", ["acp_proxy/wire/_scan.c"], optional=False)]
+EXTENSIONS = [Extension("acp_proxy.wire.raw._scan", ["acp_proxy/wire/raw/_scan.c"], optional=False)]
 
 
 class BuildFailed(Exception):

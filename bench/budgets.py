@@ -22,13 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
+from acp_proxy.budget.budget_link import BudgetMiddleware
+from acp_proxy.budget.budget_model import Action, Limit, Meter
 from acp_proxy.budget.ledger import Ledger
-from acp_proxy.budget.middleware import BudgetMiddleware
-from acp_proxy.budget.model import Action, Limit, Meter
-from acp_proxy.shell.budgets import StateFile
+from acp_proxy.shell.control.budget_runtime import StateFile
 from acp_proxy.wire.chain import Chain, Direction, Link, Middleware
+from acp_proxy.wire.connection.pipeline import Connection
 from acp_proxy.wire.framing import Line
-from acp_proxy.wire.pipeline import Connection
 
 A2C, C2A = Direction.AGENT_TO_CLIENT, Direction.CLIENT_TO_AGENT
 LIMITS = (

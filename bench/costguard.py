@@ -278,7 +278,7 @@ class _AgentOutput:
         return await self._next(max_bytes)
 
     async def receive_or_handled(self, max_bytes: int = FULL_READ) -> bytes | None:
-        from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
+        from acp_proxy.shell.streams.transports import HANDLED, HANDLED_WAKE
 
         while True:
             chunk = await self._next(max_bytes)
@@ -390,8 +390,8 @@ def _session_run(config: Any, spec: Workload, data: bytes) -> Outcome:
     ``paused``), until the session read all of it."""
     import anyio
 
-    from acp_proxy.shell.outbox import write_all
-    from acp_proxy.shell.session import PumpSession
+    from acp_proxy.shell.session.pump import PumpSession
+    from acp_proxy.shell.streams.outbox import write_all
     from acp_proxy.wire.chain import Direction
 
     agent_out = _AgentOutput(data, spec.read)
@@ -456,7 +456,7 @@ def _split(counts: collections.Counter[CodeType]) -> tuple[int, int]:
 
 def check_scanner() -> None:
     """The budget holds for the pure-Python scanner: refuse to measure with another."""
-    from acp_proxy.wire.scan import ACCELERATOR, SCANNER
+    from acp_proxy.wire.raw.block_scan import ACCELERATOR, SCANNER
 
     if ACCELERATOR is not None:
         raise SystemExit(
@@ -499,7 +499,7 @@ def measure_all(names: list[str]) -> list[Measure]:
     as a proxy whose log goes to a file."""
     import tempfile
 
-    from acp_proxy.shell.logsetup import configure_logging
+    from acp_proxy.shell.log.logsetup import configure_logging
 
     with tempfile.TemporaryDirectory() as tmp:
         configure_logging("info", log_file=str(Path(tmp) / "proxy.log"))

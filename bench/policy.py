@@ -26,10 +26,10 @@ from typing import cast
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import Config, parse_config
-from acp_proxy.policy.middleware import PolicyMiddleware
+from acp_proxy.policy.policy_link import PolicyMiddleware
 from acp_proxy.wire.chain import Chain, Direction, Link, MessageContext, Middleware
+from acp_proxy.wire.connection.pipeline import Connection
 from acp_proxy.wire.framing import Line
-from acp_proxy.wire.pipeline import Connection
 
 
 def policy_text(n: int) -> str:

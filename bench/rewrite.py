@@ -43,7 +43,7 @@ from acp_proxy.config import load_config
 try:  # the package laid out by room
     from acp_proxy.wire.chain import Direction
     from acp_proxy.wire.framing import Line
-    from acp_proxy.wire.pipeline import Connection
+    from acp_proxy.wire.connection.pipeline import Connection
 except ImportError:  # an older tree (the baseline)
     from acp_proxy.chain import Direction
     from acp_proxy.framing import Line

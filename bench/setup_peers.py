@@ -7,7 +7,7 @@ install already there is kept. ``ensure(build_dir)`` returns, per peer, ``None``
 ready or the reason it is not (no npm, no network, ...): bench/run.py skips that peer's rows
 with the reason. ``--only PEER`` (repeatable) installs those peers alone and exits 1 when one is
 not ready (.ci/run): ``conductor`` for the tests through the real conductor
-(tests/test_component_thinkwell.py), ``ts-sdk`` for the official TypeScript SDK
+(tests/wire/conductor/test_component_thinkwell.py), ``ts-sdk`` for the official TypeScript SDK
 ``@agentclientprotocol/sdk`` (npm, the version whose schemas are in tests/schemas), which runs the
 v2 agent of the turn telemetry tests (tests/agents/ts_sdk_v2_agent.mjs); the bench does not use
 it, so only ``--only ts-sdk`` installs it.

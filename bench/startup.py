@@ -244,7 +244,8 @@ def first_response(reps: int, boots: list[int], baseline_ref: str | None) -> str
     """Start-up as users feel it: the time from starting ``acp-proxy -- AGENT`` to
     the agent's answer to ``initialize``, against starting the agent directly, for an agent
     that boots in ``boot`` ms (``echo_agent.py --boot-ms``). The proxy starts the agent before
-    importing its event loop (``acp_proxy/shell/spawn.py``), so a slow agent's boot hides it."""
+    importing its event loop (``acp_proxy/shell/agent/spawn.py``), so a slow agent's boot hides
+    it."""
     compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
     env = _env()
     trees = {"proxy": ROOT}

@@ -1,4 +1,4 @@
-"""User middleware loaded by import path in tests/test_config.py (``custom_middleware:Tag``).
+"""User middleware loaded by import path in tests/config/test_config.py (``custom_middleware:Tag``).
 
 Not a test module: these classes stand for what a user writes in their own package.
 """

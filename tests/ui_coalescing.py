@@ -48,7 +48,7 @@ class PausedClient:
 
 
 def _history(url: str) -> list[Any]:
-    from test_ui_server import http
+    from http_client import http
 
     token = url.split("token=")[1]
     status, body = http(url, f"/history?token={token}")

@@ -12,8 +12,8 @@ import anyio
 
 from acp_proxy.shell.sockets.address import parse_address
 from acp_proxy.shell.sockets.listening import open_listener
-from acp_proxy.shell.ui_hub import UiHub
-from acp_proxy.shell.ui_server import UiServer
+from acp_proxy.shell.ui.hub import UiHub
+from acp_proxy.shell.ui.live_server import UiServer
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Final
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.base.values import value
-from acp_proxy.budget.model import Limit, Meter, Per
+from acp_proxy.budget.budget_model import Limit, Meter, Per
 
 STATE_VERSION: Final = 1
 MAX_KEYS: Final = 10_000

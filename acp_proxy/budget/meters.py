@@ -3,7 +3,7 @@ of identical tool calls, and the cumulative cost each session reports.
 
 Contract: pure (no clock: the time is given). ``Meters`` reads decoded messages in the order
 the proxy forwards them and returns ``Spend`` values (meter, session, amount); it never
-decides anything about limits (``budget.middleware``). The rules (acp-digest §3, §8.3; the
+decides anything about limits (``budget.budget_link``). The rules (acp-digest §3, §8.3; the
 v1/v2 schemas):
 
 * A turn starts with a ``session/prompt`` the proxy forwards. It ends, in v1, with that
@@ -35,7 +35,7 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.base.values import value
-from acp_proxy.budget.model import Meter
+from acp_proxy.budget.budget_model import Meter
 
 MAX_OPEN: Final = 10_000
 _TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})

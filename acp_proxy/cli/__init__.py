@@ -3,7 +3,9 @@
 Contract: owns the ``acp-proxy`` command surface (which subcommand or mode runs; the order in
 which the config is loaded, logging set up and the agent started) and the process exit code.
 The options are in ``options`` (those several commands share in ``flags``), the config
-subcommands in ``commands``, what runs around the event loop in ``launch``. Configuration is
+subcommands in ``commands``, what runs around the event loop in ``launch``, the
+refusals before a session in ``refuse``; the command programs are ``show_command``,
+``replay_command``, ``ui_command``, ``policy_command`` and ``budgets_command``. Configuration is
 validated completely before the agent is spawned (style.md habit 5); a bad config exits 2 with
 every error of the file on stderr. Never writes to stdout except for ``--help``, ``--version``,
 ``check-config``, ``schema`` and ``show`` (no protocol is running then), and ``replay``, whose
@@ -92,33 +94,33 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return schema(args_in[1:])
     if args_in[:1] == ["ui"] or (args_in[:1] == ["show"] and "--web" in args_in):
-        from acp_proxy.shell import ui_command  # the live view: imported only when asked for
+        from acp_proxy.cli import ui_command  # the live view: imported only when asked for
 
         return ui_command.main([a for a in args_in[1:] if a != "--web"])
     if args_in[:1] == ["show"]:
-        from acp_proxy.shell import show
+        from acp_proxy.cli import show_command
 
-        return show.main(args_in[1:])
+        return show_command.main(args_in[1:])
     if args_in[:1] == ["replay"]:
-        from acp_proxy.shell import replay
+        from acp_proxy.cli import replay_command
 
-        return replay.main(args_in[1:])
+        return replay_command.main(args_in[1:])
     if args_in[:2] == ["policy", "test"]:
-        from acp_proxy.shell import policytest
+        from acp_proxy.cli import policy_command
 
-        return policytest.main(args_in[2:])
+        return policy_command.main(args_in[2:])
     if args_in[:1] == ["budgets"]:
-        from acp_proxy.shell import budgets_cli
+        from acp_proxy.cli import budgets_command
 
-        return budgets_cli.main(args_in[1:])
+        return budgets_command.main(args_in[1:])
     if args_in[:1] == ["audit"]:
-        from acp_proxy.shell.policyaudit import verify_main
+        from acp_proxy.shell.control.policy_runtime import verify_main
 
         return verify_main(args_in[1:])
     if args_in[:1] == ["component"]:
-        from acp_proxy.shell import component
+        from acp_proxy.shell.session import component_runtime
 
-        return component.main(args_in[1:])
+        return component_runtime.main(args_in[1:])
 
     COLLECT["after_start"] = gc.isenabled()
     gc.disable()  # until the event loop runs (main() turns it back on if we never get there)
@@ -155,12 +157,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if config_path is not None:
         from acp_proxy.cli.commands import WRITABLE_HINT
         from acp_proxy.config import writable_by_others
-        from acp_proxy.shell.logsetup import get_logger
+        from acp_proxy.shell.log.logsetup import get_logger
 
         for warning in writable_by_others(config_path):
             get_logger().warning(f"config file {WRITABLE_HINT}", detail=warning)
 
-    from acp_proxy.shell.spawn import enable_supervision, start_early, started_early
+    from acp_proxy.shell.agent.spawn import enable_supervision, start_early, started_early
 
     # No orphans: from here on, descendants that leave the agent's session are
     # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
@@ -172,7 +174,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     import anyio
 
-    from acp_proxy.shell.process import run_supervised
+    from acp_proxy.shell.agent.process import run_supervised
 
     if config.listen is not None:
         from acp_proxy.shell.sockets.server import run_listen
@@ -185,7 +187,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return anyio.run(collecting, run_supervised, *with_telemetry(config, run_connect))
 
-    from acp_proxy.shell.runtime import run_proxy
+    from acp_proxy.shell.session.runtime import run_proxy
 
     return anyio.run(collecting, run_supervised, *with_telemetry(config, run_proxy, agent_argv))
 
@@ -208,7 +210,7 @@ def _prepare(
         # file, no option but the log level, format and frames), so the agent starts before the
         # config model, dataclasses and orjson are imported (docs/performance.md, "Figures
         # behind the code").
-        from acp_proxy.shell.spawn import enable_supervision, start_early
+        from acp_proxy.shell.agent.spawn import enable_supervision, start_early
 
         enable_supervision()
         start_early(agent_argv, UNCONFIGURED_AGENT)
@@ -272,10 +274,10 @@ def _prepare(
     if config.connect is None and not agent_argv:
         usage_error(parser, "missing AGENT_CMD (usage: acp-proxy [OPTIONS] -- AGENT_CMD [ARG...])")
 
-    from acp_proxy.shell.logsetup import configure_logging
+    from acp_proxy.shell.log.logsetup import configure_logging
 
     if args.log_frames:
-        from acp_proxy.shell.framelog import enable_frame_contents
+        from acp_proxy.shell.log.framelog import enable_frame_contents
 
         enable_frame_contents()
         args.log_level = "debug"

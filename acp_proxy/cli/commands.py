@@ -126,7 +126,7 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
         except ModuleNotFoundError:
             found = False
         if not found:
-            from acp_proxy.shell.tracing import install_hint
+            from acp_proxy.shell.telemetry.tracing import install_hint
 
             problems.append(
                 f"{where('tracing')}: tracing is enabled but the OpenTelemetry SDK (the otel "

@@ -65,12 +65,12 @@ def starts_early(config: Config) -> bool:
 
 def can_record(path: str) -> bool:
     """Whether the recorder could open ``path`` now: a directory it may create a file in, or a
-    file the recorder's own rules accept (``acp_proxy.shell.recordfile``). A FIFO is left to
+    file the recorder's own rules accept (``acp_proxy.shell.record.recordfile``). A FIFO is left to
     the recorder alone: opened and closed here, it would give its reader EOF before the
     record."""
     if os.path.isdir(path) or path.endswith(os.sep):
         return os.access(path, os.W_OK | os.X_OK)
-    from acp_proxy.shell.recordfile import can_record as recorder_can_open
+    from acp_proxy.shell.record.recordfile import can_record as recorder_can_open
 
     return recorder_can_open(path)
 
@@ -94,19 +94,19 @@ def with_telemetry(
         # (whose audit file its events share).
         import functools
 
-        from acp_proxy.shell.budgets import run_with_budgets
+        from acp_proxy.shell.control.budget_runtime import run_with_budgets
 
         main = functools.partial(run_with_budgets, main)
     if config.policy is not None:
         # The policy link goes first in every connection's chain; its audit file opens first.
         import functools
 
-        from acp_proxy.shell.policyaudit import run_with_policy
+        from acp_proxy.shell.control.policy_runtime import run_with_policy
 
         main = functools.partial(run_with_policy, main)
     run: tuple[Any, ...] = (main, config, *rest)
     if config.tracing.enabled and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true":
-        from acp_proxy.shell.tracing import run_with_tracing, with_trace_context
+        from acp_proxy.shell.telemetry.tracing import run_with_tracing, with_trace_context
 
         # The trace-context middleware goes last in the chain, so it sees what every other
         # middleware sent.
@@ -114,11 +114,11 @@ def with_telemetry(
         run = (run_with_tracing, config.tracing, main, config, *rest)
     if config.ui.address is not None:
         # The live view (imported only when on): its tap joins the metrics' and tracing's.
-        from acp_proxy.shell.ui_server import run_with_ui
+        from acp_proxy.shell.ui.live_server import run_with_ui
 
         run = (run_with_ui, config.ui, config.record, *run)
     if config.metrics is not None:
-        from acp_proxy.shell.telemetry import run_with_metrics
+        from acp_proxy.shell.telemetry.metrics_server import run_with_metrics
 
         run = (
             run_with_metrics,

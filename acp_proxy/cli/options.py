@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     import argparse
 
     from acp_proxy.cli import flags
-    from acp_proxy.wire.scan import SCANNER
+    from acp_proxy.wire.raw.block_scan import SCANNER
 
     parser = argparse.ArgumentParser(
         prog="acp-proxy",
@@ -300,7 +300,7 @@ def one_edit_apart(a: str, b: str) -> bool:
 # argparse (importing it and building the parser cost more than everything else the command line
 # does). Only exact spellings are taken here; anything else (an abbreviation, a value starting
 # with "-", -h, -V, the numeric options, a bare AGENT_CMD without --, a value outside the
-# choices) goes to argparse, which reports every error. tests/test_cli.py checks that both
+# choices) goes to argparse, which reports every error. tests/cli/test_cli.py checks that both
 # give the same values.
 _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--config": ("config", None),

@@ -24,7 +24,7 @@ def refuse_start(args: Any, messages: Sequence[str], code: int, *, logging_ready
 
     ``logging_ready``: the log was set up already (or is what failed); else it is set up from
     ``args`` when it is a log file or the JSON log (the console on stderr has the message)."""
-    from acp_proxy.shell import logsetup
+    from acp_proxy.shell.log import logsetup
 
     if not logging_ready and (args.log_file or args.log_format == "json"):
         # Only for a log that is not the console on stderr, where the message was printed.
@@ -41,7 +41,7 @@ def refuse_start(args: Any, messages: Sequence[str], code: int, *, logging_ready
     if messages and getattr(args, "listen", None) is None:
         import anyio
 
-        from acp_proxy.shell.startfail import answer_refusal
+        from acp_proxy.shell.session.startfail import answer_refusal
 
         anyio.run(answer_refusal, messages)
     return code

@@ -110,11 +110,11 @@ def explain_config(config: Config) -> str:
         "  record: " + _explain_record(config),
     ]
     if config.policy is not None:
-        from acp_proxy.policy.explain import explain_policy
+        from acp_proxy.policy.policy_explain import explain_policy
 
         lines += explain_policy(config.policy)
     if config.budgets is not None:
-        from acp_proxy.budget.explain import explain_budgets
+        from acp_proxy.budget.budget_explain import explain_budgets
 
         lines += explain_budgets(config.budgets)
     return "\n".join(lines)

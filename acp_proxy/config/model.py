@@ -23,9 +23,9 @@ from acp_proxy.record.settings import RecordConfig
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 if TYPE_CHECKING:
-    from acp_proxy.budget.model import Budgets
+    from acp_proxy.budget.budget_model import Budgets
     from acp_proxy.config.rules import Rule
-    from acp_proxy.policy.model import Policy
+    from acp_proxy.policy.policy_model import Policy
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Bounded memory (docs/bounds.md): a frame is parsed only when its estimated parsed

@@ -431,21 +431,22 @@ class _Parser(NodeReader):
         )
 
     def policy(self, node: Node, path: str) -> Any:
-        """The ``policy:`` section (``acp_proxy.policy.parse``; imported only when present)."""
+        """The ``policy:`` section (``acp_proxy.policy.policy_parse``; imported only when
+        present)."""
         import os
 
-        from acp_proxy.policy.parse import PolicyReader
+        from acp_proxy.policy.policy_parse import PolicyReader
 
         home = self.environ.get("HOME")
         # ``~`` in a glob is the proxy user's home, links resolved as request paths are.
         return PolicyReader(self, os.path.realpath(home) if home else None).policy(node, path)
 
     def budgets(self, node: Node, path: str) -> Any:
-        """The ``budgets:`` section (``acp_proxy.budget.parse``; imported only when present);
+        """The ``budgets:`` section (``acp_proxy.budget.budget_parse``; imported only when present);
         a relative state file is taken from the config file's directory."""
         import os
 
-        from acp_proxy.budget.parse import BudgetsReader
+        from acp_proxy.budget.budget_parse import BudgetsReader
 
         base = os.path.dirname(os.path.abspath(self.source)) if self.source else os.getcwd()
         return BudgetsReader(self, base).budgets(node, path)

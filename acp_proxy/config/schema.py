@@ -41,8 +41,8 @@ class Kind(enum.Enum):
     SECTION = "section"  # a mapping of further settings
     RULES = "rules"  # the rules list (validated by _Parser.rules)
     MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
-    POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.parse)
-    BUDGETS = "budgets"  # the budgets (validated by acp_proxy.budget.parse)
+    POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.policy_parse)
+    BUDGETS = "budgets"  # the budgets (validated by acp_proxy.budget.budget_parse)
     # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
     STRING = "string"  # a non-empty string
     UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them

@@ -5,7 +5,7 @@ exercises every case of the v2 Metadata Patches RFD a proxy must get right. It n
 clock, a file or the network, so two runs produce the same bytes (the demo runs it twice: once
 directly, once behind the proxy, and pairs the updates). Stdlib and orjson only.
 
-What a prompt produces, in order (all real ACP v2 shapes, validated by tests/test_demo.py
+What a prompt produces, in order (all real ACP v2 shapes, validated by tests/cli/test_demo.py
 against schema.unstable.json):
 
 * ``state_update`` running, the ``user_message`` echo, then the ``session/prompt`` response

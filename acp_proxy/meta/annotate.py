@@ -383,7 +383,7 @@ def v2_meta_after(
     anything (the update goes on as it is), ``NEEDS_SPLIT`` when one would have to split the
     update (its `_meta` is ``null`` and the annotation sets keys: the general path builds the
     follow-up), otherwise the new `_meta` object (a fresh dict; the update is not touched).
-    Same rules as ``annotate`` exactly; tests/test_annotate.py checks both against each other.
+    Same rules as ``annotate`` exactly; tests/meta/test_annotate.py checks both against each other.
     """
     current: Field = update.get(META, OMITTED)
     changed = False

@@ -19,7 +19,7 @@ from fnmatch import fnmatchcase
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable, glob_matches
-from acp_proxy.policy.model import (
+from acp_proxy.policy.policy_model import (
     STRENGTH,
     Decision,
     Glob,

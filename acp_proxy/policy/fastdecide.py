@@ -30,7 +30,7 @@ import re
 
 from acp_proxy.policy.decide import argv_starts, in_precedence, matches, names_match
 from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable
-from acp_proxy.policy.model import Decision, Glob, Policy, PolicyRule, Request, Verdict
+from acp_proxy.policy.policy_model import Decision, Glob, Policy, PolicyRule, Request, Verdict
 
 # Distinct (method, kind) keys whose groups are kept; past it the table starts over.
 MAX_GROUPS = 1024

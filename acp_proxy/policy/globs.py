@@ -21,7 +21,7 @@ from __future__ import annotations
 import posixpath
 import re
 
-from acp_proxy.policy.model import Glob
+from acp_proxy.policy.policy_model import Glob
 
 CWD = "{cwd}"
 # A path longer than this is not matched (the decision is "ask"): Linux's PATH_MAX.

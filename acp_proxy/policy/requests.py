@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.policy.globs import normalise
-from acp_proxy.policy.model import Request
+from acp_proxy.policy.policy_model import Request
 
 PERMISSION = "session/request_permission"
 READ = "fs/read_text_file"

@@ -19,7 +19,7 @@ DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
 # How a record file is opened (the recorder, and the command line's check before an early
 # start): appended to, created private to the user (records hold prompts and file contents),
 # never through a symbolic link (a link planted at the path would send the session elsewhere),
-# never waiting (a FIFO without a reader yet, see ``acp_proxy.shell.recordfile``).
+# never waiting (a FIFO without a reader yet, see ``acp_proxy.shell.record.recordfile``).
 RECORD_OPEN_FLAGS: Final = (
     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 )

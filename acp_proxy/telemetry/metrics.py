@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from acp_proxy.base.jsontypes import JsonValue
-from acp_proxy.policy.middleware import AuditEntry
+from acp_proxy.policy.policy_link import AuditEntry
 from acp_proxy.telemetry import turns
 from acp_proxy.telemetry.families import (
     Histogram,
@@ -48,7 +48,7 @@ from acp_proxy.telemetry.labels import (
 from acp_proxy.telemetry.policy_metrics import PERMISSION, PolicyStats
 from acp_proxy.telemetry.turn_metrics import TurnStats
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.pipeline import (
+from acp_proxy.wire.connection.pipeline import (
     Dropped,
     MiddlewareFailed,
     NonJson,

@@ -1,7 +1,7 @@
 """The permission policy's Prometheus metrics: its decisions and the tool calls that ran unasked.
 
 Contract: owns the ``policy_decisions_total`` and ``policy_unasked_tool_calls_total`` families,
-fed with the policy's marks (``policy.middleware.AuditEntry``, one per decision, as the audit
+fed with the policy's marks (``policy.policy_link.AuditEntry``, one per decision, as the audit
 file has them). Labels are bounded: a rule is named by the config file, so there are as many
 as it has rules; past ``labels.MAX_RULES`` distinct names (a file of thousands of rules) the
 others are ``other``. Pure; the same threading rule as ``metrics.Metrics`` (one event loop).
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Final
 
-from acp_proxy.policy.middleware import UNASKED, AuditEntry
+from acp_proxy.policy.policy_link import UNASKED, AuditEntry
 from acp_proxy.telemetry import labels as L
 from acp_proxy.telemetry.families import bump, counter_family
 

@@ -5,7 +5,8 @@ Contract: owns the ``traceparent`` syntax (W3C Trace Context, level 1, section 3
 ``traceparent`` (ACP extensibility: the root ``_meta`` keys ``traceparent``, ``tracestate`` and
 ``baggage`` are reserved for W3C trace context). Pure: ids come from ``random.getrandbits``, no
 clock, no I/O. The middleware only *decides* the proxy span's ids and records them in
-``decided``; the shell's tracing observer (``acp_proxy.shell.tracing``) starts the span with
+``decided``; the shell's tracing observer (``acp_proxy.shell.telemetry.tracing``) starts the span
+with
 exactly those ids when it sees the request go through.
 
 Placed last in the chain, so the proxy span's ``traceparent`` is what leaves; its ``Replace``

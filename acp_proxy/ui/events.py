@@ -32,7 +32,7 @@ from typing import Final
 import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
-from acp_proxy.policy.middleware import UNASKED, AuditEntry
+from acp_proxy.policy.policy_link import UNASKED, AuditEntry
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 from acp_proxy.ui.display import shown
 

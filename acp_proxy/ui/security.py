@@ -1,7 +1,7 @@
 """Who may read the live view: the checks every request to the ``--ui`` server passes.
 
 Contract: pure functions from a parsed request head to a refusal (status and reason) or
-``None``. The server (``acp_proxy.shell.ui_server``) calls ``refusal`` before it reads anything
+``None``. The server (``acp_proxy.shell.ui.live_server``) calls ``refusal`` before it reads anything
 of a session; nothing is served without it. Four rules, each against a known attack:
 
 - **the token**: an unguessable token (the server draws 32 random bytes) must come with every

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import Chain, Direction, needle_escapes
-from acp_proxy.wire.prefilter import has_any
-from acp_proxy.wire.scan import contains, scan
+from acp_proxy.wire.raw.block_scan import contains, scan
+from acp_proxy.wire.raw.prefilter import has_any
 
-# Per link, whether it may act on a frame; ``None``: no link may (``wire.host.UNSET``: not yet
+# Per link, whether it may act on a frame; ``None``: no link may (``wire.connection.host.UNSET``:
+# not yet
 # computed).
 Interest = tuple[bool, ...] | None
 

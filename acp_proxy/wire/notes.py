@@ -1,7 +1,8 @@
 """What the pipeline reports: the notes the shell logs, the result of one frame, the counters.
 
 Contract: frozen values only (style.md habit 3), built by the connection
-(``acp_proxy.wire.pipeline``) and the engines it calls, and read by the shell (logging, the exit
+(``acp_proxy.wire.connection.pipeline``) and the engines it calls, and read by the shell (logging,
+the exit
 summary, recording, metrics, tracing). No behaviour, no I/O.
 """
 
@@ -12,7 +13,7 @@ from typing import TypeAlias
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.base.values import field_names, value
 from acp_proxy.wire.chain import Direction, MiddlewareFailure
-from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.coalesce.queue import OutFrame
 
 
 @value

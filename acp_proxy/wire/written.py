@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.coalesce.queue import OutFrame
 
 NEWLINE = b"\n"
 

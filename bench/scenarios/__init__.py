@@ -18,7 +18,8 @@ Adding a scenario: write ``bench/scenarios/<name>.py`` with
   ``rows.status``), picking its own rows by ``r["scenario"]``;
 
 then add one ``Scenario`` line below, where its section belongs in the report, and its number
-to ``--scenarios``' default in ``run.py``. ``tests/test_bench_smoke.py`` lists every row id a
+to ``--scenarios``' default in ``run.py``. ``tests/project/test_bench_smoke.py`` lists every row id
+a
 quick run must produce: add the new ones there.
 """
 

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
-from acp_proxy.shell.logsetup import get_logger, say_fatal
+from acp_proxy.shell.log.logsetup import get_logger, say_fatal
 from acp_proxy.shell.sockets.address import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -107,8 +107,8 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     1 when the connection could not be made or was lost (in-flight requests were answered with
     -32603 first), 2 for a bad address.
     """
-    from acp_proxy.shell.runtime import run_remote_agent_session, shutdown_on_signals
-    from acp_proxy.shell.transports import stdio_stream
+    from acp_proxy.shell.session.runtime import run_remote_agent_session, shutdown_on_signals
+    from acp_proxy.shell.streams.transports import stdio_stream
 
     assert config.connect is not None
     log = get_logger()
@@ -129,7 +129,7 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
     except ConnectError as exc:
         say_fatal(log, "cannot connect to the agent", str(exc))
         return EXIT_FAILURE
-    from acp_proxy.shell.recorder import open_recorder
+    from acp_proxy.shell.record.recorder import open_recorder
 
     recorder = open_recorder(config, log=log, connect=str(address))
     client = client_stream if client_stream is not None else stdio_stream()

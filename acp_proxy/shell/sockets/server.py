@@ -23,22 +23,22 @@ import anyio
 import anyio.abc
 
 from acp_proxy.config import Config
-from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger, say_fatal
-from acp_proxy.shell.process import (
+from acp_proxy.shell.agent.process import (
     STDOUT_LINGER_S,
     describe_status,
     exit_code_of,
     spawn_agent,
 )
+from acp_proxy.shell.agent.spawn import SpawnError
+from acp_proxy.shell.log.logsetup import get_logger, say_fatal
+from acp_proxy.shell.session import hooks
 from acp_proxy.shell.sockets.address import EXIT_USAGE, Address, AddressError, parse_address
 from acp_proxy.shell.sockets.connect import ConnectError, connect
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
 from acp_proxy.shell.sockets.opening import Opening, OpeningReader, error_line, http_forbidden
 from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
-from acp_proxy.shell.spawn import SpawnError
-from acp_proxy.shell.transports import STREAM_ERRORS
+from acp_proxy.shell.streams.transports import STREAM_ERRORS
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -231,8 +231,8 @@ class _Server:
         return None, "closed at shutdown before a request"
 
     async def _session(self, conn: _Conn, client: socket.socket, peer: str) -> None:
-        from acp_proxy.shell.recorder import Recorder, exit_info, open_recorder
-        from acp_proxy.shell.runtime import run_agent_session, run_remote_agent_session
+        from acp_proxy.shell.record.recorder import Recorder, exit_info, open_recorder
+        from acp_proxy.shell.session.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
         stream = SocketStream(client)
@@ -259,7 +259,7 @@ class _Server:
                     # read already); with none to answer, one line with a null id says it.
                     from anyio.streams.stapled import StapledByteStream
 
-                    from acp_proxy.shell.startfail import answer_start_failure
+                    from acp_proxy.shell.session.startfail import answer_start_failure
 
                     both = StapledByteStream(stream, client_rx)
                     answered = await answer_start_failure(both, str(exc), log)
@@ -344,7 +344,7 @@ class _Server:
         it closes its side, is silent for the linger time, or the server shuts down."""
         from anyio.streams.stapled import StapledByteStream
 
-        from acp_proxy.shell.runtime import answer_after_death
+        from acp_proxy.shell.session.runtime import answer_after_death
 
         async with anyio.create_task_group() as tg:
 

@@ -4,7 +4,7 @@ Contract: owns binding an HTTP endpoint's listener (``open_endpoint``: ``--metri
 taking connections off a listening socket (``accept``; ``serve`` runs a task per connection)
 and reading what a client sent of its HTTP request head, bounded in size and time
 (``read_head``). The servers decide the rest: ``--listen`` (``server``) its connection limit,
-``/metrics`` (``shell.telemetry``) and the live view (``shell.ui_server``) which connections
+``/metrics`` (``shell.telemetry``) and the live view (``shell.ui.live_server``) which connections
 they let in and what they answer; what a head means is
 ``acp_proxy.telemetry.endpoint.parse_head``'s job (pure).
 
@@ -26,10 +26,10 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
-from acp_proxy.shell.logsetup import say_fatal
+from acp_proxy.shell.log.logsetup import say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
-from acp_proxy.shell.transports import STREAM_ERRORS
+from acp_proxy.shell.streams.transports import STREAM_ERRORS
 
 ACCEPT_BACKOFF_S: Final = 0.1
 # The end of a request head: its blank line (bare LF as well, as HTTP/1.1 servers accept it).

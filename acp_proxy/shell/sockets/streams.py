@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from acp_proxy.shell.transports import STREAM_ERRORS, FdStream, ioctl_int
+from acp_proxy.shell.streams.transports import STREAM_ERRORS, FdStream, ioctl_int
 
 # How long a connection being closed with a message (refusal, HTTP, handshake timeout) may take
 # to take the message and close its side, and how much of its input is read meanwhile.

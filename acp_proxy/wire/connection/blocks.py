@@ -1,0 +1,275 @@
+"""Many frames read together: ``Connection.handle_many`` and the blocks of ``feed_blocks``.
+
+Contract: the same output and stats as handling the frames one by one (``Connection.handle``),
+at a fraction of the cost: frames that pass untouched and unparsed are collected into runs
+without a ``Result`` each; in a block (several complete lines read together), one scan finds the
+lines something may need (a needle of an interested link, an ``"id"`` for the request tables, an
+escape that could hide either, anything that does not start like ``{"``), which take the
+per-line path, and the runs between them are forwarded as they arrived, unsplit and unparsed.
+On a v2 connection with one fusable middleware (beside links that declared their concerns), a
+notification in a block that no other link may want goes through the fused lane
+(``Rewriter.lane``). Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.coalesce.queue import OutFrame
+from acp_proxy.wire.connection.divert import FRAME_STARTS
+from acp_proxy.wire.connection.host import UNSET, Acc, Host, Unset
+from acp_proxy.wire.connection.rewrite import Rewriter
+from acp_proxy.wire.framing import Block, Line, Oversize
+from acp_proxy.wire.notes import Note, Result
+from acp_proxy.wire.raw import block_scan
+from acp_proxy.wire.raw.block_scan import contains
+from acp_proxy.wire.raw.prefilter import ESCAPES, ID_KEY, agent_needs_parse, client_needs_parse
+
+_A2C = Direction.AGENT_TO_CLIENT
+_C2A = Direction.CLIENT_TO_AGENT
+
+
+class Blocks:
+    """The many-frames path of one connection (``host``)."""
+
+    __slots__ = ("_escapes", "_host", "_link_needles", "_max_parse", "_needles_by_state", "_rw")
+
+    def __init__(
+        self,
+        host: Host,
+        rewriter: Rewriter,
+        link_needles: tuple[tuple[bytes, ...] | None, ...],
+        escapes: tuple[bytes, ...],
+        max_parse: int,
+    ) -> None:
+        self._host = host
+        self._rw = rewriter
+        self._link_needles = link_needles
+        self._escapes = escapes
+        self._max_parse = max_parse
+        # ``_block_needles`` by (direction, chain on): at most four entries.
+        self._needles_by_state: dict[tuple[Direction, bool], tuple[bytes, ...] | None] = {}
+
+    def many(
+        self, direction: Direction, events: Iterable[Line | Oversize | Block], join: bool
+    ) -> Result:
+        """``Connection.handle_many``: each event in order, the results concatenated.
+
+        Frames that pass untouched and unparsed (the hot path) are collected without a
+        ``Result`` each; with ``join``, each run of them becomes ONE ``OutFrame`` (the frames
+        joined with ``b"\\n"``, ``message=None``). The outbound queue splits such a frame into
+        its lines when it has to wait (its merge pass), so coalescing still sees every
+        line.
+        """
+        forward: list[OutFrame] = []
+        reply: list[OutFrame] = []
+        notes: list[Note] = []
+        run: list[bytes] = []  # consecutive untouched, unparsed frames
+        a2c = direction is _A2C
+        host = self._host
+        fast = not host._inspect_all
+        for item in events:
+            event = item
+            if type(event) is Block:
+                if event.raw.find(b"\n") < 0:
+                    # One line (interactive traffic: a request, its response): the per-line
+                    # path below without the block's scan and nested call (the round
+                    # trip). ``feed_blocks`` never makes a blank block, so nothing is dropped.
+                    event = Line(event.raw)
+                else:
+                    if run:
+                        self._flush_run(direction, run, forward, join)
+                        run = []
+                    acc = Acc()
+                    acc.forward, acc.reply, acc.notes = forward, reply, notes
+                    self.block(direction, event, acc, join=join)
+                    continue
+            interested: tuple[bool, ...] | Unset | None = UNSET
+            if fast and type(event) is Line:
+                raw = event.raw
+                interested = host._interested(raw) if host._chain_on else None
+                if a2c:
+                    if (
+                        interested is None
+                        and raw[:2] in FRAME_STARTS
+                        and not agent_needs_parse(raw)
+                    ):
+                        run.append(raw)
+                        continue
+                elif interested is None and not client_needs_parse(raw):
+                    run.append(raw)
+                    continue
+            if run:
+                self._flush_run(direction, run, forward, join)
+                run = []
+            assert not isinstance(event, Block)
+            if not isinstance(interested, Unset) and type(event) is Line:
+                # The prefilter's answer is known: do not compute it twice (hot path).
+                if a2c:
+                    res = host._agent_line(event.raw, interested)
+                else:
+                    res = host._client_line(event.raw, interested)
+            else:
+                res = host.handle(direction, event)
+            forward.extend(res.forward)
+            if res.reply:
+                reply.extend(res.reply)
+            if res.notes:
+                notes.extend(res.notes)
+        if run:
+            self._flush_run(direction, run, forward, join)
+        return Result(tuple(forward), tuple(reply), tuple(notes))
+
+    def _flush_run(
+        self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
+    ) -> None:
+        n = len(run)
+        self._host._count_passed(direction, n)
+        version = self._host.version
+        if join:
+            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version, n))
+        else:
+            forward.extend([OutFrame(raw, None, version) for raw in run])
+
+    def block(self, direction: Direction, block: Block, acc: Acc, *, join: bool) -> None:
+        """The lines of ``block``, results added to ``acc``.
+
+        Only the lines that something may need go through the per-line path: those holding a
+        needle of an interested link, an ``"id"`` (requests and responses, for the tracker; the
+        initialize response), or, when links have needles, a ``\\u`` / ``\\/`` escape that could
+        hide one. The runs of lines between them are forwarded as they arrived, without being
+        split or parsed, after one check that each starts like a JSON frame (non-JSON agent
+        output must still be diverted).
+        """
+        host = self._host
+        raw = block.raw
+        # Until the version is known the chain is off, and the initialize response inside this
+        # block may turn it on halfway: take such blocks line by line (once per connection).
+        waiting = host._has_links and not host._chain_on
+        needles = None if host._inspect_all or waiting else self._block_needles(direction)
+        if needles is None:
+            acc.extend(self.many(direction, block.lines(), join))
+            return
+        # One pass (``acp_proxy.wire.raw.block_scan``, C when built): the lines that hold a needle
+        # or do
+        # not start like ``{"`` (a batch, a blank line, whitespace before a frame, non-JSON
+        # output: the per-line path diverts what cannot be a frame). The runs of ``{"`` lines
+        # between them are forwarded whole (a stream of updates with the odd batch in it).
+        lines, specials = block_scan.scan(raw, needles)
+        # The fused lane: a v2 notification that the one fusable middleware answers goes
+        # straight from here to ``Rewriter.fused_bytes``, skipping the per-line path's steps
+        # that cannot change its outcome there (see ``Rewriter.lane``).
+        lane = host._fused is not None and host.version == 2 and host._chain_on
+        # A line another link may want is not the lane's (``Connection._lane_blockers``).
+        blockers = host._lane_blockers
+        # The read lane: a notification only links that read it (the policy) want.
+        reading = host._link_interest.reading and host._chain_on
+        if specials and self._pass_as_is(direction, raw, specials, lane):
+            # Every line the scan picked passes untouched too (a batch of notifications in a
+            # stream of them): the block is one run, forwarded without cutting runs out of it
+            # (each cut copied its bytes).
+            specials = []
+        index = 0  # the line index of ``pos``
+        pos = 0
+        special: list[Line | Oversize] = []  # consecutive lines for the per-line path
+        for line_index, start, stop in specials:
+            if line_index > index:
+                if special:  # one call per group (a block of updates that all need a look)
+                    acc.extend(self.many(direction, special, join))
+                    special = []
+                self._plain_run(direction, raw[pos : start - 1], line_index - index, acc, join)
+            index = line_index + 1
+            pos = stop + 1
+            line = raw[start:stop]
+            if (
+                lane
+                and line[:2] == b'{"'
+                and not contains(line, ID_KEY)
+                and not (blockers and any(contains(line, b) for b in blockers))
+            ):
+                out = self._rw.lane(direction, line, self._max_parse)
+                if out is not None:
+                    if special:
+                        acc.extend(self.many(direction, special, join))
+                        special = []
+                    acc.forward.append(out)
+                    continue
+            if reading and line[:2] == b'{"' and not contains(line, ID_KEY):
+                # The lines before it first: a reader keeps state (the policy's tool calls, a
+                # permission request that asked about one), so it sees them in order.
+                if special:
+                    acc.extend(self.many(direction, special, join))
+                    special = []
+                read = self._rw.read_lane(direction, line, self._max_parse)
+                if read is not None:
+                    acc.extend(read)
+                    continue
+            if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
+                special.append(Line(line))
+        if special:
+            acc.extend(self.many(direction, special, join))
+        if lines > index:
+            self._plain_run(direction, raw[pos:], lines - index, acc, join)
+
+    def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
+        """What makes a line of a block need the per-line path; None: every line does. Built
+        once per direction and state of the chain (it turns on once, with the version)."""
+        key = (direction, self._host._chain_on)
+        cached = self._needles_by_state.get(key, UNSET)
+        if not isinstance(cached, Unset):
+            return cached
+        made = self._make_block_needles(direction)
+        self._needles_by_state[key] = made
+        return made
+
+    def _make_block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
+        needles: list[bytes] = [b'"id"']  # requests and responses, for the tracker
+        if direction is _C2A:
+            needles.extend(ESCAPES)  # ``client_needs_parse`` parses escaped client frames too
+        if self._host._chain_on:
+            for link_needles in self._link_needles:
+                if link_needles is None:
+                    return None
+                needles.extend(link_needles)
+            needles.extend(self._escapes)
+        return tuple(needles)
+
+    def _pass_as_is(
+        self,
+        direction: Direction,
+        raw: bytes,
+        specials: list[tuple[int, int, int]],
+        lane: bool,
+    ) -> bool:
+        """Whether each of the ``specials`` lines of ``raw`` passes untouched and unparsed: what
+        ``many`` decides for a line (no link interested, a frame start, no ``"id"``, for a
+        client's line no escape either), and no blank line (dropped) nor a fused-lane line."""
+        host = self._host
+        if host._inspect_all:
+            return False
+        a2c = direction is _A2C
+        chain_on = host._chain_on
+        for _, start, stop in specials:
+            line = raw[start:stop]
+            if not line or line.isspace():
+                return False
+            if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
+                return False
+            if chain_on and host._interested(line) is not None:
+                return False
+            if a2c:
+                if line[:2] not in FRAME_STARTS or agent_needs_parse(line):
+                    return False
+            elif client_needs_parse(line):
+                return False
+        return True
+
+    def _plain_run(self, direction: Direction, run: bytes, n: int, acc: Acc, join: bool) -> None:
+        """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""
+        host = self._host
+        if join:
+            host._count_passed(direction, n)
+            acc.forward.append(OutFrame(run, None, host.version, n))
+        else:
+            self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)

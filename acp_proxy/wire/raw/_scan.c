@@ -1,0 +1,646 @@
+/* The optional C accelerator of acp_proxy.wire.raw.block_scan, for pass-through speed.
+ *
+ * Contract: exactly ``acp_proxy.wire.raw.block_scan.scan_py`` (the pure-Python reference; read its
+ * docstring for the meaning of the result), in one pass over the block: memchr finds each
+ * newline, two byte compares check that the line starts like ``{"``, and each needle is searched
+ * inside the line while it is hot in the cache. Pure: no I/O, no global state, no allocation
+ * beyond the result. Only the CPython C API; built by setup.py as an optional extension (a
+ * failed build leaves the pure-Python fallback in charge).
+ *
+ * Why not ``bytes.find`` per needle: JSON is full of ``"``, the first byte of most needles, so
+ * CPython's search runs at 1-2 GB/s per needle, over the whole block once per needle. Here a
+ * needle of two bytes or more is found with the SSE2 "first and last byte" filter (Wojciech
+ * Mula's generic SIMD substring search): 16 candidate positions per step, each surviving one
+ * checked byte by byte; without SSE2 a memchr on the needle's first byte plus that check.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define SCAN_SSE2 1
+#endif
+
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+} needle_t;
+
+/* Whether ``a[0:n]`` equals ``b[0:n]``: inline for the middle of the usual needles (``"id"``
+ * has two bytes there, and ``":{"`` or ``"},"`` pass the first-and-last-byte filter all the
+ * time in JSON), where a call to memcmp cost more than the compare. */
+static inline int
+same(const char *a, const char *b, Py_ssize_t n)
+{
+    if (n > 8)
+        return memcmp(a, b, (size_t)n) == 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+/* Whether ``nd`` occurs in ``h[0:len]``. */
+static int
+contains(const char *h, Py_ssize_t len, const needle_t *nd)
+{
+    Py_ssize_t k = nd->n;
+    if (k == 0)
+        return 1;
+    if (k > len)
+        return 0;
+    if (k == 1)
+        return memchr(h, (unsigned char)nd->p[0], (size_t)len) != NULL;
+    const char *np = nd->p;
+    Py_ssize_t i = 0;
+#ifdef SCAN_SSE2
+    {
+        const __m128i first = _mm_set1_epi8(np[0]);
+        const __m128i last = _mm_set1_epi8(np[k - 1]);
+        /* Block i covers start positions i..i+15; its last-byte load reads up to i+15+k-1. */
+        for (; i + 16 + k - 1 <= len; i += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(h + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(h + i + k - 1));
+            unsigned mask = (unsigned)_mm_movemask_epi8(
+                _mm_and_si128(_mm_cmpeq_epi8(a, first), _mm_cmpeq_epi8(b, last)));
+            while (mask) {
+#if defined(__GNUC__) || defined(__clang__)
+                int bit = __builtin_ctz(mask);
+#else
+                int bit = 0;
+                while (!((mask >> bit) & 1u))
+                    bit++;
+#endif
+                if (same(h + i + bit + 1, np + 1, k - 2))
+                    return 1;
+                mask &= mask - 1;
+            }
+        }
+    }
+#endif
+    /* The rest (or everything without SSE2): memchr on the first byte, then memcmp. */
+    while (i + k <= len) {
+        const char *f = memchr(h + i, (unsigned char)np[0], (size_t)(len - k + 1 - i));
+        if (f == NULL)
+            return 0;
+        if (same(f + 1, np + 1, k - 1))
+            return 1;
+        i = (f - h) + 1;
+    }
+    return 0;
+}
+
+static int
+append_line(PyObject *out, Py_ssize_t index, Py_ssize_t start, Py_ssize_t stop)
+{
+    PyObject *t = Py_BuildValue("(nnn)", index, start, stop);
+    if (t == NULL)
+        return -1;
+    int rc = PyList_Append(out, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+static PyObject *
+scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan(raw, needles) takes exactly 2 arguments");
+        return NULL;
+    }
+    PyObject *raw = args[0], *needles = args[1];
+    if (!PyBytes_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "scan: raw must be bytes");
+        return NULL;
+    }
+    if (!PyTuple_Check(needles)) {
+        PyErr_SetString(PyExc_TypeError, "scan: needles must be a tuple of bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(needles);
+    needle_t stack[16];
+    needle_t *nds = stack;
+    if (count > 16) {
+        nds = PyMem_Malloc((size_t)count * sizeof(needle_t));
+        if (nds == NULL)
+            return PyErr_NoMemory();
+    }
+    Py_ssize_t kept = 0;
+    int every = 0; /* an empty needle occurs in every line */
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyObject *nd = PyTuple_GET_ITEM(needles, j);
+        if (!PyBytes_Check(nd)) {
+            if (nds != stack)
+                PyMem_Free(nds);
+            PyErr_SetString(PyExc_TypeError, "scan: needles must be a tuple of bytes");
+            return NULL;
+        }
+        const char *p = PyBytes_AS_STRING(nd);
+        Py_ssize_t n = PyBytes_GET_SIZE(nd);
+        if (n == 0)
+            every = 1;
+        else if (memchr(p, '\n', (size_t)n) == NULL) { /* else it never occurs inside a line */
+            nds[kept].p = p;
+            nds[kept].n = n;
+            kept++;
+        }
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        if (nds != stack)
+            PyMem_Free(nds);
+        return NULL;
+    }
+    /* The bytes object is immutable and we hold a reference through args: no copy needed. */
+    const char *buf = PyBytes_AS_STRING(raw);
+    Py_ssize_t size = PyBytes_GET_SIZE(raw);
+    Py_ssize_t start = 0, index = 0;
+    for (;;) {
+        const char *nl = memchr(buf + start, '\n', (size_t)(size - start));
+        Py_ssize_t stop = nl == NULL ? size : nl - buf;
+        Py_ssize_t len = stop - start;
+        const char *line = buf + start;
+        int special = every || len < 2 || line[0] != '{' || line[1] != '"';
+        for (Py_ssize_t j = 0; !special && j < kept; j++)
+            special = contains(line, len, &nds[j]);
+        if (special && append_line(out, index, start, stop) < 0) {
+            Py_DECREF(out);
+            if (nds != stack)
+                PyMem_Free(nds);
+            return NULL;
+        }
+        index++;
+        if (nl == NULL)
+            break;
+        start = stop + 1;
+    }
+    if (nds != stack)
+        PyMem_Free(nds);
+    PyObject *res = Py_BuildValue("(nN)", index, out);
+    return res;
+}
+
+
+/* ---- member_span: where a member sits in a frame (the fused annotation path) ----
+ *
+ * Contract: the fast path of ``acp_proxy.wire.raw.rawjson.member_span_py`` (read its docstring).
+ * ``raw`` has been parsed by orjson already, so it is valid JSON; the walk below only skips
+ * values (strings by their quotes and escapes, containers by depth, scalars up to their
+ * delimiter). ``None`` whenever anything is unusual (a key with an escape in an object on the
+ * path, a key given twice, no object where one is expected): the caller then takes the
+ * pure-Python path, which knows every case.
+ */
+
+static Py_ssize_t
+ws(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))
+        i++;
+    return i;
+}
+
+/* The offset after the string whose opening quote is at b[i]; -1 if it does not close. */
+static Py_ssize_t
+string_end(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    i++;
+    for (;;) {
+        const char *q = memchr(b + i, '"', (size_t)(n - i));
+        if (q == NULL)
+            return -1;
+        Py_ssize_t j = q - b;
+        Py_ssize_t k = j; /* an odd run of backslashes before the quote escapes it */
+        while (k > i && b[k - 1] == '\\')
+            k--;
+        if (((j - k) & 1) == 0)
+            return j + 1;
+        i = j + 1;
+    }
+}
+
+/* The offset of the first byte at or after b[i] that is a quote, a brace or a bracket (n if
+ * none): containers are skipped from one structural byte to the next, 16 bytes a step with SSE2
+ * (a byte-by-byte loop made member_span cost ~25,000 instructions on a 1.5 KB update). */
+static Py_ssize_t
+next_structural(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+#ifdef SCAN_SSE2
+    const __m128i quote = _mm_set1_epi8('"');
+    /* '{' 0x7B and '[' 0x5B differ in one bit (0x20), as '}' 0x7D and ']' 0x5D do. */
+    const __m128i fold = _mm_set1_epi8(0x20);
+    const __m128i open = _mm_set1_epi8('{');
+    const __m128i close = _mm_set1_epi8('}');
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + i));
+        __m128i f = _mm_or_si128(v, fold);
+        __m128i hit = _mm_or_si128(_mm_cmpeq_epi8(v, quote),
+                                   _mm_or_si128(_mm_cmpeq_epi8(f, open), _mm_cmpeq_epi8(f, close)));
+        unsigned mask = (unsigned)_mm_movemask_epi8(hit);
+        if (mask) {
+#if defined(__GNUC__) || defined(__clang__)
+            return i + __builtin_ctz(mask);
+#else
+            int bit = 0;
+            while (!((mask >> bit) & 1u))
+                bit++;
+            return i + bit;
+#endif
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        char c = b[i];
+        if (c == '"' || c == '{' || c == '}' || c == '[' || c == ']')
+            return i;
+    }
+    return n;
+}
+
+/* The offset after the value that starts at b[i]; -1 on malformed input. */
+static Py_ssize_t
+value_end(const char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    if (i >= n)
+        return -1;
+    char c = b[i];
+    if (c == '"')
+        return string_end(b, i, n);
+    if (c == '{' || c == '[') {
+        Py_ssize_t depth = 0;
+        for (;;) {
+            i = next_structural(b, i, n);
+            if (i >= n)
+                return -1;
+            c = b[i];
+            if (c == '"') {
+                i = string_end(b, i, n);
+                if (i < 0)
+                    return -1;
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if (--depth == 0)
+                return i + 1;
+            i++;
+        }
+    }
+    while (i < n) {
+        c = b[i];
+        if (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r')
+            break;
+        i++;
+    }
+    return i;
+}
+
+typedef struct {
+    Py_ssize_t start;    /* the object's opening brace */
+    Py_ssize_t close;    /* its closing brace */
+    Py_ssize_t vs, ve;   /* the wanted member's value, -1 if absent */
+    Py_ssize_t last_end; /* the end of the last member's value, -1 if the object is empty */
+} members_t;
+
+/* Walk the members of the object at b[i] == '{' down ``path[depth:]`` and then to ``key``,
+ * in one pass: the member that is the next step is walked into (not skipped and walked again),
+ * and the rest of each object on the way is still read, to refuse a step given twice. Fills
+ * ``m`` for the last object. Returns the offset after this object's closing brace, or -1 when
+ * the caller must give up (malformed, an escaped key, a step or ``key`` twice, a step that is
+ * missing or not an object). */
+static Py_ssize_t
+walk(const char *b, Py_ssize_t i, Py_ssize_t n, PyObject *path, Py_ssize_t depth,
+     const char *key, Py_ssize_t klen_want, members_t *m)
+{
+    if (i >= n || b[i] != '{')
+        return -1;
+    Py_ssize_t steps = PyTuple_GET_SIZE(path);
+    int last = depth == steps;
+    const char *want = key;
+    Py_ssize_t wlen = klen_want;
+    if (!last) {
+        PyObject *step = PyTuple_GET_ITEM(path, depth);
+        want = PyBytes_AS_STRING(step);
+        wlen = PyBytes_GET_SIZE(step);
+    }
+    int found = 0;
+    Py_ssize_t last_end = -1, vs_hit = -1, ve_hit = -1;
+    Py_ssize_t j = ws(b, i + 1, n);
+    Py_ssize_t close;
+    if (j < n && b[j] == '}') {
+        close = j;
+    }
+    else {
+        for (;;) {
+            if (j >= n || b[j] != '"')
+                return -1;
+            Py_ssize_t kend = string_end(b, j, n);
+            if (kend < 0)
+                return -1;
+            const char *k = b + j + 1;
+            Py_ssize_t klen = kend - j - 2;
+            if (memchr(k, '\\', (size_t)klen) != NULL)
+                return -1; /* an escaped key may spell ``want``: the Python path decodes it */
+            Py_ssize_t c = ws(b, kend, n);
+            if (c >= n || b[c] != ':')
+                return -1;
+            Py_ssize_t vs = ws(b, c + 1, n);
+            Py_ssize_t ve;
+            int hit = klen == wlen && memcmp(k, want, (size_t)wlen) == 0;
+            if (hit && found)
+                return -1; /* given twice: the parse kept the last one */
+            if (hit && !last)
+                ve = walk(b, vs, n, path, depth + 1, key, klen_want, m);
+            else
+                ve = value_end(b, vs, n);
+            if (ve < 0)
+                return -1;
+            if (hit) {
+                found = 1;
+                vs_hit = vs;
+                ve_hit = ve;
+            }
+            last_end = ve;
+            j = ws(b, ve, n);
+            if (j >= n)
+                return -1;
+            if (b[j] == '}') {
+                close = j;
+                break;
+            }
+            if (b[j] != ',')
+                return -1;
+            j = ws(b, j + 1, n);
+        }
+    }
+    if (!last) {
+        if (!found)
+            return -1;
+    }
+    else {
+        m->start = i;
+        m->close = close;
+        m->vs = vs_hit;
+        m->ve = ve_hit;
+        m->last_end = last_end;
+    }
+    return close + 1;
+}
+
+/* Check ``raw`` (bytes), ``path`` (a tuple of bytes) and ``key`` (bytes), then walk ``raw``
+ * down ``path`` to ``key`` (``walk``). 1: found, ``m`` filled; 0: ``walk`` gave up; -1: a type
+ * error is set (``who`` names the function). */
+static int
+locate(const char *who, PyObject *raw, PyObject *path, PyObject *key, members_t *m)
+{
+    int ok = PyBytes_Check(raw) && PyTuple_Check(path) && PyBytes_Check(key);
+    for (Py_ssize_t s = 0; ok && s < PyTuple_GET_SIZE(path); s++)
+        ok = PyBytes_Check(PyTuple_GET_ITEM(path, s));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: raw bytes, path a tuple of bytes, key bytes", who);
+        return -1;
+    }
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    return walk(b, ws(b, 0, n), n, path, 0, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), m) >= 0;
+}
+
+static PyObject *
+member_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "member_span(raw, path, key) takes 3 arguments");
+        return NULL;
+    }
+    members_t m;
+    int found = locate("member_span", args[0], args[1], args[2], &m);
+    if (found < 0)
+        return NULL;
+    if (!found)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(nnnnn)", m.start, m.close, m.vs, m.ve, m.last_end);
+}
+
+/* splice_member(raw, path, key, member_key, value, expect) -> bytes | None: ``raw`` with member
+ * ``key`` of the object at ``path`` written as the encoded ``value``, in one pass and one copy
+ * (the Python steps around member_span cost more than the walk). ``expect`` None:
+ * the member must be absent, and ``member_key`` (``"key":``) + ``value`` is added last, after a
+ * comma unless the object is empty (where ``rawjson.splice_member`` adds it). ``expect`` bytes:
+ * the member's value must be exactly those bytes (the caller's canonical encoding of the old
+ * value), and they are replaced by ``value``. ``None`` when anything differs from that, or where
+ * member_span gives up: the caller takes its other paths. */
+static PyObject *
+splice_member(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "splice_member(raw, path, key, member_key, value, expect) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *raw = args[0], *member_key = args[3], *value = args[4], *expect = args[5];
+    if (!PyBytes_Check(member_key) || !PyBytes_Check(value) ||
+        (expect != Py_None && !PyBytes_Check(expect))) {
+        PyErr_SetString(PyExc_TypeError, "splice_member: member_key, value, expect: bytes");
+        return NULL;
+    }
+    members_t m;
+    int found = locate("splice_member", raw, args[1], args[2], &m);
+    if (found < 0)
+        return NULL;
+    if (!found)
+        Py_RETURN_NONE;
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    const char *v = PyBytes_AS_STRING(value);
+    Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+    Py_ssize_t cut, resume;
+    const char *mk = NULL;
+    Py_ssize_t mklen = 0;
+    int comma = 0;
+    if (expect == Py_None) {
+        if (m.vs >= 0)
+            Py_RETURN_NONE;
+        mk = PyBytes_AS_STRING(member_key);
+        mklen = PyBytes_GET_SIZE(member_key);
+        if (m.last_end < 0) {
+            cut = resume = m.start + 1;
+        }
+        else {
+            cut = resume = m.last_end;
+            comma = 1;
+        }
+    }
+    else {
+        Py_ssize_t elen = PyBytes_GET_SIZE(expect);
+        if (m.vs < 0 || m.ve - m.vs != elen ||
+            memcmp(b + m.vs, PyBytes_AS_STRING(expect), (size_t)elen) != 0)
+            Py_RETURN_NONE;
+        cut = m.vs;
+        resume = m.ve;
+    }
+    Py_ssize_t size = cut + comma + mklen + vlen + (n - resume);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    memcpy(o, b, (size_t)cut);
+    o += cut;
+    if (comma)
+        *o++ = ',';
+    if (mklen) {
+        memcpy(o, mk, (size_t)mklen);
+        o += mklen;
+    }
+    memcpy(o, v, (size_t)vlen);
+    o += vlen;
+    memcpy(o, b + resume, (size_t)(n - resume));
+    return out;
+}
+
+/* array_elements(raw, i) -> (list of (start, end), close) | None: the elements of the array
+ * whose '[' is at raw[i] in a frame orjson has parsed, and the offset of its ']': exactly
+ * ``rawjson.array_elements`` (the reference), which walked a big batch in Python at ~10
+ * instructions a byte. ``None`` on anything malformed (the caller takes the reference). */
+static PyObject *
+array_elements(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "array_elements(raw: bytes, i: int)");
+        return NULL;
+    }
+    const char *b = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0 || i >= n || b[i] != '[')
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t j = ws(b, i + 1, n);
+    if (j < n && b[j] == ']')
+        return Py_BuildValue("(Nn)", out, j);
+    for (;;) {
+        Py_ssize_t end = value_end(b, j, n);
+        if (end < 0 || end == j)
+            goto malformed;
+        PyObject *span = Py_BuildValue("(nn)", j, end);
+        if (span == NULL || PyList_Append(out, span) < 0) {
+            Py_XDECREF(span);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(span);
+        Py_ssize_t k = ws(b, end, n);
+        if (k >= n)
+            goto malformed;
+        if (b[k] == ',') {
+            j = ws(b, k + 1, n);
+            continue;
+        }
+        if (b[k] != ']')
+            goto malformed;
+        return Py_BuildValue("(Nn)", out, k);
+    }
+malformed:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
+/* ---- numbers_risky: the coalescer's number check ----
+ *
+ * Contract: exactly ``rawjson._risky_numbers(rawjson._outside_strings(raw))``: whether a number
+ * outside the strings of ``raw`` has an exponent or a run of 17 digits and dots (orjson could
+ * respell it). The Python reference walks the strings one ``find`` at a time, a quarter of the
+ * coalescer's cost per line on real traffic (strings full of digits trip the cheap check that
+ * comes first). An unterminated string answers True (the reference raises; the caller then
+ * treats the frame as risky, the same outcome).
+ */
+static PyObject *
+numbers_risky(PyObject *self, PyObject *raw)
+{
+    (void)self;
+    if (!PyBytes_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "numbers_risky: raw must be bytes");
+        return NULL;
+    }
+    const char *b = PyBytes_AS_STRING(raw);
+    Py_ssize_t n = PyBytes_GET_SIZE(raw);
+    Py_ssize_t run = 0; /* digits and dots in a row */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = b[i];
+        if (c == '"') {
+            i = string_end(b, i, n);
+            if (i < 0)
+                Py_RETURN_TRUE;
+            i--; /* the loop's i++ moves past the closing quote */
+            run = 0; /* the reference joins the parts around a string with a space */
+            continue;
+        }
+        if ((c >= '0' && c <= '9') || c == '.') {
+            if (++run >= 17)
+                Py_RETURN_TRUE;
+            continue;
+        }
+        if ((c == 'e' || c == 'E') && run > 0)
+            Py_RETURN_TRUE;
+        run = 0;
+    }
+    Py_RETURN_FALSE;
+}
+
+/* ---- contains_py's accelerator: whether a needle occurs in a frame ----
+ *
+ * Contract: exactly ``needle in raw`` (``acp_proxy.wire.raw.block_scan.contains_py``), with the scan's
+ * SSE2 search. The request tables test every frame that passes the block scan alone for
+ * ``"id"`` (the line completing the last read's partial one, a batch): CPython's search ran
+ * at about 1 GB/s there (JSON is full of ``"``) and long lines are the ones most often cut by
+ * a read, so it was a tenth of the proxy's CPU on a stream of large updates.
+ */
+static PyObject *
+contains_needle(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "contains(raw, needle) takes two bytes");
+        return NULL;
+    }
+    needle_t nd = {PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1])};
+    if (contains(PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), &nd))
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef methods[] = {
+    {"contains", (PyCFunction)(void (*)(void))contains_needle, METH_FASTCALL,
+     "contains(raw, needle) -> bool: needle in raw (see acp_proxy.wire.raw.block_scan.contains_py)."},
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(raw, needles) -> (lines, specials): see acp_proxy.wire.raw.block_scan.scan_py."},
+    {"numbers_risky", (PyCFunction)numbers_risky, METH_O,
+     "numbers_risky(raw) -> bool: see acp_proxy.wire.raw._scan.c (rawjson._risky_numbers)."},
+    {"splice_member", (PyCFunction)(void (*)(void))splice_member, METH_FASTCALL,
+     "splice_member(raw, path, key, member_key, value, expect) -> bytes | None: see _scan.c."},
+    {"array_elements", (PyCFunction)(void (*)(void))array_elements, METH_FASTCALL,
+     "array_elements(raw, i) -> (spans, close) | None: see rawjson.array_elements."},
+    {"member_span", (PyCFunction)(void (*)(void))member_span, METH_FASTCALL,
+     "member_span(raw, path, key) -> (start, close, vs, ve, last_end) | None: see "
+     "acp_proxy.wire.raw.rawjson.member_span_py."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "acp_proxy.wire.raw._scan",
+    "The C accelerator of acp_proxy.wire.raw.block_scan (optional; same contract as scan_py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__scan(void)
+{
+    return PyModule_Create(&module);
+}
