@@ -75,19 +75,21 @@ from typing import TYPE_CHECKING, Any
 from acp_proxy.config.model import (
     BUFFER_SLACK_BYTES,
     DEFAULT_MAX_BUFFER_BYTES,
-    DEFAULT_MAX_FRAME_BYTES,
-    DEFAULT_MAX_PARSE_BYTES,
-    DEFAULT_MAX_PENDING_REQUESTS,
     AgentConfig,
-    CoalesceConfig,
     Config,
     ConfigError,
     MiddlewareSpec,
     NamedMiddleware,
-    NonJsonPolicy,
     StderrMode,
     TracingConfig,
     UiConfig,
+)
+from acp_proxy.wire.core_settings import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_PARSE_BYTES,
+    DEFAULT_MAX_PENDING_REQUESTS,
+    CoalesceConfig,
+    NonJsonPolicy,
 )
 
 if TYPE_CHECKING:

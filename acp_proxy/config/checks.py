@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.config.rules import is_glob
 from acp_proxy.config.schema import BUILTIN_RULES, RULES_ENTRY_KEYS
+from acp_proxy.rules.engine import is_glob
 
 # The places a check reports at, relative to its entry: "" (the entry itself), a key
 # (``"use"``), a key inside ``match`` (``"match.update"``) or an item (``"remove_meta[2]"``).

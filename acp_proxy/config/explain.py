@@ -6,13 +6,13 @@ Contract: a pure function from ``Config`` to text.
 from __future__ import annotations
 
 from acp_proxy.config.model import Config, _json_text, _size_text
-from acp_proxy.config.rules import (
+from acp_proxy.config.schema import BUILTIN_RULES
+from acp_proxy.rules.engine import (
     UPSERTS,
     Rule,
     RuleTarget,
     is_glob,
 )
-from acp_proxy.config.schema import BUILTIN_RULES
 
 # --- explain -------------------------------------------------------------------------------------
 

@@ -21,17 +21,19 @@ from acp_proxy.base.values import value
 from acp_proxy.meta.registry import V1Mode
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
+from acp_proxy.wire.core_settings import (  # the core's; re-exported by acp_proxy.config
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_PARSE_BYTES,
+    DEFAULT_MAX_PENDING_REQUESTS,
+    CoalesceConfig,
+    NonJsonPolicy,
+)
 
 if TYPE_CHECKING:
     from acp_proxy.budget.budget_model import Budgets
-    from acp_proxy.config.rules import Rule
     from acp_proxy.policy.policy_model import Policy
+    from acp_proxy.rules.engine import Rule
 
-DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
-# Bounded memory (docs/bounds.md): a frame is parsed only when its estimated parsed
-# size is at most this; requests awaiting an answer are at most this many per direction.
-DEFAULT_MAX_PARSE_BYTES = 32 * 1024 * 1024
-DEFAULT_MAX_PENDING_REQUESTS = 10_000
 # The process-wide bound on bytes held in partial lines and outbound queues.
 DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
 # The budget must leave room for one whole frame plus a few reads beyond it, so one connection's
@@ -39,27 +41,11 @@ DEFAULT_MAX_BUFFER_BYTES = 256 * 1024 * 1024
 BUFFER_SLACK_BYTES = 1024 * 1024
 
 
-class NonJsonPolicy(enum.StrEnum):
-    """What to do with agent stdout lines that are not JSON."""
-
-    LOG = "log"  # divert to the log with a warning (once per kind, then counted)
-    FORWARD = "forward"  # forward them to the client as they are
-
-
 class StderrMode(enum.StrEnum):
     """Where the agent's stderr goes (it is always drained)."""
 
     PASSTHROUGH = "passthrough"  # copied to the proxy's stderr
     LOG = "log"  # each line becomes a structured log event
-
-
-@value
-class CoalesceConfig:
-    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
-    enabled: bool = True
-    max_queue_messages: int = 4096
-    max_queue_bytes: int = 16 * 1024 * 1024
-    min_interval_ms: int = 0
 
 
 @value
@@ -212,7 +198,7 @@ class _RulesFactory:
 
     def __call__(self) -> Middleware:
         # Imported here: a proxy without rules never loads the rules engine (start-up time).
-        from acp_proxy.config.rules import RulesMiddleware
+        from acp_proxy.rules.engine import RulesMiddleware
 
         # cast: chain.Middleware declares ``name`` as a settable attribute, BaseMiddleware (and so
         # RulesMiddleware) as a read-only property; both satisfy it at run time.

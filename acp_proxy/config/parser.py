@@ -31,14 +31,6 @@ from acp_proxy.config.model import (
 )
 from acp_proxy.config.nodes import _IDENT, NodeReader, _join, _unknown
 from acp_proxy.config.reading import _NULL, _BoundedLoader, _Refused, _yaml_error, read_config_file
-from acp_proxy.config.rules import (
-    KNOWN_UPDATE_KINDS,
-    UPSERTS,
-    W3C_TRACE_KEYS,
-    Rule,
-    RuleDirection,
-    RuleTarget,
-)
 from acp_proxy.config.schema import (
     BUILTIN_RULES,
     MATCH_KEYS,
@@ -48,6 +40,14 @@ from acp_proxy.config.schema import (
     SETTINGS,
     TOP_KEYS,
     Kind,
+)
+from acp_proxy.rules.engine import (
+    KNOWN_UPDATE_KINDS,
+    UPSERTS,
+    W3C_TRACE_KEYS,
+    Rule,
+    RuleDirection,
+    RuleTarget,
 )
 
 

@@ -17,7 +17,6 @@ from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.budget.budget_schema import budgets_schema
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check
 from acp_proxy.config.model import Config, MiddlewareSpec, _json_text, _RulesFactory, _size_text
-from acp_proxy.config.rules import W3C_TRACE_KEYS, Rule
 from acp_proxy.config.schema import (
     MIDDLEWARE_FIELDS,
     RULE_FIELDS,
@@ -28,6 +27,7 @@ from acp_proxy.config.schema import (
 )
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.policy.policy_schema import policy_schema
+from acp_proxy.rules.engine import W3C_TRACE_KEYS, Rule
 
 _ENV_REF: Final = {"type": "string", "pattern": r"\$\{"}  # "${VAR}": known only at start-up
 _META_KEY: Final[JsonObject] = {

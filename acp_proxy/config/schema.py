@@ -15,15 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from acp_proxy.config.model import (
-    NonJsonPolicy,
-    StderrMode,
-)
-from acp_proxy.config.rules import (
+from acp_proxy.config.model import StderrMode
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.rules.engine import (
     RuleDirection,
     RuleTarget,
 )
-from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.wire.core_settings import NonJsonPolicy
 
 # --- the schema --------------------------------------------------------------------------------
 

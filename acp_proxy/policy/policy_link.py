@@ -128,7 +128,6 @@ class PolicyMiddleware:
         self._mode_name = policy.mode.value
         self._cancel = self._enforce and policy.on_unasked is OnUnasked.CANCEL
         self.state = Summaries(resolve)
-        self.last_changed_by: tuple[str, ...] = ()
         self.concerns = concerns(policy)
         self.needles: tuple[bytes, ...] = TOOL_CALL_NEEDLES if reads_tool_calls(policy) else ()
         # The decisions made while handling the current message (the chain takes them).
@@ -206,7 +205,6 @@ class PolicyMiddleware:
         self._audit(sid, method, request, name, decision, option, forwarded)
         if forwarded:
             return FORWARD
-        self.last_changed_by = (name or "default",)
         if method == PERMISSION:
             if option is None:
                 outcome: JsonObject = {"outcome": "cancelled"}
@@ -233,7 +231,6 @@ class PolicyMiddleware:
         self._audit(sid, UNASKED, request, rule.name, Decision.DENY, None, True, self._cancel)
         if not self._cancel:
             return FORWARD
-        self.last_changed_by = (rule.name,)
         cancel: JsonObject = {
             "jsonrpc": "2.0",
             "method": "session/cancel",
@@ -275,7 +272,6 @@ class PolicyMiddleware:
     def _mode_verdict(self, message: JsonObject, wanted: str) -> Action:
         if not self._enforce:
             return FORWARD
-        self.last_changed_by = ("forbid_modes",)
         text = f'acp-proxy policy: mode "{wanted}" is forbidden (forbid_modes)'
         return Reply(error_object(message["id"], POLICY_DENIED, text))
 

@@ -34,9 +34,11 @@ Rules of the interface:
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
   proxy skip parsing frames no middleware can need. Frames containing a JSON escape that could
   hide a needle (``\\u``, and ``\\/`` when a needle contains ``/``) are always parsed.
-* ``last_changed_by`` (optional): a tuple of names the middleware sets during ``__call__`` to say
-  which of its parts changed the message (the rules middleware names its rules); the chain then
-  reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
+* A verdict names the middleware's parts that acted: ``Replace(..., by=("edge-route",))`` (the
+  rules middleware names the rules that changed the message; the chain then reports
+  ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by``, for the debug log), and
+  ``Forward(skipped=...)`` / ``Replace(..., skipped=...)`` the parts that matched but chose not
+  to act (``Outcome.skipped``).
 * ``on_initialize`` (optional): a method called with the ``initialize`` response, which the
   chain itself never sees (it runs once that response fixed the version); it must not raise.
 * ``concerns`` (optional): a ``Concerns`` value saying which requests the middleware acts on,
@@ -55,6 +57,7 @@ Rules of the interface:
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Sequence
 from dataclasses import Field
@@ -102,6 +105,10 @@ class Forward:
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
+    # Parts of the middleware that matched but chose not to act, with their reason (the rules
+    # middleware's v1 ``safe`` skips), for the debug log.
+    skipped: tuple[str, ...] = ()
+
 
 FORWARD = Forward()
 
@@ -126,6 +133,11 @@ class Replace:
 
     messages: tuple[JsonObject, ...]
     replies: tuple[JsonObject, ...] = ()
+    # The parts of the middleware that made the change (the rules middleware: its rules' names);
+    # ``()``: the middleware as a whole.
+    by: tuple[str, ...] = ()
+    # Parts that matched but chose not to act (as ``Forward.skipped``).
+    skipped: tuple[str, ...] = ()
 
 
 @value
@@ -168,6 +180,25 @@ class Middleware(Protocol):
     def name(self) -> str: ...
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict: ...
+
+
+class FastAnnotator(abc.ABC):
+    """A middleware that can annotate a v2 `session/update` without the message being built (the
+    annotation hot path): the rules middleware. A chain takes the fast path when exactly one link
+    is one with ``fusable`` true and every other link declares its ``concerns``.
+
+    ``fused_v2(message, direction)`` gives ``OMITTED`` when the message stays as it is, an edit
+    (the new values of ``params._meta`` and ``params.update._meta``) otherwise, or ``None`` to
+    leave the message to ``__call__``; its answer must be the one ``__call__`` gives.
+    Implementations name it among their bases, so the chain's test is nominal, not a probe.
+    """
+
+    @property
+    @abc.abstractmethod
+    def fusable(self) -> bool: ...
+
+    @abc.abstractmethod
+    def fused_v2(self, message: JsonObject, direction: Direction) -> Any: ...
 
 
 class BaseMiddleware:
@@ -392,9 +423,6 @@ class Chain:
                         # the same id instead of the response the middleware choked on.
                         following.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     continue
-                passed = getattr(mw, "last_skipped_v1", None)
-                if passed:
-                    skipped.extend(f"{mw.name}:{p}" for p in passed)
                 if marking:
                     made = mw.marks  # type: ignore[attr-defined]
                     if made:
@@ -402,6 +430,8 @@ class Chain:
                         made.clear()
                 if isinstance(verdict, Forward):
                     following.append(msg)
+                    if verdict.skipped:
+                        skipped.extend(f"{mw.name}:{p}" for p in verdict.skipped)
                     continue
                 if isinstance(verdict, ForwardWith):
                     following.append(msg)
@@ -411,10 +441,11 @@ class Chain:
                 if isinstance(verdict, Replace):
                     following.extend(verdict.messages)
                     replies.extend(verdict.replies)
-                    # A middleware may name the parts of it that acted (the rules middleware
-                    # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
-                    parts = getattr(mw, "last_changed_by", None) or ()
-                    for name in [f"{mw.name}:{p}" for p in parts] or [mw.name]:
+                    # A verdict may name the parts of its middleware that acted (the rules
+                    # middleware names its rules); logs then show "rules:edge-route".
+                    if verdict.skipped:
+                        skipped.extend(f"{mw.name}:{p}" for p in verdict.skipped)
+                    for name in [f"{mw.name}:{p}" for p in verdict.by] or [mw.name]:
                         if name not in changed_by:
                             changed_by.append(name)
                 else:

@@ -30,7 +30,7 @@ import re
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.base.values import value
-from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
+from acp_proxy.wire.core_settings import DEFAULT_MAX_FRAME_BYTES
 
 # How much of an oversize line is kept for ``read_request_id``.
 HEAD_BYTES = 4096

@@ -12,7 +12,7 @@ flag the connection sets (``on``).
 from __future__ import annotations
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.wire.chain import Chain, Direction, needle_escapes
+from acp_proxy.wire.chain import Chain, Direction, FastAnnotator, needle_escapes
 from acp_proxy.wire.raw.block_scan import contains, scan
 from acp_proxy.wire.raw.prefilter import has_any
 
@@ -76,14 +76,15 @@ class LinkInterest:
         # frame one of them wants (``fused_interest`` differs) takes the chain instead, and so
         # does a lane line holding one of their needles (``lane_blockers``).
         self.fused: object = None
-        fusable = [
-            i for i, link in enumerate(chain.links)
-            if getattr(link.middleware, "fusable", False) is True
+        annotators = [
+            (i, mw) for i, link in enumerate(chain.links)
+            if isinstance(mw := link.middleware, FastAnnotator) and mw.fusable
         ]  # fmt: skip
+        fusable = [i for i, _ in annotators]
         if len(fusable) == 1 and all(
             chain.concerned[i] for i in range(len(chain)) if i != fusable[0]
         ):
-            self.fused = getattr(chain.links[fusable[0]].middleware, "fused_v2", None)
+            self.fused = annotators[0][1].fused_v2
         self.fused_interest = tuple(bool(fusable) and i == fusable[0] for i in range(len(chain)))
         # Per link, whether it may see a notification without the chain around it: it only
         # reads notifications (``Concerns``), or it is the fused path's. ``reading``: some

@@ -278,7 +278,7 @@ _NOT_AT_START_UP = (
     "acp_proxy.config.parser",  # a config file
     "acp_proxy.config.reading",
     "acp_proxy.config.schema",  # check-config, schema
-    "acp_proxy.config.rules",  # rules in a config file
+    "acp_proxy.rules.engine",  # rules in a config file
     "acp_proxy.meta.annotate",
 )
 

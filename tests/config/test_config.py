@@ -21,8 +21,8 @@ from acp_proxy.config import (
     load_config,
     parse_config,
 )
-from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.rules.engine import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.wire.chain import Direction, MessageContext, Replace
 
 R = "rules:\n  - name: r\n"  # the start of a one-rule file

@@ -1,16 +1,18 @@
-"""Tests for acp_proxy.config.rules: matching, message-level edits, entity annotation, order,
+"""Tests for acp_proxy.rules.engine: matching, message-level edits, entity annotation, order,
 needles."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
 from acp_schema import schema_defs, validate_v1_message, validate_v2_message
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
-from acp_proxy.config.rules import (
+from acp_proxy.meta.annotate import V1Mode
+from acp_proxy.rules.engine import (
     KNOWN_UPDATE_KINDS,
     Rule,
     RuleDirection,
@@ -19,11 +21,11 @@ from acp_proxy.config.rules import (
     edit_params_meta,
     rules_needles,
 )
-from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.wire.chain import (
     FORWARD,
     Chain,
     Direction,
+    Forward,
     Link,
     MessageContext,
     Middleware,
@@ -102,15 +104,34 @@ def message_rule(**kw: Any) -> Rule:
     return Rule(name="r", set_meta=TAG, target=RuleTarget.MESSAGE, **kw)
 
 
+@dataclass(frozen=True)
+class Said:
+    """What a verdict says besides what it sends: the rules that changed the message (``by``)
+    and the matching ones the v1 policy held back (``skipped``)."""
+
+    by: tuple[str, ...]
+    skipped: tuple[str, ...]
+
+
+def plain(verdict: Verdict) -> tuple[Verdict, Said]:
+    """The verdict without its report, and the report."""
+    if isinstance(verdict, Replace):
+        said = Said(verdict.by, verdict.skipped)
+        return Replace(verdict.messages, verdict.replies), said
+    if isinstance(verdict, Forward):
+        return FORWARD, Said((), verdict.skipped)
+    return verdict, Said((), ())
+
+
 def run(
     rules: list[Rule], message: JsonObject, context: MessageContext | None = None, **kw: Any
-) -> tuple[Verdict, RulesMiddleware]:
+) -> tuple[Verdict, Said]:
     """Run a fresh middleware once, checking that the input is never mutated."""
     mw = RulesMiddleware(rules, **kw)
     before = copy.deepcopy(message)
     verdict = mw(message, context or ctx())
     assert message == before
-    return verdict, mw
+    return plain(verdict)
 
 
 # --- matching (with message-target rules, which change any message with params) -------------
@@ -211,27 +232,24 @@ MATCHING: list[tuple[str, dict[str, Any], JsonObject, MessageContext, bool]] = [
 def test_matching(
     match: dict[str, Any], message: JsonObject, context: MessageContext, matches: bool
 ) -> None:
-    verdict, mw = run([message_rule(**match)], message, context)
+    verdict, said = run([message_rule(**match)], message, context)
     if matches:
         assert verdict == Replace((tagged(message, {"example.dev/m": 1}),))
-        assert mw.last_changed_by == ("r",)
+        assert said.by == ("r",)
     else:
         assert verdict is FORWARD
-        assert mw.last_changed_by == ()
+        assert said.by == ()
 
 
 def test_unknown_version_forwards_untouched() -> None:
-    verdict, mw = run([message_rule()], PLAN, ctx(None))
+    verdict, said = run([message_rule()], PLAN, ctx(None))
     assert verdict is FORWARD
-    assert mw.last_changed_by == ()
+    assert said.by == ()
 
 
-def test_last_changed_by_is_reset_per_message() -> None:
+def test_a_verdict_names_only_its_own_message_s_rules() -> None:
     mw = RulesMiddleware([message_rule(method="session/update")])
-    seen = []
-    for message in (PLAN, PROMPT):
-        mw(message, ctx())
-        seen.append(mw.last_changed_by)
+    seen = [plain(mw(message, ctx()))[1].by for message in (PLAN, PROMPT)]
     assert seen == [("r",), ()]
 
 
@@ -326,12 +344,12 @@ def test_message_target(
     kw: dict[str, Any], message: JsonObject, expected: JsonObject | None
 ) -> None:
     rule = Rule(**{"name": "r", "set_meta": TAG, "target": RuleTarget.MESSAGE, **kw})
-    verdict, mw = run([rule], message)
+    verdict, said = run([rule], message)
     if expected is None:
         assert verdict is FORWARD
     else:
         assert verdict == Replace((expected,))
-        assert mw.last_changed_by == ("r",)
+        assert said.by == ("r",)
 
 
 def test_message_target_copies_what_it_changes() -> None:
@@ -378,9 +396,9 @@ def test_rule_order(second: dict[str, Any], meta: JsonObject, changed_by: tuple[
         Rule(name="first", set_meta=TAG, target=RuleTarget.MESSAGE),
         Rule(**{"name": "second", "target": RuleTarget.MESSAGE, **second}),
     ]
-    verdict, mw = run(rules, NOTIFY)
+    verdict, said = run(rules, NOTIFY)
     assert verdict == Replace((tagged(NOTIFY, meta),))
-    assert mw.last_changed_by == changed_by
+    assert said.by == changed_by
 
 
 def test_only_matching_rules_apply_in_order() -> None:
@@ -389,9 +407,9 @@ def test_only_matching_rules_apply_in_order() -> None:
         Rule(name="b", set_meta={"x/b": 1}, target=RuleTarget.MESSAGE, method="fs/*"),
         Rule(name="c", set_meta={"x/c": 1}, target=RuleTarget.MESSAGE),
     ]
-    verdict, mw = run(rules, PLAN)
+    verdict, said = run(rules, PLAN)
     assert verdict == Replace((tagged(PLAN, {"x/a": 1, "x/c": 1}),))
-    assert mw.last_changed_by == ("a", "c")
+    assert said.by == ("a", "c")
 
 
 # --- target: entity (through annotate_message) --------------------------------------------------
@@ -406,12 +424,12 @@ EDGE = Rule(
 
 def test_entity_v2_meta_omitted_becomes_a_patch() -> None:
     message = tool_update(status="completed")
-    verdict, mw = run([EDGE], message)
+    verdict, said = run([EDGE], message)
     expected = tool_update(
         status="completed", _meta={"example.dev/route": "edge", "zed.dev/debugMode": None}
     )
     assert verdict == Replace((expected,))
-    assert mw.last_changed_by == ("edge",)
+    assert said.by == ("edge",)
     validate_v2_message(expected)
 
 
@@ -432,9 +450,9 @@ def test_entity_overwrite() -> None:
 
 def test_entity_already_satisfied_is_forwarded() -> None:
     message = tool_update(_meta={"example.dev/route": "edge", "zed.dev/debugMode": None})
-    verdict, mw = run([EDGE], message)
+    verdict, said = run([EDGE], message)
     assert verdict is FORWARD
-    assert mw.last_changed_by == ()
+    assert said.by == ()
 
 
 def test_entity_rule_on_a_non_upsert_is_forwarded() -> None:
@@ -449,7 +467,7 @@ def test_entity_v2_clear_survives_and_later_rules_join_the_follow_up() -> None:
         Rule(name="two", set_meta={"example.dev/b": 2}),
         Rule(name="trace", set_meta={"traceparent": "00-x-01"}, target=RuleTarget.MESSAGE),
     ]
-    verdict, mw = run(rules, message)
+    verdict, said = run(rules, message)
     follow_up = update(
         {
             "sessionUpdate": "tool_call_update",
@@ -460,7 +478,7 @@ def test_entity_v2_clear_survives_and_later_rules_join_the_follow_up() -> None:
     assert verdict == Replace(
         (tagged(message, {"traceparent": "00-x-01"}), tagged(follow_up, {"traceparent": "00-x-01"}))
     )
-    assert mw.last_changed_by == ("one", "two", "trace")
+    assert said.by == ("one", "two", "trace")
     assert isinstance(verdict, Replace)
     for out in verdict.messages:
         validate_v2_message(out)
@@ -485,19 +503,19 @@ V1_TOOL_CALL = update({"sessionUpdate": "tool_call", "toolCallId": "c1", "title"
 
 
 def test_v1_safe_mode_skips_updates_without_meta() -> None:
-    verdict, mw = run([EDGE], V1_UPDATE_NO_META, ctx(1))
+    verdict, said = run([EDGE], V1_UPDATE_NO_META, ctx(1))
     assert verdict is FORWARD
-    assert mw.last_changed_by == ()
-    assert mw.last_skipped_v1 == ("edge",)
+    assert said.by == ()
+    assert said.skipped == ("edge",)
 
 
 def test_v1_safe_mode_annotates_an_update_carrying_meta() -> None:
     message = tool_update(_meta={"agent.dev/k": 1, "zed.dev/debugMode": True})
-    verdict, mw = run([EDGE], message, ctx(1))
+    verdict, said = run([EDGE], message, ctx(1))
     # v1 replaces the whole object: the removal is an absent key, not a null.
     expected = tool_update(_meta={"agent.dev/k": 1, "example.dev/route": "edge"})
     assert verdict == Replace((expected,))
-    assert mw.last_skipped_v1 == ()
+    assert said.skipped == ()
     validate_v1_message(expected)
 
 
@@ -516,9 +534,9 @@ def test_v1_safe_mode_annotates_the_creating_tool_call() -> None:
 
 
 def test_v1_off_never_annotates() -> None:
-    verdict, mw = run([EDGE], V1_TOOL_CALL, ctx(1), v1_mode=V1Mode.OFF)
+    verdict, said = run([EDGE], V1_TOOL_CALL, ctx(1), v1_mode=V1Mode.OFF)
     assert verdict is FORWARD
-    assert mw.last_skipped_v1 == ()
+    assert said.skipped == ()
 
 
 def test_v1_stateful_follows_unmatched_upserts() -> None:
@@ -536,14 +554,13 @@ def test_v1_stateful_follows_unmatched_upserts() -> None:
         }
     )
     assert mw(created, ctx(1)) is FORWARD
-    assert mw(V1_UPDATE_NO_META, ctx(1)) == Replace(
+    assert plain(mw(V1_UPDATE_NO_META, ctx(1)))[0] == Replace(
         (tool_update(status="completed", _meta={"agent.dev/k": 1, "example.dev/a": 1}),)
     )
     assert mw.v1_store is not None and len(mw.v1_store) == 1
     # Per connection: a new middleware knows nothing and skips.
     other = RulesMiddleware([rule], v1_mode=V1Mode.STATEFUL)
-    assert other(V1_UPDATE_NO_META, ctx(1)) is FORWARD
-    assert other.last_skipped_v1 == ("r",)
+    assert other(V1_UPDATE_NO_META, ctx(1)) == Forward(skipped=("r",))
 
 
 def test_v1_stateful_ignores_client_to_agent_traffic() -> None:

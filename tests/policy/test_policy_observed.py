@@ -14,8 +14,8 @@ import pytest
 from acp_schema import validate_v1, validate_v2
 
 from acp_proxy.config import Config, MiddlewareSpec, parse_config
-from acp_proxy.config.rules import RulesMiddleware
 from acp_proxy.policy.policy_link import NAME, AuditEntry, PolicyMiddleware
+from acp_proxy.rules.engine import RulesMiddleware
 from acp_proxy.shell.ui.hub import UiHub, UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView

@@ -17,7 +17,7 @@ import acp_proxy.middleware as public
 from acp_proxy.wire import chain
 
 PACKAGE = REPO / "acp_proxy"
-PURE = ("base", "meta", "wire", "config", "record", "telemetry", "policy", "budget")
+PURE = ("base", "meta", "wire", "rules", "config", "record", "telemetry", "policy", "budget")
 MAX_CLASS_LINES = 450
 MAX_MODULE_LINES = 600
 

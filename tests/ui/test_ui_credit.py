@@ -13,7 +13,7 @@ import pytest
 from proxy_harness import proxy_cmd, run
 
 from acp_proxy.config import parse_config
-from acp_proxy.config.rules import entity_keys_by_rule
+from acp_proxy.rules.engine import entity_keys_by_rule
 from acp_proxy.ui import events
 from acp_proxy.ui.entities import EntityView
 

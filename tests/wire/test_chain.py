@@ -48,8 +48,7 @@ class Named(BaseMiddleware):
     """Replaces and names the parts that acted, like the rules middleware."""
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
-        self.last_changed_by = ("edge-route", "trace")
-        return Replace(({**message, "tag": 1},))
+        return Replace(({**message, "tag": 1},), by=("edge-route", "trace"))
 
 
 def test_forward_keeps_the_message_unchanged() -> None:

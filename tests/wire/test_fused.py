@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from json_strategies import WS, json_strings, json_text
 
 from acp_proxy.base.jsontypes import JsonValue
-from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.meta.registry import UPSERT_KINDS
+from acp_proxy.rules.engine import Rule, RuleDirection, RulesMiddleware, RuleTarget
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.connection import rewrite
 from acp_proxy.wire.connection.pipeline import Connection, Result

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acp_proxy.config import Config
-from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
+from acp_proxy.rules.engine import Rule, RuleDirection, RulesMiddleware
 from acp_proxy.shell.session.buffer_budget import READ_SIZE, BufferBudget
 from acp_proxy.shell.session.pump import PumpSession
 from acp_proxy.shell.streams.transports import FdStream

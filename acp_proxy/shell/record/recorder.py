@@ -417,7 +417,7 @@ def _rule_keys(config: Config) -> dict[str, list[str]] | None:
     its rule); the rules engine is imported only when there are rules (start-up time)."""
     if not config.rules:
         return None
-    from acp_proxy.config.rules import entity_keys_by_rule
+    from acp_proxy.rules.engine import entity_keys_by_rule
 
     return entity_keys_by_rule(config.rules)
 

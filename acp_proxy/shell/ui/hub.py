@@ -199,7 +199,7 @@ class UiHub:
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
     def session_observer(self, session: Any) -> UiTap:
-        from acp_proxy.config.rules import entity_keys_by_rule
+        from acp_proxy.rules.engine import entity_keys_by_rule
 
         config = session.config
         header: JsonObject = {

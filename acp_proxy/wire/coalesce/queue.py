@@ -54,12 +54,12 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
-from acp_proxy.config import CoalesceConfig
 from acp_proxy.wire.coalesce.keys import Class, EntityKey, Spec, Table, classify, table_of
 from acp_proxy.wire.coalesce.merge import Group, encode_ahead
 from acp_proxy.wire.coalesce.pace import Pace
 from acp_proxy.wire.coalesce.rate import RateLimit
 from acp_proxy.wire.coalesce.take import FRAME_OVERHEAD, Run, frames_of, take_some, waiting
+from acp_proxy.wire.core_settings import CoalesceConfig
 
 _NEEDLE = b'"session/update"'
 # One entry of the per-entity index: the dict slot, the key tuple and its strings, the position.

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 
-from acp_proxy.config import NonJsonPolicy
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.host import Host
 from acp_proxy.wire.connection.unparsed import ParseBudget
+from acp_proxy.wire.core_settings import NonJsonPolicy
 from acp_proxy.wire.notes import NonJson, Note, Result
 from acp_proxy.wire.raw import rawjson
 

@@ -27,9 +27,8 @@ Rules:
 entries
    re-encoded).
 5. Tracking. Client requests awaiting the agent's response, and agent requests awaiting the
-   client's, are kept by ``acp_proxy.wire.connection.tracking.RequestTracker`` (bounded; a request
-   past the
-   bound is answered with an error instead of forwarded); a response removes its id.
+   client's, are kept by ``tracking.RequestTracker`` (bounded; a request past the bound is
+   answered with an error instead of forwarded); a response removes its id.
    ``abort_pending`` answers the client's open requests when the agent dies, lazily, echoing each
    id's bytes. A frame over the parse budget is forwarded unparsed, its request tracked from
    what its head says.
@@ -44,12 +43,7 @@ from collections.abc import Iterable, Iterator
 import orjson
 
 from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
-from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES, DEFAULT_MAX_PENDING_REQUESTS, NonJsonPolicy
-from acp_proxy.wire.chain import (
-    Chain,
-    Direction,
-    MessageContext,
-)
+from acp_proxy.wire.chain import Chain, Direction, MessageContext
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.batches import Batches
 from acp_proxy.wire.connection.blocks import Blocks
@@ -67,12 +61,13 @@ from acp_proxy.wire.connection.oversize import oversize
 from acp_proxy.wire.connection.rewrite import Rewriter, encode
 from acp_proxy.wire.connection.tracking import RequestTracker, is_id
 from acp_proxy.wire.connection.unparsed import ParseBudget
-from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
-from acp_proxy.wire.framing import (
-    Block,
-    Line,
-    Oversize,
+from acp_proxy.wire.core_settings import (
+    DEFAULT_MAX_PARSE_BYTES,
+    DEFAULT_MAX_PENDING_REQUESTS,
+    NonJsonPolicy,
 )
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
+from acp_proxy.wire.framing import Block, Line, Oversize
 from acp_proxy.wire.interest import LinkInterest
 from acp_proxy.wire.notes import (
     EMPTY,
@@ -94,12 +89,7 @@ from acp_proxy.wire.notes import (
 )
 from acp_proxy.wire.raw import rawjson, rawscan
 from acp_proxy.wire.raw.block_scan import contains
-from acp_proxy.wire.raw.prefilter import (
-    ID_KEY,
-    agent_needs_parse,
-    client_needs_parse,
-    parse_cost,
-)
+from acp_proxy.wire.raw.prefilter import ID_KEY, agent_needs_parse, client_needs_parse, parse_cost
 
 # Bounded memory (docs/bounds.md): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.

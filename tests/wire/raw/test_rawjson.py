@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from json_strategies import WS, json_strings, json_text
 
-from acp_proxy.config.rules import Rule, RuleDirection, RulesMiddleware
+from acp_proxy.rules.engine import Rule, RuleDirection, RulesMiddleware
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.connection.pipeline import Connection
 from acp_proxy.wire.framing import Line

@@ -1,12 +1,12 @@
 """The built-in annotation-rules middleware: the YAML ``rules:`` list, compiled and applied.
 
-Contract: owns how compiled rules match a message (direction, method glob, ``sessionUpdate``
-kind) and how the matching rules are applied in file order: entity ``_meta`` through
-``annotate_message`` (the patch core decides what an upsert is and how to annotate it,
-version-aware), message-level ``params._meta`` as a plain object. Never mutates its input and never
-does I/O or logging: what it changed is reported through ``last_changed_by`` (see
-``RulesMiddleware``). Its only state is per connection (the v1 stateful store). Validation of
-rules lives in ``config``; this module trusts its input.
+Contract: owns how compiled rules match a message (direction, method glob, ``sessionUpdate`` kind)
+and how the matching rules are applied in file order: entity ``_meta`` through ``annotate_message``
+(the patch core decides what an upsert is and how to annotate it, version-aware), message-level
+``params._meta`` as a plain object. Never mutates its input and never does I/O or logging: what it
+changed is said by its verdict (``Replace.by``: the rules that changed the message; ``skipped``:
+those the v1 policy held back). Its only state is per connection (the v1 stateful store).
+Validation of rules lives in ``config``; this module trusts its input.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
     Direction,
+    FastAnnotator,
+    Forward,
     MessageContext,
     Replace,
     Verdict,
@@ -370,7 +372,7 @@ _V1_UPSERT_NEEDLES: Final = (
 )
 
 
-class RulesMiddleware(BaseMiddleware):
+class RulesMiddleware(BaseMiddleware, FastAnnotator):
     """The ``rules:`` list as a middleware (create one per connection).
 
     Every rule that matches the message (as it arrived at this middleware) applies, in file
@@ -379,11 +381,9 @@ class RulesMiddleware(BaseMiddleware):
     survive), later entity rules apply to the follow-up only, never to the clear again, so N rules
     never produce more than one follow-up per split. Message-target rules edit every output.
 
-    After each call, ``last_changed_by`` holds the names of the rules that changed the message
-    (``()`` when it was forwarded unchanged) and ``last_skipped_v1`` the names of the matching
-    entity rules that the v1 policy did not apply (``SKIPPED_V1_UNSAFE``: the update carries no
-    `_meta` object, so adding one would erase the agent's metadata); the shell reads both for its
-    debug log line (find the instance with ``isinstance(link.middleware, RulesMiddleware)``).
+    Its verdict names the rules that changed the message (``Replace.by``) and the matching entity
+    rules that the v1 policy did not apply (``skipped``: ``SKIPPED_V1_UNSAFE``, the update carries
+    no `_meta` object, so adding one would erase the agent's metadata), for the debug log.
 
     ``V1Mode.STATEFUL``: a per-connection ``V1MetaStore`` (at most ``v1_max_entities``) follows
     every v1 upsert this middleware forwards toward the client, so ``needles`` then also lists
@@ -407,8 +407,6 @@ class RulesMiddleware(BaseMiddleware):
         self._v1_store: V1MetaStore | None = (
             V1MetaStore(v1_max_entities) if v1_mode is V1Mode.STATEFUL else None
         )
-        self.last_changed_by: tuple[str, ...] = ()
-        self.last_skipped_v1: tuple[str, ...] = ()
         # The fused v2 path (``fused_v2``): per direction, the rules that can match a
         # `session/update`; None when a rule rules it out (a value orjson would not write back
         # as it is).
@@ -446,8 +444,8 @@ class RulesMiddleware(BaseMiddleware):
         and message rules does not matter here. The caller sets the members itself and encodes
         only them. ``None`` for anything else (another method, a malformed update, a clear to
         split): ``__call__`` decides. The answer is the one ``__call__`` gives on a message of
-        version 2, exactly; it does not set ``last_changed_by`` (only the debug log names the
-        rules, and debug logging takes the general path).
+        version 2, exactly, without naming the rules (only the debug log names them, and debug
+        logging takes the general path).
         """
         table = self._fused
         if table is None or message.get("method") != registry.SESSION_UPDATE:
@@ -508,8 +506,6 @@ class RulesMiddleware(BaseMiddleware):
         return c.upserts and registry.find_upsert(message, version) is not None
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
-        self.last_changed_by = ()
-        self.last_skipped_v1 = ()
         version = ctx.protocol_version
         if version is None:  # before the version is known, forward untouched
             return FORWARD
@@ -564,8 +560,7 @@ class RulesMiddleware(BaseMiddleware):
             current = following
             if changed and c.rule.name not in changed_by:
                 changed_by.append(c.rule.name)
-        self.last_skipped_v1 = tuple(dict.fromkeys(skipped))
+        passed = tuple(dict.fromkeys(skipped))
         if not changed_by:
-            return FORWARD
-        self.last_changed_by = tuple(changed_by)
-        return Replace(tuple(m for m, _ in current))
+            return Forward(skipped=passed) if passed else FORWARD
+        return Replace(tuple(m for m, _ in current), by=tuple(changed_by), skipped=passed)
