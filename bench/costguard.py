@@ -301,6 +301,9 @@ class _Client:
     reads, and stopped with its buffer full (paused: every message waits in the proxy's queue).
     """
 
+    VECTORED = True  # as FdStream declares (``NonBlockingSend``)
+    GAUGED = True
+
     def __init__(self, reads_from: float | None, buffer: int = CLIENT_BUFFER) -> None:
         self.reads_from = reads_from
         self.buffer = buffer
@@ -392,8 +395,13 @@ def _session_run(config: Any, spec: Workload, data: bytes) -> Outcome:
 
     from acp_proxy.shell.session.pump import PumpSession
     from acp_proxy.shell.streams.outbox import write_all
+    from acp_proxy.shell.streams.transports import ChunkConsumer, NonBlockingSend
     from acp_proxy.wire.chain import Direction
 
+    # The streams declare what FdStream declares (imported only now: the scanner is chosen
+    # before acp_proxy is imported).
+    ChunkConsumer.register(_AgentOutput)
+    NonBlockingSend.register(_Client)
     agent_out = _AgentOutput(data, spec.read)
     started = _CLOCK.now
     reads_from = spec.reads_from

@@ -36,7 +36,13 @@ import orjson
 from acp_proxy.config import Config
 from acp_proxy.shell.log.logsetup import get_logger
 from acp_proxy.shell.log.repeats import Repeats
-from acp_proxy.shell.streams.transports import HANDLED, HANDLED_WAKE, STREAM_ERRORS
+from acp_proxy.shell.streams.transports import (
+    HANDLED,
+    HANDLED_WAKE,
+    STREAM_ERRORS,
+    ChunkConsumer,
+    NonBlockingSend,
+)
 from acp_proxy.wire.conductor.component import Link, Side
 from acp_proxy.wire.conductor.envelope import Dialect
 from acp_proxy.wire.errors import INVALID_REQUEST, error_bytes
@@ -49,7 +55,7 @@ READ_SIZE = 256 * 1024
 SIDE_CHUNKS = 8
 
 
-class _SideStream(anyio.abc.ByteStream):
+class _SideStream(anyio.abc.ByteStream, ChunkConsumer):
     """One side of the conductor connection as the byte stream a ``PumpSession`` reads and
     writes: reads give whole lines routed to this side; writes go through the link.
 
@@ -66,10 +72,6 @@ class _SideStream(anyio.abc.ByteStream):
         self._rx = rx
         self.consumer: Callable[[bytes], int] | None = None
         self.parked = False  # the reader waits in receive_or_handled, nothing queued for it
-        if mux.can_try_send:
-            # The outbox's fast path (a write straight from the reader task when its writer is
-            # idle) is offered when the conductor stream has it (FdStream).
-            self.try_send = self._try_send
 
     def set_consumer(self, consumer: Callable[[bytes], int] | None) -> None:
         self.consumer = consumer
@@ -128,7 +130,12 @@ class _SideStream(anyio.abc.ByteStream):
         self.parked = False
         await self.incoming.send(chunk)
 
-    def _try_send(self, data: bytes | memoryview) -> int:
+
+class _DirectSideStream(_SideStream, NonBlockingSend):
+    """A side whose conductor stream writes without waiting (an ``FdStream``): the outbox's fast
+    path (a write straight from the reader task when its writer is idle) is offered."""
+
+    def try_send(self, data: bytes | memoryview) -> int:
         """Take all of ``data`` (whole lines) and write what they become without waiting; what
         the kernel did not take waits in the mux (``ConductorMux.flush``). 0 when the mux has
         a write in flight or owes one: the outbox then queues for ``send``."""
@@ -153,12 +160,13 @@ class ConductorMux:
         self.log = log
         self.max_frame_bytes = max_frame_bytes
         self._write_lock = anyio.Lock()
-        self._try_send = getattr(stream, "try_send", None)
-        self.can_try_send = callable(self._try_send)
+        self._try_send = stream.try_send if isinstance(stream, NonBlockingSend) else None
+        self.can_try_send = self._try_send is not None
         self._owed = b""  # what a non-blocking write left unwritten (flush writes it)
         self._owe = anyio.Event()
-        self.client = _SideStream(self, Side.CLIENT, SIDE_CHUNKS)
-        self.agent = _SideStream(self, Side.AGENT, SIDE_CHUNKS)
+        side = _DirectSideStream if self.can_try_send else _SideStream
+        self.client = side(self, Side.CLIENT, SIDE_CHUNKS)
+        self.agent = side(self, Side.AGENT, SIDE_CHUNKS)
         self._partial = {Side.CLIENT: b"", Side.AGENT: b""}  # a write's unfinished line
         self.closed = anyio.Event()  # the conductor closed its side (EOF)
         self.envelopes_in = 0
@@ -291,7 +299,7 @@ class ConductorMux:
             await self._send(out)
 
     def try_write(self, side: Side, data: bytes) -> int:
-        """``write`` without waiting (see ``_SideStream._try_send``): ``len(data)``, or 0 when
+        """``write`` without waiting (see ``_DirectSideStream.try_send``): ``len(data)``, or 0 when
         nothing was done."""
         if self._owed or self._write_lock.locked() or self._partial[side]:
             return 0

@@ -20,7 +20,7 @@ import anyio
 import anyio.abc
 
 from acp_proxy.base.values import value
-from acp_proxy.shell.streams.transports import STREAM_ERRORS
+from acp_proxy.shell.streams.transports import STREAM_ERRORS, NonBlockingSend
 from acp_proxy.wire.coalesce.gate import GATE_PAUSED_S, GATE_UNREAD, WriteGate
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
 from acp_proxy.wire.written import after_written, frames_size, line_end_within, parts_of
@@ -94,17 +94,15 @@ class Outbox:
         self.queue = queue
         self.tx = tx
         self.stats = stats
-        # Streams over raw fds (FdStream) offer a non-blocking write; others use send() only.
-        try_send = getattr(tx, "try_send", None)
-        self.try_send: Callable[[bytes | memoryview], int] | None = (
-            try_send if callable(try_send) else None
-        )
-        try_sendv = getattr(tx, "try_sendv", None)
-        self.try_sendv: Callable[[list[bytes | memoryview]], int] | None = (
-            try_sendv if callable(try_sendv) else None
-        )
-        unread = getattr(tx, "unread", None)
-        self.unread: Callable[[], int | None] | None = unread if callable(unread) else None
+        # Streams over raw fds (FdStream) write without waiting, as they declare
+        # (``NonBlockingSend``); others use send() only.
+        self.try_send: Callable[[bytes | memoryview], int] | None = None
+        self.try_sendv: Callable[[list[bytes | memoryview]], int] | None = None
+        self.unread: Callable[[], int | None] | None = None
+        if isinstance(tx, NonBlockingSend):
+            self.try_send = tx.try_send
+            self.try_sendv = tx.try_sendv if tx.VECTORED else None
+            self.unread = tx.unread if tx.GAUGED else None
         self._gate = WriteGate()  # when to write while the queue merges (pure rules)
         # Whether the peer's unread bytes could be asked (a pipe, a Unix socket; not TCP): the
         # writer then merges while it waits for the peer (``queue.look``), not when it takes.

@@ -24,7 +24,13 @@ import anyio.abc
 
 from acp_proxy.shell.session.buffer_budget import READ_SIZE, BufferBudget, Share
 from acp_proxy.shell.streams.outbox import Outbox
-from acp_proxy.shell.streams.transports import HANDLED, HANDLED_WAKE, NOT_HANDLED, STREAM_ERRORS
+from acp_proxy.shell.streams.transports import (
+    HANDLED,
+    HANDLED_WAKE,
+    NOT_HANDLED,
+    STREAM_ERRORS,
+    ChunkConsumer,
+)
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.pipeline import Connection, Result
@@ -161,11 +167,10 @@ class Reader:
                 return HANDLED
             return HANDLED_WAKE
 
-        set_consumer = getattr(rx, "set_consumer", None)
         receive: Callable[[int], Awaitable[bytes | None]] = rx.receive
-        if callable(set_consumer):
-            set_consumer(consume)
-            receive = rx.receive_or_handled  # type: ignore[attr-defined]
+        if isinstance(rx, ChunkConsumer):
+            rx.set_consumer(consume)
+            receive = rx.receive_or_handled
         # One cancel scope for the whole loop (``stop`` cancels it): the only awaits are the
         # waits for room and ``receive``, and a cancelled receive consumes nothing, while each
         # chunk is dispatched synchronously, so stopping never loses or splits a frame.
@@ -197,8 +202,8 @@ class Reader:
                     reserved = 0
             finally:
                 self.waiting = None
-                if callable(set_consumer):
-                    set_consumer(None)
+                if isinstance(rx, ChunkConsumer):
+                    rx.set_consumer(None)
                 if reserved:
                     budget.add(-reserved)
                 budget.release_owner(splitter)

@@ -15,6 +15,7 @@ fd directly in non-blocking mode and only parks on the event loop's selector (``
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import fcntl
@@ -23,6 +24,7 @@ import stat
 import sys
 import termios
 from collections.abc import Callable
+from typing import ClassVar
 
 import anyio
 import anyio.abc
@@ -54,12 +56,51 @@ def gone(exc: OSError) -> anyio.BrokenResourceError:
     return err
 
 
-class FdStream(anyio.abc.ByteStream):
+class NonBlockingSend(abc.ABC):
+    """A stream that can write without waiting: the outbox's fast paths (declared, not probed).
+
+    ``try_send`` writes what the kernel takes now and returns how much (0: nothing; it never
+    blocks). A stream declares what else it offers: ``VECTORED``, ``try_sendv`` writes several
+    buffers in one call (no joined copy of a big frame); ``GAUGED``, ``unread`` tells how many
+    bytes the peer has not read yet (``None`` when its kernel cannot say, as for TCP).
+    """
+
+    VECTORED: ClassVar[bool] = False
+    GAUGED: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def try_send(self, data: bytes | memoryview) -> int: ...
+
+    def try_sendv(self, parts: list[bytes | memoryview]) -> int:
+        raise NotImplementedError  # only where VECTORED
+
+    def unread(self) -> int | None:
+        return None
+
+
+class ChunkConsumer(abc.ABC):
+    """A stream whose reads can go straight to a consumer while a receive is parked (the round
+    trip without a task switch): ``set_consumer`` and ``receive_or_handled`` (see ``FdStream``)."""
+
+    @abc.abstractmethod
+    def set_consumer(self, consumer: Callable[[bytes], int] | None) -> None: ...
+
+    @abc.abstractmethod
+    async def receive_or_handled(self, max_bytes: int = 65536) -> bytes | None: ...
+
+
+class FdStream(anyio.abc.ByteStream, NonBlockingSend, ChunkConsumer):
     """A byte stream over one or two raw file descriptors (read side, write side).
+
+    It writes without waiting (``NonBlockingSend``: vectored, and gauged where the kernel can
+    tell the peer's unread bytes) and hands reads to a consumer (``ChunkConsumer``).
 
     ``close_fds``: close the descriptors on ``aclose`` (pipes we created), or leave them open and
     only restore their flags (the process's own stdin/stdout); a set names the ones to close.
     """
+
+    VECTORED = True
+    GAUGED = True
 
     def __init__(
         self,

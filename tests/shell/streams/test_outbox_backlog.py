@@ -11,6 +11,7 @@ import pytest
 
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.shell.streams.outbox import Outbox, SideStats
+from acp_proxy.shell.streams.transports import NonBlockingSend
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
 
 pytestmark = pytest.mark.anyio
@@ -22,14 +23,14 @@ def tcu(status: str, call: str = "t1") -> bytes:
     return orjson.dumps({"jsonrpc": "2.0", "method": "session/update", "params": params})
 
 
-class NearlyFull:
+class NearlyFull(NonBlockingSend):
     """A stream whose kernel buffer takes ``room`` bytes, then nothing."""
 
     def __init__(self, room: int) -> None:
         self.room = room
         self.taken = b""
 
-    def try_send(self, data: bytes) -> int:
+    def try_send(self, data: bytes | memoryview) -> int:
         n = min(self.room, len(data))
         self.room -= n
         self.taken += bytes(data[:n])
@@ -55,11 +56,13 @@ async def test_lines_the_kernel_did_not_take_wait_in_the_queue_and_merge() -> No
 class NearlyFullVector(NearlyFull):
     """``NearlyFull`` with ``writev``: records the buffers it was given."""
 
+    VECTORED = True
+
     def __init__(self, room: int) -> None:
         super().__init__(room)
         self.calls: list[list[Any]] = []
 
-    def try_sendv(self, parts: list[Any]) -> int:
+    def try_sendv(self, parts: list[bytes | memoryview]) -> int:
         self.calls.append(list(parts))
         return self.try_send(b"".join(bytes(p) for p in parts))
 
