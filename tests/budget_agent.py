@@ -1,18 +1,21 @@
 """A scripted ACP agent for the budgets tests (real process, real pipes).
 
-Usage: ``budget_agent.py VERSION``. Answers ``initialize`` with protocolVersion VERSION,
-``session/new`` with the next of "sess_1", "sess_2"... A ``session/prompt`` whose first text
-block is a JSON script ``{"updates": [...], "usage": {...}?, "await_cancel": bool?}`` runs a
+Usage: ``budget_agent.py VERSION [unique]``. Answers ``initialize`` with protocolVersion VERSION,
+``session/new`` with the next of "sess_1", "sess_2"... (with ``unique``: "sess_PID_1", as agents
+that name sessions by UUID never give two processes the same id). A ``session/prompt`` whose first
+text block is a JSON script ``{"updates": [...], "usage": {...}?, "await_cancel": bool?}`` runs a
 turn: v2 answers the prompt ``{}`` and reports ``running``; the updates are written as
 ``session/update`` notifications of the prompt's session; with ``await_cancel`` the agent then
 reads until a ``session/cancel`` comes; the turn ends (v1: the prompt's result with its
 ``stopReason`` and ``usage``; v2: the idle ``state_update`` with them). ``_test/stats`` answers
 ``{"prompts": N, "cancels": M}``: the prompts and session/cancel notifications that reached it.
+``session/load`` (v1) and ``session/resume`` (v2, after an idle ``state_update``) answer ``{}``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +36,7 @@ def _update(sid: str, update: Any) -> Any:
 
 def main(argv: list[str]) -> int:
     version = int(argv[0])
+    prefix = f"sess_{os.getpid()}_" if "unique" in argv[1:] else "sess_"
     out = sys.stdout.buffer
     prompts = cancels = sessions = 0
     lines: Iterator[bytes] = iter(sys.stdin.buffer)
@@ -55,7 +59,12 @@ def main(argv: list[str]) -> int:
                 result.update(capabilities={}, info=info)
         elif method == "session/new":
             sessions += 1
-            result = {"sessionId": f"sess_{sessions}"}
+            result = {"sessionId": f"{prefix}{sessions}"}
+        elif method in ("session/load", "session/resume"):
+            if version == 2:  # the current state before the answer (v2 session setup)
+                idle = {"sessionUpdate": "state_update", "state": "idle"}
+                _write(out, _update(params["sessionId"], idle))
+            result = {}
         elif method == "_test/stats":
             result = {"prompts": prompts, "cancels": cancels}
         elif method == "session/prompt":

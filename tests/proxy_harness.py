@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import termios
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,3 +307,30 @@ async def wait_until(
             await anyio.sleep(0.02)
         return
     raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+class SocketAsProcess:
+    """A connected byte stream as a test client drives a process: ``stdin`` to send, ``stdout``
+    to read (the same client code for stdio and for ``--listen``)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stdin = self.stdout = stream
+
+
+@contextlib.asynccontextmanager
+async def running(cmd: list[str]) -> AsyncIterator[anyio.abc.Process]:
+    """``cmd`` (a proxy, a conductor) run from the repository with the test environment; killed
+    if the test leaves it running."""
+    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+
+
+async def wait_for_path(path: Path) -> None:
+    """Until ``path`` exists (a Unix socket a proxy binds), at most ``TIMEOUT``."""
+    with anyio.fail_after(TIMEOUT):
+        while not path.exists():
+            await anyio.sleep(0.02)

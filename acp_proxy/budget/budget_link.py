@@ -43,6 +43,7 @@ NOTICE_META = "acp-proxy/notice"
 FLUSH_S = 1.0
 POOL_PREFIX = "acp-proxy/"
 _A2C = Direction.AGENT_TO_CLIENT
+_LOADS = frozenset({"session/load", "session/resume"})
 
 
 @value
@@ -154,6 +155,8 @@ class BudgetMiddleware:
         b'"state_update"',
         b'"stopReason"',  # a v1 prompt's result
         b'"error"',  # a prompt's error response
+        b'"session/load"',  # a loaded or resumed session's first cost is a baseline
+        b'"session/resume"',
     )
 
     def __init__(
@@ -169,7 +172,6 @@ class BudgetMiddleware:
         self._sink = sink
         self.meters = Meters()
         self.client_notices = False  # v1: the client advertised ``session.notices``
-        self.last_changed_by: tuple[str, ...] = ()
         self._broken: str | None = None  # the last write's failure, until one succeeds
         self._written_at = float("-inf")
 
@@ -197,6 +199,11 @@ class BudgetMiddleware:
             return FORWARD
         if method == "session/prompt" and "id" in message:
             return self._prompt(message)
+        if method in _LOADS and "id" in message:
+            params = message.get("params")
+            sid = params.get("sessionId") if isinstance(params, dict) else None
+            if isinstance(sid, str):
+                self.ledger.session_loaded(sid)
         return FORWARD
 
     # -- client to agent
@@ -232,11 +239,9 @@ class BudgetMiddleware:
         notices = self._notices(sid, crossings)
         if not notices:
             return FORWARD
-        self.last_changed_by = ("notice",)
-        return Replace((message,), replies=tuple(notices))
+        return Replace((message,), replies=tuple(notices), by=("notice",))
 
     def _refuse(self, error: JsonObject) -> Action_:
-        self.last_changed_by = ("refused",)
         return Reply(error)
 
     # -- agent to client
@@ -276,9 +281,9 @@ class BudgetMiddleware:
         cancel = self._cancel(sid, now) if sid is not None else None
         if not notices and cancel is None:
             return FORWARD
-        self.last_changed_by = ("notice",) if cancel is None else ("cancel_turn",)
         replies = (cancel,) if cancel is not None else ()
-        return Replace((message, *notices), replies=replies)
+        by = ("notice",) if cancel is None else ("cancel_turn",)
+        return Replace((message, *notices), replies=replies, by=by)
 
     def _cancel(self, sid: str, now: float) -> JsonObject | None:
         """``session/cancel`` for the session's running turn when a ``cancel_turn`` limit is

@@ -109,6 +109,9 @@ class Ledger:
         # file in the same order, they give the same sum to the last bit), or the longest run.
         self.pending: dict[tuple[str, str], list[float]] = {}
         self.cost_seen: dict[str, float] = {}  # sessionId -> its last cumulative cost
+        # Sessions a client loaded or resumed whose cost this ledger never saw: their first
+        # report is a baseline (what they cost before is not ours to count again).
+        self.loaded: dict[str, None] = {}
         self._cost_dirty: set[str] = set()
         self._foreign: JsonObject = {}  # limits of the file that this config does not have
 
@@ -203,17 +206,33 @@ class Ledger:
         return out
 
     def cost_delta(self, session_id: str, amount: float) -> float:
-        """The increase of a session's cumulative cost since its last report (0 for the first
-        report of a session never seen, and when the amount went down: a new baseline)."""
+        """The increase of a session's cumulative cost since its last report. A session never
+        seen started at no cost, so its first report is spent in full, unless the client loaded
+        or resumed it (``session_loaded``): that first report is a baseline. 0 when the amount
+        went down (a new baseline)."""
         seen = self.cost_seen.get(session_id)
-        if seen == amount:
+        if seen is None:
+            if session_id in self.loaded:
+                del self.loaded[session_id]  # loaded or resumed: this report is its baseline
+            else:
+                seen = 0.0  # opened through this proxy: it started at no cost
+            if len(self.cost_seen) >= MAX_KEYS:
+                del self.cost_seen[next(iter(self.cost_seen))]
+        elif seen == amount:
             return 0.0
-        if seen is None and len(self.cost_seen) >= MAX_KEYS:
-            del self.cost_seen[next(iter(self.cost_seen))]
         self.cost_seen.pop(session_id, None)
         self.cost_seen[session_id] = amount  # the newest last (the oldest is forgotten first)
         self._cost_dirty.add(session_id)
         return amount - seen if seen is not None and amount > seen else 0.0
+
+    def session_loaded(self, session_id: str) -> None:
+        """The client loads or resumes ``session_id``: unless its cost is known, its first
+        report will be a baseline, not spend (at most ``MAX_KEYS`` such sessions waiting)."""
+        if session_id in self.cost_seen or session_id in self.loaded:
+            return
+        if len(self.loaded) >= MAX_KEYS:
+            del self.loaded[next(iter(self.loaded))]
+        self.loaded[session_id] = None
 
     def forget_cost(self, session_id: str) -> None:
         """A session's cost was cleared (``cost: null``): its next report is a new baseline."""

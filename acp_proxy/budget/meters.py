@@ -17,7 +17,8 @@ v1/v2 schemas):
 * Repeated tool calls: a tool call counts once it is known by its ``rawInput`` (the first
   update that carries one), or else when it ends; calls of one session whose kind, title and
   ``rawInput`` are equal, one after the other, make a run; a different call starts a new one.
-* Cost: ``usage_update.cost.amount`` is the session's cumulative cost; the ledger turns it into
+* Cost: ``usage_update.cost.amount`` is the session's cumulative cost (a session opened through
+  the proxy starts at 0; a loaded one at its first report); the ledger turns it into
   the increase since the last report (``Ledger.cost_delta``).
 
 Bounded: at most ``MAX_OPEN`` turns, pending prompts and tool calls per connection (the oldest

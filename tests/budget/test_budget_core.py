@@ -252,13 +252,23 @@ def test_a_file_that_is_not_a_budget_state_is_refused(data: Any, reason: str) ->
 def test_cost_is_the_increase_of_the_cumulative_amount() -> None:
     ledger = Ledger((COST,))
     assert [ledger.cost_delta("s", a) for a in (0.5, 0.75, 0.75, 2.0, 1.0, 1.5)] == [
-        0.0,
+        0.5,  # a session never seen started at no cost
         0.25,
         0.0,
         1.25,
         0.0,  # went down: a new baseline
         0.5,
     ]
+
+
+def test_a_loaded_session_s_first_cost_is_its_baseline() -> None:
+    ledger = Ledger((COST,))
+    ledger.session_loaded("old")
+    ledger.cost_delta("known", 2.0)
+    ledger.session_loaded("known")  # its cost is known: nothing changes
+    assert [ledger.cost_delta("old", a) for a in (7.0, 7.5)] == [0.0, 0.5]
+    assert ledger.cost_delta("known", 2.5) == 0.5
+    assert ledger.loaded == {}
 
 
 @settings(max_examples=200)
@@ -434,9 +444,9 @@ class Rig:
 def test_a_limit_crossed_mid_turn_refuses_exactly_the_next_prompt() -> None:
     rig = Rig(COST)
     assert rig.prompt(1) is FORWARD
-    assert rig.cost(1.0) is FORWARD  # the first report is the baseline
-    assert rig.cost(5.5) is not FORWARD  # 4.5 spent: a warning at 80% rides along
-    got = rig.cost(7.0)  # 6.0 spent: crossed; the turn goes on
+    assert rig.cost(0.5) is FORWARD  # a session opened here started at 0: 0.5 spent
+    assert rig.cost(4.5) is not FORWARD  # 4.5 spent: a warning at 80% rides along
+    got = rig.cost(6.0)  # 6.0 spent: crossed; the turn goes on
     assert isinstance(got, Replace) and got.replies == ()
     assert J(got.messages)[0]["params"]["update"]["sessionUpdate"] == "usage_update"
     assert rig.end(1) is FORWARD

@@ -332,3 +332,28 @@ async def test_events_share_the_policy_audit_file_and_its_chain(tmp_path: Path) 
     assert events[2]["session"] == "sess_1" and events[2]["max"] == 1.0
     checked = verify(lines)
     assert (checked.broken, checked.lines) == (None, 3)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_new_session_s_first_cost_report_is_spend(tmp_path: Path, version: int) -> None:
+    """A session opened through the proxy starts at no cost: the first cumulative figure it
+    reports is spent (an agent that reports once, at the end of a turn, is still counted). A
+    loaded session's first figure is only a baseline: what it cost before is not this proxy's to
+    count again."""
+    client = await start(tmp_path, version)
+    assert stop_reason(await client.turn({"updates": [cost(1.25)]})) == "end_turn"
+    refused = await client.turn({"updates": []})
+    assert refused["error"]["data"]["spent"] == 1.25
+    if version == 1:
+        loaded = {"sessionId": "sess_9", "cwd": str(tmp_path), "mcpServers": []}
+        validate_v1("LoadSessionRequest", loaded)
+        assert "result" in await client.call("session/load", loaded)
+    else:
+        resumed = {"sessionId": "sess_9", "cwd": str(tmp_path)}
+        validate_v2("ResumeSessionRequest", resumed)
+        assert "result" in await client.call("session/resume", resumed)
+    assert stop_reason(await client.turn({"updates": [cost(7.0)]}, sid="sess_9")) == "end_turn"
+    assert stop_reason(await client.turn({"updates": [cost(8.5)]}, sid="sess_9")) == "end_turn"
+    refused = await client.turn({"updates": []}, sid="sess_9")
+    assert refused["error"]["data"]["spent"] == 1.5
+    await finish(client)

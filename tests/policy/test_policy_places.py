@@ -11,7 +11,6 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -19,7 +18,7 @@ import anyio.abc
 import orjson
 import pytest
 from acp_schema import validate_v1
-from proxy_harness import REPO, TESTS, TIMEOUT, proxy_env, write_config
+from proxy_harness import TESTS, TIMEOUT, SocketAsProcess, running, wait_for_path, write_config
 from test_policy_proxy import (
     AGENT,
     CLAUDE,
@@ -37,13 +36,6 @@ from acp_proxy.policy.audit import verify
 
 pytestmark = pytest.mark.anyio
 CONDUCTOR = TESTS / "conductors" / "spec_conductor.py"
-
-
-class _Stream:
-    """A byte stream as ``Client`` drives a process: ``stdin`` to send, ``stdout`` to read."""
-
-    def __init__(self, stream: anyio.abc.ByteStream) -> None:
-        self.stdin = self.stdout = stream
 
 
 async def decisions(client: Client, version: int, cwd: str) -> None:
@@ -110,22 +102,6 @@ def check_audit(audit: Path, version: int, sessions: int = 1) -> None:
     assert verify(lines).broken is None
 
 
-@contextlib.asynccontextmanager
-async def proxy(cmd: list[str]) -> AsyncIterator[anyio.abc.Process]:
-    async with await anyio.open_process(cmd, env=proxy_env(), cwd=str(REPO)) as proc:
-        try:
-            yield proc
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-
-
-async def wait_for(path: Path) -> None:
-    with anyio.fail_after(TIMEOUT):
-        while not path.exists():
-            await anyio.sleep(0.02)
-
-
 @pytest.mark.parametrize("version", [1, 2])
 async def test_listen(tmp_path: Path, version: int) -> None:
     audit = tmp_path / "audit.jsonl"
@@ -133,12 +109,12 @@ async def test_listen(tmp_path: Path, version: int) -> None:
     sock = tmp_path / "proxy.sock"
     cmd = [sys.executable, "-m", "acp_proxy", "--config", config, "--listen", f"unix://{sock}",
            "--", sys.executable, str(AGENT), str(version), "claude-code"]  # fmt: skip
-    async with proxy(cmd) as proc:
-        await wait_for(sock)
+    async with running(cmd) as proc:
+        await wait_for_path(sock)
         with anyio.fail_after(TIMEOUT):
             stream = await anyio.connect_unix(str(sock))
             async with stream:
-                await decisions(Client(_Stream(stream)), version, str(tmp_path.resolve()))  # type: ignore[arg-type]
+                await decisions(Client(SocketAsProcess(stream)), version, str(tmp_path.resolve()))  # type: ignore[arg-type]
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
     check_audit(audit, version)
@@ -174,7 +150,7 @@ async def test_connect(tmp_path: Path, version: int) -> None:
         serving.start_soon(listener.serve, lambda s: _bridge(s, version))
         cmd = [sys.executable, "-m", "acp_proxy", "--config", config, "--connect",
                f"unix://{path}"]  # fmt: skip
-        async with proxy(cmd) as proc:
+        async with running(cmd) as proc:
             await decisions(Client(proc), version, str(tmp_path.resolve()))
             assert proc.stdin is not None
             await proc.stdin.aclose()
@@ -192,7 +168,7 @@ async def test_component(tmp_path: Path, version: int) -> None:
     agent = [sys.executable, str(AGENT), str(version), "gemini-cli"]
     cmd = [sys.executable, str(CONDUCTOR), "--dialect", "official",
            json.dumps(component), json.dumps(agent)]  # fmt: skip
-    async with proxy(cmd) as proc:
+    async with running(cmd) as proc:
         await decisions(Client(proc), version, str(tmp_path.resolve()))
         assert proc.stdin is not None
         await proc.stdin.aclose()
