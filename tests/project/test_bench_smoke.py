@@ -348,7 +348,6 @@ _SLOW_CLIENT_PROBE = r"""
 import json, os, sys, threading
 sys.path.insert(0, sys.argv[1])
 import slow_client as sc
-from proxy_harness import REPO
 
 def r(after, cpu):
     return sc.Result("x", after_resume_s=after, cpu_s=cpu)
