@@ -54,6 +54,19 @@ def test_no_pure_package_imports_the_shell() -> None:
     assert offenders == []
 
 
+def test_the_core_never_imports_the_configuration() -> None:
+    """Imports between the configuration and the core run one way: ``config`` builds what the
+    core runs (the rules engine, the settings' values), the core never reads ``config``."""
+    graph = import_graph(PACKAGE)
+    core = ("acp_proxy.base", "acp_proxy.meta", "acp_proxy.wire", "acp_proxy.rules")
+    offenders = {
+        module: sorted(i for i in imported if i.startswith("acp_proxy.config"))
+        for module, imported in graph.items()
+        if module.startswith(core)
+    }
+    assert {m: i for m, i in offenders.items() if i} == {}
+
+
 def test_the_ground_floor_imports_nothing_of_the_proxy() -> None:
     graph = import_graph(PACKAGE)
     for module, imported in graph.items():
