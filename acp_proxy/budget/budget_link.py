@@ -31,7 +31,7 @@ from acp_proxy.base.values import value
 from acp_proxy.budget.budget_model import Action, Limit, Meter
 from acp_proxy.budget.ledger import Crossing, Ledger, Status, key_of
 from acp_proxy.budget.meters import CostSeen, Meters, Spend
-from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace, Reply
+from acp_proxy.wire.chain import FORWARD, Direction, MessageContext, Replace, Reply, Ticking
 from acp_proxy.wire.chain import Verdict as Action_
 from acp_proxy.wire.errors import QUOTA_EXCEEDED, error_object
 
@@ -145,7 +145,7 @@ def notice(
     }
 
 
-class BudgetMiddleware:
+class BudgetMiddleware(Ticking):
     """The budgets of one connection (a fresh instance per connection; the ledger is shared)."""
 
     needles: tuple[bytes, ...] = (
@@ -284,6 +284,19 @@ class BudgetMiddleware:
         replies = (cancel,) if cancel is not None else ()
         by = ("notice",) if cancel is None else ("cancel_turn",)
         return Replace((message, *notices), replies=replies, by=by)
+
+    def on_tick(self) -> tuple[tuple[JsonObject, ...], tuple[JsonObject, ...]]:
+        """The running turns a ``turn_seconds`` limit with ``cancel_turn`` ends while their
+        agents say nothing (a stuck agent sends no message to check the time at): one
+        ``session/cancel`` toward the agent for each (once per turn)."""
+        if not self.meters.turns or not any(
+            limit.meter is Meter.TURN_SECONDS and limit.action is Action.CANCEL_TURN
+            for limit in self.ledger.limits
+        ):
+            return (), ()
+        now = self._clock()
+        cancels = [self._cancel(sid, now) for sid in list(self.meters.turns)]
+        return tuple(c for c in cancels if c is not None), ()
 
     def _cancel(self, sid: str, now: float) -> JsonObject | None:
         """``session/cancel`` for the session's running turn when a ``cancel_turn`` limit is

@@ -52,6 +52,8 @@ Rules of the interface:
   (the policy: its decisions); the chain takes them into ``Outcome.marks`` after each call, for
   the observers (metrics, the live view), who read them when ``ctx.observed``.
 * ``on_initialize_request`` (optional): the same for the client's ``initialize`` request.
+* ``Ticking`` (optional base): ``on_tick()``, called about once a second while the session runs,
+  gives messages toward the agent and toward the client that fall due with time.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -180,6 +182,17 @@ class Middleware(Protocol):
     def name(self) -> str: ...
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict: ...
+
+
+class Ticking(abc.ABC):
+    """A middleware with work that falls due with time rather than with a message: a turn that
+    runs past a limit while its agent says nothing (the budgets' ``turn_seconds``). The session
+    calls ``on_tick`` about once a second while it runs; it gives the messages to send toward
+    the agent and toward the client (usually none) and must not raise. Implementations name it
+    among their bases."""
+
+    @abc.abstractmethod
+    def on_tick(self) -> tuple[tuple[JsonObject, ...], tuple[JsonObject, ...]]: ...
 
 
 class FastAnnotator(abc.ABC):

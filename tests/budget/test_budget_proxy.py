@@ -357,3 +357,20 @@ async def test_a_new_session_s_first_cost_report_is_spend(tmp_path: Path, versio
     refused = await client.turn({"updates": []}, sid="sess_9")
     assert refused["error"]["data"]["spent"] == 1.5
     await finish(client)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_silent_turn_past_its_seconds_is_cancelled(tmp_path: Path, version: int) -> None:
+    """An agent that says nothing gives no message to check the time at: the session asks the
+    budgets once a second, and a turn past its ``turn_seconds`` gets one ``session/cancel``."""
+    config = (
+        f"budgets:\n  state: {tmp_path / 'budgets.json'}\n  limits:\n"
+        "    - {name: turn-time, meter: turn_seconds, max: 1, action: cancel_turn}\n"
+    )
+    client = await start(tmp_path, version, config)
+    end = await client.turn({"updates": [], "await_cancel": True})
+    assert stop_reason(end) == "cancelled"
+    assert await stats(client) == {"prompts": 1, "cancels": 1}
+    refused = await client.turn({"updates": []})
+    assert refused["error"]["data"]["poolId"] == "acp-proxy/turn-time"
+    await finish(client)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import orjson
 
 from acp_proxy.base.values import value
 from acp_proxy.config import Config
@@ -38,12 +39,15 @@ from acp_proxy.shell.session.hooks import SessionObserver
 from acp_proxy.shell.streams.outbox import Outbox, SideStats, write_all
 from acp_proxy.shell.streams.reader import Reader
 from acp_proxy.shell.streams.transports import STREAM_ERRORS
-from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.chain import Direction, Ticking
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
 from acp_proxy.wire.connection.pipeline import Connection, Result
 
 if TYPE_CHECKING:
     from acp_proxy.shell.log.framelog import FrameLog
+
+# How often the links that keep time are asked what falls due (``Ticking``).
+TICK_S = 1.0
 
 
 @value(frozen=False)
@@ -192,6 +196,12 @@ class PumpSession:
                     self.from_agent,
                     self.to_client,
                 )
+                ticking: list[Ticking] = [
+                    mw for link in self.connection.chain.links
+                    if isinstance(mw := link.middleware, Ticking)
+                ]  # fmt: skip
+                if ticking:
+                    outer.start_soon(self._tick, ticking)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._writer, self.to_agent, True)
                     tg.start_soon(self._writer, self.to_client, False)
@@ -209,6 +219,29 @@ class PumpSession:
                 for observer in self.observers:
                     observer.on_end(self, now)
         return self.stats
+
+    async def _tick(self, ticking: list[Ticking]) -> None:
+        """About once a second: what the links that keep time send (the budgets' cancel of a
+        turn that ran too long while its agent said nothing), written like the proxy's own
+        replies: toward the agent first in line, toward the client after what waits."""
+        version = self.connection.version
+        while True:
+            await anyio.sleep(TICK_S)
+            for link in ticking:
+                try:
+                    to_agent, to_client = link.on_tick()
+                except Exception:  # a link's bug must not end the session
+                    self.log.exception("a middleware failed on its tick", middleware=repr(link))
+                    continue
+                if to_agent:
+                    self.to_agent.push_reply(
+                        tuple(OutFrame(orjson.dumps(m), m, version) for m in to_agent)
+                    )
+                if to_client:
+                    now = time.monotonic()
+                    frames = tuple(OutFrame(orjson.dumps(m), m, version) for m in to_client)
+                    if self.to_client.push(frames, now):
+                        self.to_client.flush_now(now)
 
     def _account(self) -> None:
         """Report this session's buffered bytes to the shared budget."""
