@@ -35,7 +35,7 @@ from acp_proxy.policy.fastdecide import decider_for
 from acp_proxy.policy.globs import Undecidable
 from acp_proxy.policy.policy_model import Decision, OnUnasked, Policy, PolicyMode, Request
 from acp_proxy.policy.requests import PERMISSION, READ, TERMINAL, WRITE, Resolve, Summaries
-from acp_proxy.wire.chain import FORWARD, Concerns, Direction, ForwardWith, MessageContext, Reply
+from acp_proxy.wire.chain import FORWARD, Concerns, Direction, Forward, MessageContext, Reply
 from acp_proxy.wire.chain import Verdict as Action
 from acp_proxy.wire.errors import POLICY_DENIED, error_object
 
@@ -236,7 +236,7 @@ class PolicyMiddleware:
             "method": "session/cancel",
             "params": {"sessionId": sid},
         }
-        return ForwardWith((cancel,))
+        return Forward(replies=(cancel,))
 
     def _may_deny(self, kind: str | None) -> bool:
         return self._decider.may_deny(PERMISSION, kind)

@@ -47,7 +47,7 @@ Rules of the interface:
   notifications it reads; and which client requests' responses it must be told of
   (``on_answer(method, response)``, called as the response passes; it must not raise). A
   middleware that declares ``concerns`` never changes a notification (it may answer its
-  sender, ``ForwardWith``), so the fused annotation path stays on beside it.
+  sender, ``Forward(replies=...)``), so the fused annotation path stays on beside it.
 * ``marks`` (optional): a list the middleware appends values to while it handles a message
   (the policy: its decisions); the chain takes them into ``Outcome.marks`` after each call, for
   the observers (metrics, the live view), who read them when ``ctx.observed``.
@@ -103,26 +103,19 @@ class MessageContext:
 
 @value
 class Forward:
-    """Forward the message unchanged."""
+    """Forward the message unchanged (its bytes leave as they came), and send ``replies`` back
+    to its sender (a notification the sender must act on, such as the policy's
+    ``session/cancel``)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
+    replies: tuple[JsonObject, ...] = ()
     # Parts of the middleware that matched but chose not to act, with their reason (the rules
     # middleware's v1 ``safe`` skips), for the debug log.
     skipped: tuple[str, ...] = ()
 
 
 FORWARD = Forward()
-
-
-@value
-class ForwardWith:
-    """Forward the message unchanged, and send ``replies`` back to its sender too (a
-    notification the sender must act on, such as ``session/cancel``)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
-
-    replies: tuple[JsonObject, ...]
 
 
 @value
@@ -160,7 +153,7 @@ class Reply:
     message: JsonObject
 
 
-Verdict: TypeAlias = Forward | ForwardWith | Replace | Drop | Reply
+Verdict: TypeAlias = Forward | Replace | Drop | Reply
 
 
 @value
@@ -445,10 +438,8 @@ class Chain:
                     following.append(msg)
                     if verdict.skipped:
                         skipped.extend(f"{mw.name}:{p}" for p in verdict.skipped)
-                    continue
-                if isinstance(verdict, ForwardWith):
-                    following.append(msg)
-                    replies.extend(verdict.replies)
+                    if verdict.replies:
+                        replies.extend(verdict.replies)
                     continue
                 changed = True
                 if isinstance(verdict, Replace):

@@ -1,6 +1,6 @@
 """A middleware that declares its concerns: handed its requests by method (in a batch too),
 told of the responses it asked for, never looked for in other frames; its marks and the
-replies it sends while forwarding (``ForwardWith``)."""
+replies it sends while forwarding (``Forward(replies=...)``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from acp_proxy.wire.chain import (
     Chain,
     Concerns,
     Direction,
-    ForwardWith,
+    Forward,
     Link,
     MessageContext,
     Verdict,
@@ -45,7 +45,7 @@ class Concerned:
         self.marks.append(("seen", message.get("id")))
         if message.get("id") == "boom":
             raise ValueError("boom")
-        return ForwardWith(({"jsonrpc": "2.0", "method": "x/noted", "params": {}},))
+        return Forward(replies=({"jsonrpc": "2.0", "method": "x/noted", "params": {}},))
 
     def on_answer(self, method: str, response: JsonObject) -> None:
         self.answers.append((method, response))
