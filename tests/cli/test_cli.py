@@ -379,7 +379,7 @@ def test_garbage_collection_is_off_only_during_start_up() -> None:
     code = (
         "import gc\n"
         "from acp_proxy import cli\n"
-        "from acp_proxy.shell import runtime\n"
+        "from acp_proxy.shell.session import runtime\n"
         "seen = []\n"
         "real = runtime.run_proxy\n"
         "async def spy(*args, **kwargs):\n"

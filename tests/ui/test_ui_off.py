@@ -13,7 +13,7 @@ import sys
 import orjson
 from proxy_harness import REPO, proxy_env
 
-UI_MODULES = ("acp_proxy.ui", "acp_proxy.shell.ui_")
+UI_MODULES = ("acp_proxy.ui", "acp_proxy.shell.ui.")
 SCRIPT = """
 import sys
 from acp_proxy.cli import main
