@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -39,6 +39,9 @@ from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import STREAM_ERRORS
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.sockets.detach import HeldSession
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -79,11 +82,15 @@ class _Server:
         self.idle = anyio.Event()
         self.accepted = 0
         self.refused = 0
+        # detach_grace: agents kept across client connections, by their first connection's id.
+        self.holds: dict[int, HeldSession] = {}
+        self.tasks: anyio.abc.TaskGroup | None = None
 
     async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._watch_signals, signals, outer.cancel_scope)
             async with anyio.create_task_group() as conns:
+                self.tasks = conns
                 async with anyio.create_task_group() as accepting:
                     for sock in self.listener.sockets:
                         accepting.start_soon(self._accept_loop, sock, conns)
@@ -100,7 +107,9 @@ class _Server:
                 )
                 for conn in self.active.values():
                     conn.shutdown.set()
-                if self.active:
+                for held in self.holds.values():
+                    held.shutdown.set()
+                if self.active or self.holds:
                     with anyio.move_on_after(bound) as waited:
                         await self.idle.wait()
                     if waited.cancelled_caught:
@@ -130,7 +139,8 @@ class _Server:
             # Out of descriptors: it backs off instead of spinning; sessions will free some.
             client, peer = await accept(sock, self.log)
             peer_text = _peer_text(peer, sock.family)
-            if len(self.active) >= self.config.max_connections:
+            detached = sum(1 for held in self.holds.values() if held.client is None)
+            if len(self.active) + detached >= self.config.max_connections:
                 self.refused += 1
                 self.log.warning(
                     "connection refused: too many connections",
@@ -246,6 +256,9 @@ class _Server:
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
+            if self.config.detach_grace_s > 0 and self.agent_address is None:
+                status = await self._detachable(conn, stream, first, log)
+                return
             # The agent starts only now: a client that sends nothing, or an HTTP request,
             # never costs an agent.
             client_rx = PrefixedReceiveStream(first, stream)
@@ -322,12 +335,77 @@ class _Server:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
-            if not self.active:
-                self.idle.set()
+            self._maybe_idle()
             log.info(
                 "connection closed",
                 status=status,
                 duration_s=round(time.monotonic() - started, 3),
+                **summary,
+            )
+
+    def _maybe_idle(self) -> None:
+        if not self.active and not self.holds:
+            self.idle.set()
+
+    async def _detachable(self, conn: _Conn, stream: SocketStream, first: bytes, log: Any) -> str:
+        """``detach_grace``: join a held agent (``detach.opening``) or start one that outlives
+        this connection; returns the connection's status."""
+        from acp_proxy.shell.recorder import open_recorder
+        from acp_proxy.shell.sockets import detach
+
+        opened: tuple[bytes, Any] | str = "closed at shutdown before a session"
+        async with anyio.create_task_group() as tg:
+
+            async def on_shutdown() -> None:
+                await conn.shutdown.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_shutdown)
+            opened = await detach.opening(self.holds, stream, first, self.config, log)
+            tg.cancel_scope.cancel()
+        if isinstance(opened, str):
+            return opened
+        head, answered = opened
+        try:
+            agent = await spawn_agent(self.agent_argv, self.config.agent)
+        except SpawnError as exc:
+            log.error("cannot start the agent", error=str(exc))
+            await close_with(stream, error_line(f"acp-proxy: cannot start the agent: {exc}"))
+            return f"agent not started: {exc}"
+        log = log.bind(agent_pid=agent.pid)
+        log.info("agent started", agent=self.agent_argv)
+        held = detach.HeldSession(self.config, conn.id, log)
+        if answered is not None:
+            held.ledger.swallow(answered)
+        held.recorder = open_recorder(self.config, log=log, agent=self.agent_argv, conn=conn.id)
+        self.holds[conn.id] = held
+        held.attach_first(stream)
+        assert self.tasks is not None
+        self.tasks.start_soon(self._held, held, agent)
+        await held.serve(stream, PrefixedReceiveStream(head, stream))
+        return "agent session ended" if held.ended.is_set() else "client detached"
+
+    async def _held(self, held: HeldSession, agent: Any) -> None:
+        from acp_proxy.shell.recorder import exit_info
+
+        rc: int | None = None
+        summary: dict[str, Any] = {}
+        recorder = held.recorder
+        try:
+            rc, session = await held.run(agent, [recorder] if recorder else [])
+            summary = session.summary()
+        except Exception:  # isolation, as for a connection
+            held.log.exception("session failed")
+        finally:
+            if recorder is not None:
+                with anyio.CancelScope(shield=True):
+                    info = exit_info(rc) if rc is not None else None
+                    await anyio.to_thread.run_sync(recorder.finish, info)
+            del self.holds[held.id]
+            self._maybe_idle()
+            held.log.info(
+                "agent session ended",
+                status=f"agent {describe_status(rc)}" if rc is not None else "failed",
                 **summary,
             )
 

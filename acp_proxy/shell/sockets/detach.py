@@ -1,0 +1,467 @@
+"""``detach_grace``: an agent that outlives its client's connection, and reattaching to it.
+
+Contract: owns the sessions a ``--listen`` server keeps across client connections. A
+``HeldSession`` runs one agent session (``runtime.run_agent_session``) against a client side
+of its own (``_ClientSide``: the PumpSession reads and writes it as if it were the socket),
+and plugs real client connections in and out of it. When the client's connection ends, the
+agent, its running turn and its sessions stay for ``detach_grace`` seconds; what the agent sends
+meanwhile is kept (``wire.attach.Ledger``, bounded, counted in the buffer budget); a new
+connection that sends ``initialize`` then ``session/load`` (or ``session/resume``) naming one of
+its sessions gets the replay and goes live (``serve_connection``). When the grace time ends with
+no reattach, the agent's requests are answered (``cancelled`` for a permission request) and the
+agent is stopped with the stdio ladder. Only whole lines cross between connections.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from acp_proxy.config import Config
+from acp_proxy.shell import hooks
+from acp_proxy.shell.budget import process_budget
+from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream
+from acp_proxy.shell.transports import STREAM_ERRORS
+from acp_proxy.wire.attach import (
+    Ledger,
+    error,
+    initialize_request,
+    reattach_request,
+    response,
+)
+
+_ID = b'"id"'
+# Bytes from the client queued toward the session before the client's reader waits.
+_ROOM = 256 * 1024
+_LEFT = "client left before joining a session"
+# The JSON-RPC error code of a refused reattach (implementation-defined server error).
+REFUSED = -32000
+
+
+class _ClientRx(anyio.abc.ByteReceiveStream):
+    """The session's client input: whole lines from whichever client is attached, then EOF
+    once the session gives up waiting (``close``). A cancelled receive consumes nothing."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._queued = 0
+        self._closed = False
+        self._more = anyio.Event()
+        self._room = anyio.Event()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while not self._chunks:
+            if self._closed:
+                raise anyio.EndOfStream
+            if self._more.is_set():
+                self._more = anyio.Event()
+            await self._more.wait()
+        await anyio.lowlevel.checkpoint()
+        data = self._chunks.popleft()
+        if len(data) > max_bytes:
+            self._chunks.appendleft(data[max_bytes:])
+            data = data[:max_bytes]
+        self._queued -= len(data)
+        self._room.set()
+        return data
+
+    async def feed(self, data: bytes) -> None:
+        while self._queued > _ROOM and not self._closed:
+            if self._room.is_set():
+                self._room = anyio.Event()
+            await self._room.wait()
+        if self._closed:
+            raise anyio.ClosedResourceError
+        self._chunks.append(data)
+        self._queued += len(data)
+        self._more.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._more.set()
+        self._room.set()
+
+    async def aclose(self) -> None:
+        self.close()
+
+
+class _ClientTx(anyio.abc.ByteSendStream):
+    """The session's client output: ``HeldSession.write``."""
+
+    def __init__(self, held: HeldSession) -> None:
+        self._held = held
+
+    async def send(self, item: bytes) -> None:
+        await self._held.write(bytes(item))
+
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+
+class HeldSession:
+    """One agent session that client connections attach to, one at a time."""
+
+    def __init__(self, config: Config, hid: int, log: Any) -> None:
+        self.config = config
+        self.id = hid
+        self.log = log
+        self.ledger = Ledger(config.detach_buffer_bytes, config.detach_buffer_frames)
+        self.rx = _ClientRx()
+        self.tx = _ClientTx(self)
+        self.client: SocketStream | None = None
+        self.shutdown = anyio.Event()  # the server stops
+        self.ended = anyio.Event()  # the agent session is over
+        self.expired = False  # the grace time ended: no reattach any more
+        self.recorder: Any = None
+        self._partial = b""
+        self._lock = anyio.Lock()
+        self._attached = anyio.Event()
+        self._detached = anyio.Event()
+        self._kick: anyio.CancelScope | None = None
+        self._share = process_budget(config).share()
+        self._counted = 0
+        self.detached_at: float | None = None
+
+    @property
+    def joinable(self) -> bool:
+        return not (self.expired or self.ended.is_set() or self.shutdown.is_set())
+
+    # -- the agent's side ----------------------------------------------------------------------
+
+    async def run(self, agent: Any, observers: list[Any]) -> tuple[int | None, Any]:
+        """Run the agent session to its end (returns its return code and ``PumpSession``)."""
+        from acp_proxy.shell.runtime import run_agent_session
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._grace)
+                rc, session = await run_agent_session(
+                    self.config,
+                    agent,
+                    self.rx,
+                    self.tx,
+                    log=self.log,
+                    shutdown=self.shutdown,
+                    observers=observers,
+                )
+                tg.cancel_scope.cancel()
+            return rc, session
+        finally:
+            self.ended.set()
+            self._count()
+            self._share.add(-self._counted)
+            self._counted = 0
+            self._share.close()
+
+    async def write(self, data: bytes) -> None:
+        """What the session writes toward the client: to the attached one, or kept."""
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            data, self._partial = data[:end], data[end:]
+        if not data:
+            return
+        async with self._lock:
+            client = self.client
+            if client is not None and _ID not in data:
+                lines: list[bytes] | None = None  # notifications only: as they are
+                out = data
+            else:
+                lines = [o for line in data[:-1].split(b"\n") if (o := self.ledger.to_client(line))]
+                out = b"".join(line + b"\n" for line in lines)
+            self._count()
+            if client is None or not out:
+                return
+            try:
+                await client.send(out)
+            except STREAM_ERRORS:
+                self._lost(client)
+                for line in lines if lines is not None else data[:-1].split(b"\n"):
+                    self.ledger.requeue(line)
+                self._count()
+
+    def _count(self) -> None:
+        held = self.ledger.buffered_bytes + len(self._partial)
+        if held != self._counted:
+            self._share.add(held - self._counted)
+            self._counted = held
+
+    # -- attaching and detaching ---------------------------------------------------------------
+
+    def _lost(self, client: SocketStream) -> None:
+        """``client`` is gone (EOF, an error, a takeover): keep the agent for the grace time."""
+        if self.client is not client:
+            return
+        self.client = None
+        self.ledger.detach()
+        self.detached_at = time.monotonic()
+        self._attached = anyio.Event()
+        self._detached.set()
+        if self.ended.is_set() or self.shutdown.is_set():
+            return
+        grace = self.config.detach_grace_s
+        self.log.info(
+            "client detached; keeping the agent",
+            grace_s=grace,
+            sessions=sorted(self.ledger.sessions),
+        )
+        self._event("detach", grace_s=grace, sessions=sorted(self.ledger.sessions))
+
+    async def serve(self, client: SocketStream, rx: anyio.abc.ByteReceiveStream) -> None:
+        """Pump ``client``'s lines into the session until it leaves (or is taken over, or the
+        session ends); ``client`` must be attached already (``attach_first`` / ``reattach``)."""
+        async with anyio.create_task_group() as tg:
+            self._kick = tg.cancel_scope
+
+            async def on_end() -> None:
+                await self.ended.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_end)
+            try:
+                await self._pump(rx)
+            finally:
+                self._lost(client)
+                tg.cancel_scope.cancel()
+
+    def attach_first(self, client: SocketStream) -> None:
+        self.client = client
+        self._detached = anyio.Event()
+        self._attached.set()
+
+    async def _pump(self, rx: anyio.abc.ByteReceiveStream) -> None:
+        partial = b""
+        try:
+            while True:
+                data = await rx.receive()
+                if partial:
+                    data, partial = partial + data, b""
+                end = data.rfind(b"\n") + 1
+                if end < len(data):
+                    data, partial = data[:end], data[end:]
+                if not data:
+                    continue
+                if _ID in data:
+                    lines = data[:-1].split(b"\n")
+                    data = b"".join(self.ledger.from_client(line) + b"\n" for line in lines)
+                await self.rx.feed(data)
+        except (anyio.EndOfStream, anyio.ClosedResourceError, *STREAM_ERRORS):
+            pass
+
+    async def reattach(
+        self,
+        client: SocketStream,
+        rest: bytes,
+        request: tuple[Any, str, str],
+        raw: bytes,
+    ) -> bytes | None:
+        """A new connection asks for one of this agent's sessions (``request``: id, method,
+        session; ``raw``: its line; ``rest``: what it sent after it). Serves the client and
+        returns ``None``, or returns the error line that refuses it (the connection goes on)."""
+        rid, method, sid = request
+        if self.client is not None:
+            if not self.config.takeover:
+                self._event("reattach_refused", reason="attached", session=sid)
+                return error(
+                    rid,
+                    REFUSED,
+                    f"acp-proxy: session {sid} is attached to another connection (takeover: false)",
+                    {"reason": "attached", "sessionId": sid},
+                )
+            self.log.info("session taken over by a new connection", session=sid)
+            self._event("takeover", session=sid)
+            if self._kick is not None:
+                self._kick.cancel()
+            await self._detached.wait()
+        forwarded = False
+        async with self._lock:
+            ledger = self.ledger
+            if ledger.overflowed:
+                if not (ledger.load_session and method == "session/load"):
+                    lost = ledger.lost
+                    self._event("reattach_refused", reason="overflow", session=sid, lost=lost)
+                    self.log.warning(
+                        "reattach refused: the detach buffer overflowed", session=sid, lost=lost
+                    )
+                    hooks.detach_event("refused", 0)
+                    return error(
+                        rid,
+                        REFUSED,
+                        f"acp-proxy: cannot reattach session {sid}: the agent sent more than "
+                        f"the detach buffer holds (detach_buffer_bytes "
+                        f"{ledger.max_bytes}, detach_buffer_frames {ledger.max_frames}) while "
+                        f"no client was attached; {lost} frames are lost",
+                        {"reason": "detach_buffer_overflow", "sessionId": sid, "lost": lost},
+                    )
+                ledger.forward_after_overflow()
+                forwarded = True
+                frames: list[bytes] = []
+                replay = None
+            else:
+                replay = ledger.reattach(rid, method, sid)
+                frames = replay.frames
+            try:
+                if frames:
+                    await client.send(b"".join(f + b"\n" for f in frames))
+            except STREAM_ERRORS:
+                ledger.detach()
+                return None
+            self.attach_first(client)
+            self._count()
+        away = time.monotonic() - (self.detached_at or time.monotonic())
+        if replay is not None:
+            self.log.info(
+                "client reattached",
+                session=sid,
+                away_s=round(away, 3),
+                replayed=replay.buffered,
+                redelivered=replay.redelivered,
+                answered=replay.answered,
+            )
+            self._event(
+                "reattach",
+                session=sid,
+                away_s=round(away, 3),
+                replayed=replay.buffered,
+                redelivered=replay.redelivered,
+            )
+            hooks.detach_event("reattach", replay.buffered + replay.redelivered)
+        else:
+            self.log.info("client reattached; session/load forwarded to the agent", session=sid)
+            self._event("reattach", session=sid, away_s=round(away, 3), forwarded=True)
+            hooks.detach_event("reattach", 0)
+        head = raw + b"\n" if forwarded else b""
+        await self.serve(client, PrefixedReceiveStream(head + rest, client))
+        return None
+
+    async def _grace(self) -> None:
+        """While detached for ``detach_grace`` seconds with no reattach: answer the agent's
+        requests, then end the client side (the session stops the agent with the ladder)."""
+        while True:
+            await self._detached.wait()
+            with anyio.move_on_after(self.config.detach_grace_s) as waited:
+                await self._attached.wait()
+            if not waited.cancelled_caught:
+                continue
+            async with self._lock:
+                if self.client is not None:
+                    continue
+                answers = self.ledger.expire()
+                self.expired = True
+            grace = self.config.detach_grace_s
+            self.log.info(
+                "no client reattached within the grace time; stopping the agent",
+                grace_s=grace,
+                answered=len(answers),
+                lost=self.ledger.lost,
+            )
+            self._event("detach_expired", grace_s=grace, answered=len(answers))
+            hooks.detach_event("expired", 0)
+            if answers:
+                await self.rx.feed(b"".join(a + b"\n" for a in answers))
+            self.rx.close()
+            return
+
+    def _event(self, name: str, **fields: object) -> None:
+        if name == "detach":
+            hooks.detach_event("detach", 0)
+        elif name == "takeover":
+            hooks.detach_event("takeover", 0)
+        elif name == "reattach_refused" and fields.get("reason") == "attached":
+            hooks.detach_event("refused", 0)
+        if self.recorder is not None:
+            self.recorder.event(name, time.monotonic(), **fields)
+
+
+class LineReader:
+    """Whole lines from a connection that has not joined a session yet."""
+
+    def __init__(self, rx: anyio.abc.ByteReceiveStream, max_bytes: int) -> None:
+        self._rx = rx
+        self._buffer = b""
+        self._max = max_bytes
+
+    async def line(self) -> bytes | None:
+        """The next line without its newline; ``None`` at EOF, an error or an oversize line."""
+        while (end := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > self._max:
+                return None
+            try:
+                self._buffer += await self._rx.receive()
+            except (anyio.EndOfStream, *STREAM_ERRORS):
+                return None
+        line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
+        return line
+
+    def rest(self) -> bytes:
+        data, self._buffer = self._buffer, b""
+        return data
+
+
+def latest_with_init(holds: dict[int, HeldSession]) -> HeldSession | None:
+    """The newest held session whose agent answered ``initialize`` (what a new connection's
+    ``initialize`` is answered from while it may be a reattach)."""
+    for held in reversed(holds.values()):
+        if held.ledger.init_result is not None and held.joinable:
+            return held
+    return None
+
+
+def find(holds: dict[int, HeldSession], session: str) -> HeldSession | None:
+    for held in holds.values():
+        if session in held.ledger.sessions and held.joinable:
+            return held
+    return None
+
+
+async def opening(
+    holds: dict[int, HeldSession],
+    client: SocketStream,
+    first: bytes,
+    config: Config,
+    log: Any,
+) -> tuple[bytes, Any] | str:
+    """A new connection's opening while agents are held: ``initialize`` is answered from a held
+    agent's answer, then a ``session/load`` / ``session/resume`` naming a held session reattaches
+    to it (served here). Returns ``(what to send a new agent first, the id of an initialize the
+    proxy answered already)``, or the connection's status when it is over."""
+    template = latest_with_init(holds)
+    if template is None:
+        return first, None
+    reader = LineReader(PrefixedReceiveStream(first, client), config.max_frame_bytes)
+    line1 = await reader.line()
+    if line1 is None:
+        return _LEFT
+    rid = initialize_request(line1)
+    if rid is None:
+        return line1 + b"\n" + reader.rest(), None
+    try:
+        await client.send(response(rid, template.ledger.init_result) + b"\n")
+    except STREAM_ERRORS:
+        return _LEFT
+    while True:
+        with anyio.move_on_after(config.handshake_timeout_s):
+            line2 = await reader.line()
+        if line2 is None:
+            return _LEFT
+        request = reattach_request(line2)
+        held = find(holds, request[2]) if request is not None else None
+        if request is None or held is None:
+            return line1 + b"\n" + line2 + b"\n" + reader.rest(), rid
+        refusal = await held.reattach(client, reader.rest(), request, line2)
+        if refusal is None:
+            return f"reattached to the agent of connection {held.id}; client left"
+        try:
+            await client.send(refusal + b"\n")
+        except STREAM_ERRORS:
+            return _LEFT
+        log.info("reattach refused", session=request[2])
+
+
+__all__ = ["REFUSED", "HeldSession", "LineReader", "find", "latest_with_init", "opening"]
