@@ -339,3 +339,108 @@ async def test_without_detach_grace_the_agent_stops_with_its_connection(tmp_path
             proxy.terminate()
             assert await proxy.wait() == 0
     assert os.path.exists(str(tmp_path))
+
+
+async def opened_raw(proxy: Any) -> tuple[anyio.abc.ByteStream, Lines, int]:
+    """A raw loopback client with a session (initialize, session/new) and its agent's pid."""
+    stream = await proxy.connect()
+    lines = Lines(stream)
+    await stream.send(request(0, "initialize", INIT) + request(1, "session/new", NEW))
+    await lines.line()
+    assert await lines.line() == answer(1, {"sessionId": "sess-1"})
+    await stream.send(request(2, "_test/pid"))
+    pid = int(orjson.loads(await lines.line())["result"]["pid"])
+    return stream, lines, pid
+
+
+@pytest.mark.anyio
+async def test_a_question_the_old_client_left_open_is_asked_again_after_the_reattach(
+    tmp_path: Path,
+) -> None:
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 0, "after": 1, "go": str(go), "done": str(done), "ask": True}
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config",
+            config_file(tmp_path, "detach_grace: 60\n"),
+            "--listen",
+            "tcp://127.0.0.1:0",
+            agent=AGENT,
+        ) as proxy:
+            a, a_lines, pid = await opened_raw(proxy)
+            go.touch()
+            await a.send(prompt(3, **spec))
+            assert await a_lines.line() == chunk("after-0")
+            asked = await a_lines.line()
+            assert b"session/request_permission" in asked
+            await a.aclose()  # gone with the question open
+            await proxy.event("client detached; keeping the agent")
+            b = await proxy.connect()
+            b_lines = Lines(b)
+            await b.send(request(0, "initialize", INIT) + request(1, "session/load", LOAD))
+            assert await b_lines.line() == answer(0, INIT_ANSWER)
+            assert await b_lines.line() == asked  # asked again, the same frame
+            await b.send(answer("perm-1", {"outcome": {"outcome": "selected", "optionId": "ok"}}))
+            assert await b_lines.line() == chunk("permission: selected")
+            assert await b_lines.line() == answer(1, {"stopReason": "end_turn"})
+            event = await proxy.event("client reattached")
+            assert (event["replayed"], event["redelivered"]) == (0, 1)
+            assert alive(pid)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_new_session_while_an_agent_is_held_gets_its_own_agent(tmp_path: Path) -> None:
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config",
+            config_file(tmp_path, "detach_grace: 60\n"),
+            "--listen",
+            "tcp://127.0.0.1:0",
+            agent=AGENT,
+        ) as proxy:
+            a, _, held_pid = await opened_raw(proxy)
+            await a.aclose()
+            await proxy.event("client detached; keeping the agent")
+            # initialize is answered once (by the proxy, from the held agent's answer); the new
+            # agent's own answer to it is not passed on.
+            b, b_lines, pid = await opened_raw(proxy)
+            assert pid != held_pid
+            await b.send(request(5, "_test/pid"))
+            assert await b_lines.line() == answer(5, {"pid": pid})
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await b.aclose()
+    assert not alive(held_pid)
+
+
+@pytest.mark.anyio
+async def test_past_the_bound_a_load_goes_to_an_agent_that_can_load(tmp_path: Path) -> None:
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 0, "after": 6, "go": str(go), "done": str(done)}
+    config = config_file(tmp_path, "detach_grace: 60\ndetach_buffer_frames: 4\n")
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "tcp://127.0.0.1:0", agent=[*AGENT, "load"]
+        ) as proxy:
+            a, _, pid = await opened_raw(proxy)
+            await a.send(prompt(3, **spec))
+            await a.aclose()
+            await proxy.event("client detached; keeping the agent")
+            go.touch()
+            await wait_file(done)
+            b = await proxy.connect()
+            b_lines = Lines(b)
+            await b.send(request(0, "initialize", INIT) + request(1, "session/load", LOAD))
+            init = {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}
+            assert await b_lines.line() == answer(0, init)
+            # The agent's own replay, not a gap.
+            assert await b_lines.line() == chunk("history")
+            assert await b_lines.line() == answer(1, {})
+            await proxy.event("client reattached; session/load forwarded to the agent")
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await b.aclose()
+    assert not alive(pid)

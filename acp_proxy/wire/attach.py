@@ -299,10 +299,11 @@ def reattach_request(line: bytes) -> tuple[JsonValue, str, str] | None:
     return None if sid is None else (obj["id"], obj["method"], sid)
 
 
-def initialize_request(line: bytes) -> JsonValue | None:
-    """The id of an ``initialize`` request, else ``None`` (a null id is not one)."""
+def initialize_request(line: bytes) -> tuple[JsonValue, JsonValue] | None:
+    """``(id, protocolVersion)`` of an ``initialize`` request, else ``None``."""
     obj = parse(line)
     if obj is None or obj.get("method") != "initialize":
         return None
-    rid: JsonValue = obj["id"]
-    return rid
+    params = obj.get("params")
+    version = params.get("protocolVersion") if isinstance(params, dict) else None
+    return obj["id"], version

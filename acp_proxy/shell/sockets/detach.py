@@ -404,11 +404,13 @@ class LineReader:
         return data
 
 
-def latest_with_init(holds: dict[int, HeldSession]) -> HeldSession | None:
-    """The newest held session whose agent answered ``initialize`` (what a new connection's
-    ``initialize`` is answered from while it may be a reattach)."""
+def latest_with_init(holds: dict[int, HeldSession], version: object) -> HeldSession | None:
+    """The newest held session whose agent answered ``initialize`` with protocol ``version``
+    (what a new connection's ``initialize`` asking for it is answered from while it may be a
+    reattach)."""
     for held in reversed(holds.values()):
-        if held.ledger.init_result is not None and held.joinable:
+        result = held.ledger.init_result
+        if result is not None and result.get("protocolVersion") == version and held.joinable:
             return held
     return None
 
@@ -427,20 +429,22 @@ async def opening(
     config: Config,
     log: Any,
 ) -> tuple[bytes, Any] | str:
-    """A new connection's opening while agents are held: ``initialize`` is answered from a held
-    agent's answer, then a ``session/load`` / ``session/resume`` naming a held session reattaches
-    to it (served here). Returns ``(what to send a new agent first, the id of an initialize the
-    proxy answered already)``, or the connection's status when it is over."""
-    template = latest_with_init(holds)
-    if template is None:
+    """A new connection's opening while agents are held: an ``initialize`` asking for the
+    protocol version a held agent answered with is answered from that answer, then a
+    ``session/load`` / ``session/resume`` naming a held session reattaches to it (served
+    here). Returns ``(what to send a new agent first, the id of an initialize the proxy
+    answered already)``, or the connection's status when it is over."""
+    if not holds:
         return first, None
     reader = LineReader(PrefixedReceiveStream(first, client), config.max_frame_bytes)
     line1 = await reader.line()
     if line1 is None:
         return _LEFT
-    rid = initialize_request(line1)
-    if rid is None:
+    init = initialize_request(line1)
+    template = latest_with_init(holds, init[1]) if init is not None else None
+    if init is None or template is None:
         return line1 + b"\n" + reader.rest(), None
+    rid = init[0]
     try:
         await client.send(response(rid, template.ledger.init_result) + b"\n")
     except STREAM_ERRORS:
