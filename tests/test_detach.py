@@ -21,6 +21,7 @@ import orjson
 import pytest
 from acp_schema import validate_v1, validate_v1_message
 from proxy_harness import REPO, TESTS, Lines, proxy_env, request, wait_until, write_config
+from telemetry_harness import scrape, value
 from test_sockets import PROXY, alive, gone, listening
 
 AGENT = [sys.executable, str(TESTS / "detach_agent.py")]
@@ -149,9 +150,12 @@ async def test_killed_client_reattaches_through_connect_and_gets_every_frame_onc
             "60",
             "--record",
             str(record),
+            "--metrics",
+            "tcp://127.0.0.1:0",
             agent=AGENT,
         ) as proxy:
             address = await proxy.address()
+            metrics = str((await proxy.event("serving metrics"))["address"])
             first = await open_client(address, config)
             pid = await start_turn(first, **spec)
             await kill(first)  # mid-turn: the prompt is in flight
@@ -183,6 +187,10 @@ async def test_killed_client_reattaches_through_connect_and_gets_every_frame_onc
                 "the second client detached",
                 settle=0,
             )
+            samples = await scrape(metrics)
+            assert value(samples, "acp_proxy_detach_events_total", event="detach") == 2
+            assert value(samples, "acp_proxy_detach_events_total", event="reattach") == 1
+            assert value(samples, "acp_proxy_replayed_frames_total") == 5
             proxy.terminate()
             assert await proxy.wait() == 0
             await second.process.aclose()
