@@ -452,3 +452,25 @@ async def test_past_the_bound_a_load_goes_to_an_agent_that_can_load(tmp_path: Pa
             assert await proxy.wait() == 0
             await b.aclose()
     assert not alive(pid)
+
+
+@pytest.mark.anyio
+async def test_frames_kept_while_detached_count_in_the_buffer_budget() -> None:
+    from acp_proxy.config import Config
+    from acp_proxy.shell.budget import process_budget
+    from acp_proxy.shell.logsetup import get_logger
+    from acp_proxy.shell.sockets.detach import HeldSession
+
+    config = Config(detach_grace_s=5.0, detach_buffer_frames=3)
+    held = HeldSession(config, 1, get_logger())
+    budget = process_budget(config)
+    before = budget.held
+    frames = chunk("a") + chunk("b")
+    await held.write(frames[:-7])  # a partial line is held too
+    assert budget.held - before == len(frames) - 7
+    await held.write(frames[-7:])
+    assert list(held.ledger.buffer) == [chunk("a")[:-1], chunk("b")[:-1]]
+    assert budget.held - before == len(frames)
+    await held.write(chunk("c") + chunk("d"))  # past 3 frames: dropped, and given back
+    assert held.ledger.overflowed
+    assert budget.held == before

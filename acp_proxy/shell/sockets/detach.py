@@ -111,6 +111,7 @@ class HeldSession:
         self.id = hid
         self.log = log
         self.ledger = Ledger(config.detach_buffer_bytes, config.detach_buffer_frames)
+        self.ledger.detach()  # until a client is attached, what the agent sends is kept
         self.rx = _ClientRx()
         self.tx = _ClientTx(self)
         self.client: SocketStream | None = None
@@ -123,7 +124,8 @@ class HeldSession:
         self._attached = anyio.Event()
         self._detached = anyio.Event()
         self._kick: anyio.CancelScope | None = None
-        self._share = process_budget(config).share()
+        # The buffer is counted in the process's budget, from the pool (not a session's floor).
+        self._budget = process_budget(config)
         self._counted = 0
         self.detached_at: float | None = None
 
@@ -153,10 +155,8 @@ class HeldSession:
             return rc, session
         finally:
             self.ended.set()
-            self._count()
-            self._share.add(-self._counted)
+            self._budget.add(-self._counted)
             self._counted = 0
-            self._share.close()
 
     async def write(self, data: bytes) -> None:
         """What the session writes toward the client: to the attached one, or kept."""
@@ -188,8 +188,8 @@ class HeldSession:
 
     def _count(self) -> None:
         held = self.ledger.buffered_bytes + len(self._partial)
-        if held != self._counted:
-            self._share.add(held - self._counted)
+        if held != self._counted and not self.ended.is_set():
+            self._budget.add(held - self._counted)
             self._counted = held
 
     # -- attaching and detaching ---------------------------------------------------------------
@@ -232,6 +232,7 @@ class HeldSession:
 
     def attach_first(self, client: SocketStream) -> None:
         self.client = client
+        self.ledger.attached = True
         self._detached = anyio.Event()
         self._attached.set()
 
