@@ -178,3 +178,24 @@ def test_the_opening_requests_are_recognised() -> None:
         "s",
     )
     assert reattach_request(req(1, "session/load", {})) is None
+
+
+def test_a_prompt_answer_the_socket_lost_goes_to_the_next_load() -> None:
+    ledger = opened()
+    ledger.from_client(PROMPT)
+    out = ledger.to_client(ok(3, {"stopReason": "end_turn"}))
+    assert out == ok(3, {"stopReason": "end_turn"})
+    ledger.detach()  # the write of ``out`` failed: the connection was gone
+    assert out is not None
+    ledger.requeue(out)
+    assert ledger.reattach(8, "session/load", "s").frames == [ok(8, {"stopReason": "end_turn"})]
+
+
+def test_a_turn_that_outlives_two_clients_ends_on_the_last_load() -> None:
+    ledger = opened()
+    ledger.from_client(PROMPT)
+    ledger.detach()
+    assert ledger.reattach(8, "session/load", "s").answered is False
+    ledger.detach()  # the second client leaves before the turn ends
+    assert ledger.to_client(ok(3, {"stopReason": "end_turn"})) is None
+    assert ledger.reattach(9, "session/load", "s").frames == [ok(9, {"stopReason": "end_turn"})]

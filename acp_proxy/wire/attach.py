@@ -35,6 +35,7 @@ from acp_proxy.base.jsontypes import JsonValue
 DEFAULT_BUFFER_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_BUFFER_FRAMES: Final = 10_000
 _ID: Final = b'"id"'
+_NONE: Final = object()  # no entry (an id may be null)
 PERMISSION: Final = "session/request_permission"
 REATTACH_METHODS: Final = frozenset({"session/load", "session/resume"})
 
@@ -109,6 +110,8 @@ class Ledger:
     _retarget: dict[Any, JsonValue] = field(default_factory=dict)  # prompt key -> load id
     # prompt key -> (its session, its answer), answered while detached
     _ended: dict[Any, tuple[str | None, bytes]] = field(default_factory=dict)
+    # Answers returned by ``to_client`` and not ``written`` yet: (key, request, the agent's line).
+    _unconfirmed: dict[bytes, tuple[Any, _Request, bytes]] = field(default_factory=dict)
     _swallow: set[Any] = field(default_factory=set)  # answers nobody is owed (a proxy init)
     buffer: deque[bytes] = field(default_factory=deque)
     buffered_bytes: int = 0
@@ -175,19 +178,26 @@ class Ledger:
         if key in self._swallow:
             self._swallow.discard(key)
             return None
-        if key in self._remap:
-            obj["id"] = self._remap.pop(key)
-            return self._out(orjson.dumps(obj))
-        if key in self._retarget:
-            obj["id"] = self._retarget.pop(key)
-            return self._out(orjson.dumps(obj))
-        if request.generation != self.generation or not self.attached:
-            if not self.attached and request.method == "session/prompt":
-                self._ended[key] = (request.session, line)  # for whoever reattaches it
+        target = self._retarget.pop(key, _NONE)
+        client_id = self._remap.pop(key, _NONE)
+        if self.attached and (target is not _NONE or request.generation == self.generation):
+            if target is not _NONE or client_id is not _NONE:
+                obj["id"] = target if target is not _NONE else client_id
+                out = orjson.dumps(obj)
             else:
-                self.dropped += 1
-            return None
-        return line
+                out = line
+            self._unconfirmed[out] = (key, request, line)
+            return out
+        self._unanswered(key, request, line)
+        return None
+
+    def _unanswered(self, key: Any, request: _Request, line: bytes) -> None:
+        """The agent's answer to ``request`` that no attached client asked for: a prompt's is
+        kept for whoever reattaches its session (while detached), any other is dropped."""
+        if not self.attached and request.method == "session/prompt":
+            self._ended[key] = (request.session, line)
+        else:
+            self.dropped += 1
 
     def _out(self, line: bytes) -> bytes | None:
         if self.attached:
@@ -255,9 +265,18 @@ class Ledger:
             frames.append(response(rid, {}))
         return Replay(frames, redelivered, buffered, answered)
 
+    def written(self) -> None:
+        """The answers ``to_client`` returned reached the client's socket."""
+        self._unconfirmed.clear()
+
     def requeue(self, line: bytes) -> None:
-        """A line the attached client did not get (its connection broke while it was written):
-        kept for the next client, like one sent after the detach."""
+        """A line ``to_client`` returned that the client did not get (its connection broke while
+        it was written; call after ``detach``): kept for the next client, like one the agent
+        sent after the detach (a prompt's answer for the load that reattaches its session)."""
+        answered = self._unconfirmed.pop(line, None)
+        if answered is not None:
+            self._unanswered(*answered)
+            return
         obj = parse(line)
         if obj is not None and isinstance(obj.get("method"), str):
             self._delivered.discard(_key(obj["id"]))

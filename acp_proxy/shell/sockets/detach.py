@@ -185,6 +185,8 @@ class HeldSession:
                 for line in lines if lines is not None else data[:-1].split(b"\n"):
                     self.ledger.requeue(line)
                 self._count()
+            else:
+                self.ledger.written()
 
     def _count(self) -> None:
         held = self.ledger.buffered_bytes + len(self._partial)
