@@ -43,6 +43,30 @@ _LEFT = "client left before joining a session"
 REFUSED = -32000
 
 
+class _Turn:
+    """One writer toward the client at a time (the session's writer, a reattach's replay, the
+    grace expiry): a lock that does not yield when it is free (``anyio.Lock`` checkpoints on
+    every acquire, a cost per write of a streaming session)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self._free = anyio.Event()
+
+    def locked(self) -> bool:
+        return self.busy
+
+    async def __aenter__(self) -> None:
+        while self.busy:
+            if self._free.is_set():
+                self._free = anyio.Event()
+            await self._free.wait()
+        self.busy = True
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.busy = False
+        self._free.set()
+
+
 class _ClientRx(anyio.abc.ByteReceiveStream):
     """The session's client input: whole lines from whichever client is attached, then EOF
     once the session gives up waiting (``close``). A cancelled receive consumes nothing."""
@@ -99,6 +123,11 @@ class _ClientTx(anyio.abc.ByteSendStream):
     async def send(self, item: bytes) -> None:
         await self._held.write(bytes(item))
 
+    def try_send(self, data: bytes | memoryview) -> int:
+        """The outbox's direct write (see ``Outbox``): notifications go straight to the attached
+        client's socket, as without ``detach_grace``; anything else takes ``send`` (0)."""
+        return self._held.try_write(data)
+
     async def aclose(self) -> None:
         await anyio.lowlevel.checkpoint()
 
@@ -119,8 +148,10 @@ class HeldSession:
         self.ended = anyio.Event()  # the agent session is over
         self.expired = False  # the grace time ended: no reattach any more
         self.recorder: Any = None
-        self._partial = b""
-        self._lock = anyio.Lock()
+        self._partial = b""  # the start of a line the session has not finished writing
+        self._cut = bytearray()  # the head of a line the client's socket took part of
+        self._cut_lost = False  # ... and the client was lost before its end
+        self._lock = _Turn()
         self._attached = anyio.Event()
         self._detached = anyio.Event()
         self._kick: anyio.CancelScope | None = None
@@ -158,8 +189,65 @@ class HeldSession:
             self._budget.add(-self._counted)
             self._counted = 0
 
+    def try_write(self, data: bytes | memoryview) -> int:
+        """A non-blocking write of whole lines to the attached client, only when they hold no
+        ``"id"`` key (notifications, which the ledger keeps nothing of while attached) and
+        nothing waits before them; how much the socket took (0: use ``write``). A line the
+        socket cut is finished by ``write`` (``_cut``)."""
+        client = self.client
+        if client is None or self._cut or self._partial or self._lock.locked():
+            return 0
+        raw = data if isinstance(data, bytes) else bytes(data)
+        if _ID in raw:
+            return 0
+        written = client.try_send(raw)
+        if written < len(raw):
+            start = raw.rfind(b"\n", 0, written) + 1
+            self._cut += raw[start:written]
+        return written
+
+    async def _finish_cut(self, piece: bytes, done: bool) -> None:
+        """More of the line the client's socket cut (``done``: its end): to the same client;
+        when that client is gone, the whole line is kept for the next one."""
+        async with self._lock:
+            client = self.client
+            if client is not None and not self._cut_lost:
+                try:
+                    await client.send(piece)
+                except STREAM_ERRORS:
+                    self._lost(client)
+                    self._cut_lost = True
+            else:
+                self._cut_lost = True
+            self._cut += piece
+            if done:
+                line = bytes(self._cut[:-1])
+                self._cut.clear()
+                if self._cut_lost:
+                    self._cut_lost = False
+                    out = self.ledger.to_client(line)
+                    if out is not None and self.client is not None:
+                        await self._send(self.client, [out])
+            self._count()
+
+    async def _send(self, client: SocketStream, lines: list[bytes]) -> None:
+        try:
+            await client.send(b"".join(line + b"\n" for line in lines))
+        except STREAM_ERRORS:
+            self._lost(client)
+            for line in lines:
+                self.ledger.requeue(line)
+        else:
+            self.ledger.written()
+
     async def write(self, data: bytes) -> None:
         """What the session writes toward the client: to the attached one, or kept."""
+        if self._cut:  # the client has the head of a line (``try_write``): its rest first
+            end = data.find(b"\n") + 1
+            piece, data = (data, b"") if end == 0 else (data[:end], data[end:])
+            await self._finish_cut(piece, end > 0)
+            if not data:
+                return
         if self._partial:
             data, self._partial = self._partial + data, b""
         end = data.rfind(b"\n") + 1
@@ -189,7 +277,7 @@ class HeldSession:
                 self.ledger.written()
 
     def _count(self) -> None:
-        held = self.ledger.buffered_bytes + len(self._partial)
+        held = self.ledger.buffered_bytes + len(self._partial) + len(self._cut)
         if held != self._counted and not self.ended.is_set():
             self._budget.add(held - self._counted)
             self._counted = held
