@@ -474,3 +474,39 @@ async def test_frames_kept_while_detached_count_in_the_buffer_budget() -> None:
     await held.write(chunk("c") + chunk("d"))  # past 3 frames: dropped, and given back
     assert held.ledger.overflowed
     assert budget.held == before
+
+
+class _CutClient:
+    """A client socket that takes ``room`` bytes at once, then is gone."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.got = b""
+
+    def try_send(self, data: bytes) -> int:
+        taken = data[: self.room]
+        self.room -= len(taken)
+        self.got += taken
+        return len(taken)
+
+    async def send(self, data: bytes) -> None:
+        raise anyio.BrokenResourceError
+
+
+@pytest.mark.anyio
+async def test_a_line_the_socket_cut_is_kept_whole_when_the_client_is_lost() -> None:
+    from acp_proxy.config import Config
+    from acp_proxy.shell.logsetup import get_logger
+    from acp_proxy.shell.sockets.detach import HeldSession
+
+    held = HeldSession(Config(detach_grace_s=5.0), 1, get_logger())
+    client = _CutClient(len(chunk("a")) + 5)
+    held.attach_first(client)  # type: ignore[arg-type]
+    data = chunk("a") + chunk("b") + chunk("c")
+    taken = held.tx.try_send(data)  # type: ignore[attr-defined]
+    assert taken == len(chunk("a")) + 5
+    await held.tx.send(data[taken:])  # the rest of "b", then "c": the client is gone
+    assert client.got == data[:taken]
+    assert held.client is None
+    # "a" was delivered; "b" (cut) and "c" are kept whole, in order, for the next client.
+    assert list(held.ledger.buffer) == [chunk("b")[:-1], chunk("c")[:-1]]
