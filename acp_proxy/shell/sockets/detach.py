@@ -414,6 +414,7 @@ class HeldSession:
                 replayed=replay.buffered,
                 redelivered=replay.redelivered,
                 answered=replay.answered,
+                dropped=self.ledger.dropped,
             )
             self._event(
                 "reattach",
