@@ -503,10 +503,39 @@ async def test_a_line_the_socket_cut_is_kept_whole_when_the_client_is_lost() -> 
     client = _CutClient(len(chunk("a")) + 5)
     held.attach_first(client)  # type: ignore[arg-type]
     data = chunk("a") + chunk("b") + chunk("c")
-    taken = held.tx.try_send(data)  # type: ignore[attr-defined]
+    taken = held.tx.try_send(data)
     assert taken == len(chunk("a")) + 5
     await held.tx.send(data[taken:])  # the rest of "b", then "c": the client is gone
     assert client.got == data[:taken]
     assert held.client is None
     # "a" was delivered; "b" (cut) and "c" are kept whole, in order, for the next client.
     assert list(held.ledger.buffer) == [chunk("b")[:-1], chunk("c")[:-1]]
+
+
+@pytest.mark.anyio
+async def test_the_live_view_is_told_of_a_detach() -> None:
+    from types import SimpleNamespace
+
+    from acp_proxy.config import Config
+    from acp_proxy.shell.logsetup import get_logger
+    from acp_proxy.shell.sockets.detach import HeldSession
+    from acp_proxy.shell.ui_hub import UiHub, UiTap
+
+    hub = UiHub()
+    tap = UiTap(hub, hub.open_session({"acp-proxy-record": 1}))
+    held = HeldSession(Config(detach_grace_s=5.0), 1, get_logger())
+    held.session = SimpleNamespace(observers=(tap,))
+    client = _CutClient(0)
+    held.attach_first(client)  # type: ignore[arg-type]
+    held.ledger.sessions.add("sess-1")
+    held._lost(client)  # type: ignore[arg-type]
+    hub.drain()
+    event = list(hub.events())[-1]
+    del event["t"]
+    assert event == {
+        "seq": 2,
+        "conn": 1,
+        "event": "detach",
+        "grace_s": 5.0,
+        "sessions": ["sess-1"],
+    }

@@ -148,6 +148,7 @@ class HeldSession:
         self.ended = anyio.Event()  # the agent session is over
         self.expired = False  # the grace time ended: no reattach any more
         self.recorder: Any = None
+        self.session: Any = None  # the PumpSession, once it runs
         self._partial = b""  # the start of a line the session has not finished writing
         self._cut = bytearray()  # the head of a line the client's socket took part of
         self._cut_lost = False  # ... and the client was lost before its end
@@ -181,6 +182,7 @@ class HeldSession:
                     log=self.log,
                     shutdown=self.shutdown,
                     observers=observers,
+                    on_session=self._started,
                 )
                 tg.cancel_scope.cancel()
             return rc, session
@@ -239,6 +241,9 @@ class HeldSession:
                 self.ledger.requeue(line)
         else:
             self.ledger.written()
+
+    def _started(self, session: Any) -> None:
+        self.session = session
 
     async def write(self, data: bytes) -> None:
         """What the session writes toward the client: to the attached one, or kept."""
@@ -467,8 +472,12 @@ class HeldSession:
             hooks.detach_event("takeover", 0)
         elif name == "reattach_refused" and fields.get("reason") == "attached":
             hooks.detach_event("refused", 0)
-        if self.recorder is not None:
-            self.recorder.event(name, time.monotonic(), **fields)
+        # The record and the live view (the session's observers that take events).
+        now = time.monotonic()
+        for observer in self.session.observers if self.session is not None else ():
+            told = getattr(observer, "event", None)
+            if told is not None:
+                told(name, now, **fields)
 
 
 class LineReader:
