@@ -539,3 +539,31 @@ async def test_the_live_view_is_told_of_a_detach() -> None:
         "grace_s": 5.0,
         "sessions": ["sess-1"],
     }
+
+
+@pytest.mark.anyio
+async def test_while_detached_the_policy_decides_what_it_is_configured_to(tmp_path: Path) -> None:
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 1, "after": 0, "go": str(go), "done": str(done), "ask": True}
+    config = config_file(tmp_path, "detach_grace: 60\npolicy: {default: allow}\n")
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "tcp://127.0.0.1:0", agent=AGENT
+        ) as proxy:
+            a, a_lines, pid = await opened_raw(proxy)
+            await a.send(prompt(3, **spec))
+            assert await a_lines.line() == chunk("before-0")
+            await a.aclose()
+            await proxy.event("client detached; keeping the agent")
+            go.touch()
+            await wait_file(done)  # the question was answered without a client
+            b = await proxy.connect()
+            b_lines = Lines(b)
+            await b.send(request(0, "initialize", INIT) + request(1, "session/load", LOAD))
+            assert await b_lines.line() == answer(0, INIT_ANSWER)
+            assert await b_lines.line() == chunk("permission: selected")
+            assert await b_lines.line() == answer(1, {"stopReason": "end_turn"})
+            assert alive(pid)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await b.aclose()
