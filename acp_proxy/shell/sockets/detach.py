@@ -2,14 +2,16 @@
 
 Contract: owns the sessions a ``--listen`` server keeps across client connections. A
 ``HeldSession`` runs one agent session (``runtime.run_agent_session``) against a client side
-of its own (``_ClientSide``: the PumpSession reads and writes it as if it were the socket),
-and plugs real client connections in and out of it. When the client's connection ends, the
-agent, its running turn and its sessions stay for ``detach_grace`` seconds; what the agent sends
-meanwhile is kept (``wire.attach.Ledger``, bounded, counted in the buffer budget); a new
-connection that sends ``initialize`` then ``session/load`` (or ``session/resume``) naming one of
-its sessions gets the replay and goes live (``serve_connection``). When the grace time ends with
-no reattach, the agent's requests are answered (``cancelled`` for a permission request) and the
-agent is stopped with the stdio ladder. Only whole lines cross between connections.
+of its own (``_ClientRx`` and ``_ClientTx``: the PumpSession reads and writes them as if they
+were the socket), and plugs real client connections in and out of it. When the client's
+connection ends, the agent, its running turn and its sessions stay for ``detach_grace``
+seconds; what the agent sends meanwhile is kept (``wire.attach.Ledger``, bounded, counted in the
+buffer budget); a new connection that sends ``initialize`` then ``session/load`` (or
+``session/resume``) naming one of its sessions gets the replay and goes live
+(``HeldSession.reattach``; the opening that leads there is ``reattach.opening``'s). When the
+grace time ends with no reattach, the agent's requests are answered (``cancelled`` for a
+permission request) and the agent is stopped with the stdio ladder. Only whole lines cross
+between connections.
 """
 
 from __future__ import annotations
@@ -30,15 +32,11 @@ from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.attach import (
     Ledger,
     error,
-    initialize_request,
-    reattach_request,
-    response,
 )
 
 _ID = b'"id"'
 # Bytes from the client queued toward the session before the client's reader waits.
 _ROOM = 256 * 1024
-_LEFT = "client left before joining a session"
 # The JSON-RPC error code of a refused reattach (implementation-defined server error).
 REFUSED = -32000
 
@@ -480,93 +478,4 @@ class HeldSession:
                 told(name, now, **fields)
 
 
-class LineReader:
-    """Whole lines from a connection that has not joined a session yet."""
-
-    def __init__(self, rx: anyio.abc.ByteReceiveStream, max_bytes: int) -> None:
-        self._rx = rx
-        self._buffer = b""
-        self._max = max_bytes
-
-    async def line(self) -> bytes | None:
-        """The next line without its newline; ``None`` at EOF, an error or an oversize line."""
-        while (end := self._buffer.find(b"\n")) < 0:
-            if len(self._buffer) > self._max:
-                return None
-            try:
-                self._buffer += await self._rx.receive()
-            except (anyio.EndOfStream, *STREAM_ERRORS):
-                return None
-        line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
-        return line
-
-    def rest(self) -> bytes:
-        data, self._buffer = self._buffer, b""
-        return data
-
-
-def latest_with_init(holds: dict[int, HeldSession], version: object) -> HeldSession | None:
-    """The newest held session whose agent answered ``initialize`` with protocol ``version``
-    (what a new connection's ``initialize`` asking for it is answered from while it may be a
-    reattach)."""
-    for held in reversed(holds.values()):
-        result = held.ledger.init_result
-        if result is not None and result.get("protocolVersion") == version and held.joinable:
-            return held
-    return None
-
-
-def find(holds: dict[int, HeldSession], session: str) -> HeldSession | None:
-    for held in holds.values():
-        if session in held.ledger.sessions and held.joinable:
-            return held
-    return None
-
-
-async def opening(
-    holds: dict[int, HeldSession],
-    client: SocketStream,
-    first: bytes,
-    config: Config,
-    log: Any,
-) -> tuple[bytes, Any] | str:
-    """A new connection's opening while agents are held: an ``initialize`` asking for the
-    protocol version a held agent answered with is answered from that answer, then a
-    ``session/load`` / ``session/resume`` naming a held session reattaches to it (served
-    here). Returns ``(what to send a new agent first, the id of an initialize the proxy
-    answered already)``, or the connection's status when it is over."""
-    if not holds:
-        return first, None
-    reader = LineReader(PrefixedReceiveStream(first, client), config.max_frame_bytes)
-    line1 = await reader.line()
-    if line1 is None:
-        return _LEFT
-    init = initialize_request(line1)
-    template = latest_with_init(holds, init[1]) if init is not None else None
-    if init is None or template is None:
-        return line1 + b"\n" + reader.rest(), None
-    rid = init[0]
-    try:
-        await client.send(response(rid, template.ledger.init_result) + b"\n")
-    except STREAM_ERRORS:
-        return _LEFT
-    while True:
-        with anyio.move_on_after(config.handshake_timeout_s):
-            line2 = await reader.line()
-        if line2 is None:
-            return _LEFT
-        request = reattach_request(line2)
-        held = find(holds, request[2]) if request is not None else None
-        if request is None or held is None:
-            return line1 + b"\n" + line2 + b"\n" + reader.rest(), rid
-        refusal = await held.reattach(client, reader.rest(), request, line2)
-        if refusal is None:
-            return f"reattached to the agent of connection {held.id}; client left"
-        try:
-            await client.send(refusal + b"\n")
-        except STREAM_ERRORS:
-            return _LEFT
-        log.info("reattach refused", session=request[2])
-
-
-__all__ = ["REFUSED", "HeldSession", "LineReader", "find", "latest_with_init", "opening"]
+__all__ = ["REFUSED", "HeldSession"]

@@ -257,7 +257,11 @@ class _Server:
             if first is None:
                 return
             if self.config.detach_grace_s > 0 and self.agent_address is None:
-                status = await self._detachable(conn, stream, first, log)
+                from acp_proxy.shell.sockets.reattach import serve_detachable
+
+                status = await serve_detachable(
+                    self, conn.id, stream, first, shutdown=conn.shutdown, log=log
+                )
                 return
             # The agent starts only now: a client that sends nothing, or an HTTP request,
             # never costs an agent.
@@ -335,7 +339,7 @@ class _Server:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
-            self._maybe_idle()
+            self.maybe_idle()
             log.info(
                 "connection closed",
                 status=status,
@@ -343,71 +347,9 @@ class _Server:
                 **summary,
             )
 
-    def _maybe_idle(self) -> None:
+    def maybe_idle(self) -> None:
         if not self.active and not self.holds:
             self.idle.set()
-
-    async def _detachable(self, conn: _Conn, stream: SocketStream, first: bytes, log: Any) -> str:
-        """``detach_grace``: join a held agent (``detach.opening``) or start one that outlives
-        this connection; returns the connection's status."""
-        from acp_proxy.shell.recorder import open_recorder
-        from acp_proxy.shell.sockets import detach
-
-        opened: tuple[bytes, Any] | str = "closed at shutdown before a session"
-        async with anyio.create_task_group() as tg:
-
-            async def on_shutdown() -> None:
-                await conn.shutdown.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(on_shutdown)
-            opened = await detach.opening(self.holds, stream, first, self.config, log)
-            tg.cancel_scope.cancel()
-        if isinstance(opened, str):
-            return opened
-        head, answered = opened
-        try:
-            agent = await spawn_agent(self.agent_argv, self.config.agent)
-        except SpawnError as exc:
-            log.error("cannot start the agent", error=str(exc))
-            await close_with(stream, error_line(f"acp-proxy: cannot start the agent: {exc}"))
-            return f"agent not started: {exc}"
-        log = log.bind(agent_pid=agent.pid)
-        log.info("agent started", agent=self.agent_argv)
-        held = detach.HeldSession(self.config, conn.id, log)
-        if answered is not None:
-            held.ledger.swallow(answered)
-        held.recorder = open_recorder(self.config, log=log, agent=self.agent_argv, conn=conn.id)
-        self.holds[conn.id] = held
-        held.attach_first(stream)
-        assert self.tasks is not None
-        self.tasks.start_soon(self._held, held, agent)
-        await held.serve(stream, PrefixedReceiveStream(head, stream))
-        return "agent session ended" if held.ended.is_set() else "client detached"
-
-    async def _held(self, held: HeldSession, agent: Any) -> None:
-        from acp_proxy.shell.recorder import exit_info
-
-        rc: int | None = None
-        summary: dict[str, Any] = {}
-        recorder = held.recorder
-        try:
-            rc, session = await held.run(agent, [recorder] if recorder else [])
-            summary = session.summary()
-        except Exception:  # isolation, as for a connection
-            held.log.exception("session failed")
-        finally:
-            if recorder is not None:
-                with anyio.CancelScope(shield=True):
-                    info = exit_info(rc) if rc is not None else None
-                    await anyio.to_thread.run_sync(recorder.finish, info)
-            del self.holds[held.id]
-            self._maybe_idle()
-            held.log.info(
-                "agent session ended",
-                status=f"agent {describe_status(rc)}" if rc is not None else "failed",
-                **summary,
-            )
 
     async def _linger(
         self,
