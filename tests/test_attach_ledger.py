@@ -199,3 +199,12 @@ def test_a_turn_that_outlives_two_clients_ends_on_the_last_load() -> None:
     ledger.detach()  # the second client leaves before the turn ends
     assert ledger.to_client(ok(3, {"stopReason": "end_turn"})) is None
     assert ledger.reattach(9, "session/load", "s").frames == [ok(9, {"stopReason": "end_turn"})]
+
+
+def test_a_v2_resume_reattaches_like_a_load() -> None:
+    ledger = opened()
+    ledger.detach()
+    ledger.to_client(note(1))
+    replay = ledger.reattach("r", "session/resume", "s")
+    assert replay.frames == [note(1), ok("r", {})]
+    assert (replay.buffered, replay.answered) == (1, True)
