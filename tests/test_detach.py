@@ -156,6 +156,7 @@ async def test_killed_client_reattaches_through_connect_and_gets_every_frame_onc
         ) as proxy:
             address = await proxy.address()
             metrics = str((await proxy.event("serving metrics"))["address"])
+            assert (await proxy.event("listening"))["detach_grace_s"] == 60
             first = await open_client(address, config)
             pid = await start_turn(first, **spec)
             await kill(first)  # mid-turn: the prompt is in flight

@@ -426,6 +426,7 @@ async def _serve(
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
         handshake_timeout_s=config.handshake_timeout_s,
+        detach_grace_s=config.detach_grace_s if agent_address is None else 0,
         config=config.source,
         rules=list(config.rule_names),
     )
