@@ -43,9 +43,12 @@ async def _one(grace: float, count: int, text: str) -> tuple[float, float]:
     cmd += ["--listen", f"unix://{sock}", "--detach-grace", str(grace), "--", *AGENT]
     proxy = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while not sock.exists():
-            await anyio.sleep(0.01)
-        stream = await anyio.connect_unix(str(sock))
+        while True:  # bound before it listens: a refused connect is tried again
+            try:
+                stream = await anyio.connect_unix(str(sock))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                await anyio.sleep(0.01)
         request = {"jsonrpc": "2.0", "id": 1, "method": "_test/stream"}
         request["params"] = {"count": count, "tag": text}
         cpu0 = _cpu_s(proxy.pid)
