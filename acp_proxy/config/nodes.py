@@ -52,7 +52,9 @@ def parse_size(text: str) -> int | None:
     return None if factor is None else int(m.group(1)) * factor
 
 
-_ADDRESS_HELP = 'an address such as "tcp://127.0.0.1:7777" or "unix:///run/acp.sock"'
+_ADDRESS_HELP = (
+    'an address such as "tcp://127.0.0.1:7777", "unix:///run/acp.sock" or "wss://host:8443/acp"'
+)
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 
@@ -382,6 +384,12 @@ class NodeReader:
             value = endpoint_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
+        if sep and scheme in ("ws", "wss") and not http:
+            if "?" in rest or "#" in rest:
+                raise self.error(
+                    node, path, "a WebSocket address has no query (a token goes in auth:)"
+                )
+            scheme, rest = "tcp", rest.partition("/")[0]
         if sep and scheme == "unix":
             ok = bool(rest)
         elif sep and scheme == "tcp":

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -39,6 +39,9 @@ from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import STREAM_ERRORS
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.sockets.wsserver import WsServer
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -79,6 +82,7 @@ class _Server:
         self.idle = anyio.Event()
         self.accepted = 0
         self.refused = 0
+        self.websocket: WsServer | None = None  # a ws:// or wss:// listener's upgrade
 
     async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
         async with anyio.create_task_group() as outer:
@@ -171,7 +175,7 @@ class _Server:
             self.refusal_slots.release()
 
     async def _opening(
-        self, conn: _Conn, stream: SocketStream, peer: str, log: Any
+        self, conn: _Conn, stream: anyio.abc.ByteStream, peer: str, log: Any
     ) -> tuple[bytes | None, str]:
         """Read until the client's first line is in (``(its bytes, "")``), or say why not
         (``(None, status)``, the connection closed with a message where one is due).
@@ -235,7 +239,7 @@ class _Server:
         from acp_proxy.shell.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
-        stream = SocketStream(client)
+        stream: anyio.abc.ByteStream = SocketStream(client)
         started = time.monotonic()
         log.info("connection opened", peer=peer, open=len(self.active))
         status = "closed"
@@ -243,6 +247,11 @@ class _Server:
         recorder: Recorder | None = None
         rc: int | None = None
         try:
+            if self.websocket is not None:
+                upgraded, status = await self.websocket.upgrade(stream, peer, log)
+                if upgraded is None:
+                    return
+                stream = upgraded
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
@@ -285,7 +294,9 @@ class _Server:
             else:
                 label = str(self.agent_address)
                 try:
-                    agent_stream = await connect(self.agent_address, self.config.connect_timeout_s)
+                    agent_stream = await connect(
+                        self.agent_address, self.config.connect_timeout_s, self.config
+                    )
                 except ConnectError as exc:
                     status = str(exc)
                     log.error("cannot connect to the agent", error=str(exc))
@@ -334,7 +345,7 @@ class _Server:
     async def _linger(
         self,
         conn: _Conn,
-        stream: SocketStream,
+        stream: anyio.abc.ByteStream,
         client_rx: PrefixedReceiveStream,
         session: Any,
         log: Any,
@@ -391,17 +402,34 @@ async def _serve(
     signals: AsyncIterator[signal.Signals],
     log: Any,
 ) -> int:
+    websocket: WsServer | None = None
     try:
-        listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+        if address.websocket:
+            from acp_proxy.shell.sockets.wsserver import websocket_server
+
+            websocket = websocket_server(config, address, log)
+            listener = await open_listener(
+                address.socket_address(),
+                allow_remote=websocket.consent,
+                log=log,
+                exposure=websocket.exposure,
+                remote_note=websocket.remote_note,
+            )
+            websocket.bind(listener.sockets)
+        else:
+            listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+    except ValueError as exc:  # a WebSocket listener's token or certificate
+        say_fatal(log, "cannot listen", f"{address}: {exc}")
+        return EXIT_USAGE
     except ListenError as exc:
         say_fatal(log, "cannot listen", str(exc))
         return exc.exit_code
-    server = _Server(
-        config, agent_argv, agent_address, listener, log.bind(listen=str(listener.address))
-    )
+    shown = websocket.url if websocket is not None else str(listener.address)
+    server = _Server(config, agent_argv, agent_address, listener, log.bind(listen=shown))
+    server.websocket = websocket
     log.info(
         "listening",
-        address=str(listener.address),
+        address=shown,
         agent=list(agent_argv) or None,
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,

@@ -1,0 +1,246 @@
+"""``--listen ws://`` / ``wss://``: each accepted connection's upgrade, after its checks.
+
+Contract: owns what a WebSocket listener needs beyond the ``--listen`` server: its settings,
+read once before it binds (``websocket_server``: the token, the TLS context, the consent a
+non-loopback address needs), and the upgrade of one accepted connection (``WsServer.upgrade``:
+TLS, the request head bounded in size and time, the checks, then the 101 or a refusal). No
+session starts, and the agent is never sent a byte, before a request passed every check:
+
+* a URL with a query: 401 (a token in a URL ends up in histories and logs: refused, never read);
+* not ``GET``: 405; not the listener's path: 404;
+* ``Host`` must name the server (``ui.security.host_allowed``, as the live view: a loopback name
+  or the bound host; on a non-loopback listener also the machine's names and any IP), else 421;
+* ``Origin``, when present, must be the server's own (``http(s)://`` + Host) and the request not
+  ``Sec-Fetch-Site: cross-site``, else 403 (a web page cannot drive the agent);
+* with a token: ``Authorization: Bearer TOKEN``, compared in constant time, else 401 with
+  ``WWW-Authenticate: Bearer``;
+* a request that is not a valid upgrade: 400 or 426 (``websockets``' own checks).
+
+The rule of the address: a non-loopback listener needs ``auth:`` (it refuses to start without
+it), and a plain ``ws://`` one also ``allow_remote`` (the token would cross the network
+unencrypted unless TLS ends in front of the proxy). The token is never logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.abc
+from anyio.streams.tls import TLSStream
+from websockets.http11 import Request as WsRequest
+from websockets.server import ServerProtocol
+
+from acp_proxy.config import Config
+from acp_proxy.shell.sockets.address import Address, is_loopback_ip
+from acp_proxy.shell.sockets.serving import read_head
+from acp_proxy.shell.sockets.websocket import (
+    MAX_HEAD,
+    WEBSOCKET_ERRORS,
+    TokenError,
+    WsStream,
+    close_transport,
+    load_token,
+    send_all,
+    server_tls,
+    token_file_exposed,
+)
+from acp_proxy.telemetry.endpoint import Request, parse_head
+from acp_proxy.ui.security import host_allowed
+
+NO_AUTH = (
+    "no auth is configured: anyone who can reach it could drive the agent",
+    "set auth: {token_file: FILE} in the config (docs/remote.md)",
+)
+CLEAR_TEXT = (
+    "ws:// is unencrypted: the bearer token would cross the network readable",
+    "use wss:// with tls: {cert: FILE, key: FILE}, or pass --allow-remote (allow_remote: true) "
+    "when TLS ends in front of the proxy",
+)
+TOKEN_HOLDERS = ("anyone who has the token can drive the agent", "")
+
+
+@dataclass(slots=True)
+class WsServer:
+    """A WebSocket listener's settings (``websocket_server``); ``bind`` fills in where it
+    listens once the socket is bound."""
+
+    address: Address
+    token: str | None
+    tls: ssl.SSLContext | None
+    max_bytes: int
+    timeout_s: float
+    consent: bool  # may bind a non-loopback address
+    exposure: tuple[str, str]  # what a refusal to bind says
+    remote: bool = False
+    port: int = 0
+    names: list[str] = field(default_factory=list)
+
+    def bind(self, sockets: list[socket.socket]) -> None:
+        host, port = sockets[0].getsockname()[:2]
+        self.port = port
+        self.remote = any(not is_loopback_ip(s.getsockname()[0]) for s in sockets)
+        self.names = [self.address.host, str(host)]
+        if self.remote:
+            self.names += [socket.gethostname(), socket.getfqdn()]
+
+    @property
+    def remote_note(self) -> str:
+        if self.tls is not None:
+            return "clients must present the bearer token, over TLS"
+        return "clients must present the bearer token; ws:// is unencrypted (TLS must end in front)"
+
+    @property
+    def url(self) -> str:
+        return str(Address(self.address.scheme, self.address.host, self.port, self.address.path))
+
+    def refusal(self, request: Request) -> tuple[int, str] | None:
+        """Why ``request`` is refused (the module's checks, in order), or ``None``."""
+        if request.query:
+            return 401, "a token goes in the Authorization header, never in the URL"
+        if request.method != "GET":
+            return 405, "a WebSocket upgrade is a GET"
+        if request.path != self.address.path:
+            return 404, f"this server serves ACP at {self.address.path}"
+        headers = request.headers
+        if not host_allowed(headers.get("host"), self.port, self.names, self.remote):
+            return 421, "this server answers only to its own address as Host"
+        if not origin_allowed(headers, secure=self.tls is not None):
+            return 403, "cross-origin requests are refused"
+        if self.token is not None and not bearer_matches(headers, self.token):
+            return 401, "a valid bearer token is required in the Authorization header"
+        return None
+
+    async def upgrade(
+        self, stream: anyio.abc.ByteStream, peer: str, log: Any
+    ) -> tuple[WsStream | None, str]:
+        """The connection upgraded (``(stream, "")``), or refused and closed (``(None, why)``);
+        bounded by the handshake timeout from TLS to the 101."""
+        transport = stream
+        head: bytes | None = b""
+        with anyio.move_on_after(self.timeout_s) as timer:
+            if self.tls is not None:
+                try:
+                    transport = await TLSStream.wrap(
+                        stream, server_side=True, ssl_context=self.tls, standard_compatible=False
+                    )
+                except WEBSOCKET_ERRORS as exc:
+                    log.warning("TLS handshake failed", peer=peer, error=str(exc))
+                    await close_transport(stream)
+                    return None, "TLS handshake failed"
+            head = await read_head(transport, max_bytes=MAX_HEAD, timeout_s=self.timeout_s)
+        if head is None:
+            return await self._refuse(
+                transport, 431, "the request head is too large", peer=peer, log=log
+            )
+        if not head.endswith((b"\r\n\r\n", b"\n\n")):  # silent or slow until the bound, or gone
+            if timer.cancelled_caught or head:
+                log.warning("handshake timeout: no whole upgrade request", peer=peer)
+                await close_transport(transport, _text(400, "no whole request in time"))
+                return None, f"handshake timeout: no upgrade within {self.timeout_s:g} s"
+            await close_transport(transport)
+            return None, "client closed the connection before a request"
+        request = parse_head(head)
+        if request is None:
+            return await self._refuse(transport, 400, "not an HTTP request", peer=peer, log=log)
+        why = self.refusal(request)
+        if why is not None:
+            return await self._refuse(transport, *why, peer=peer, log=log, path=request.path)
+        protocol = ServerProtocol(max_size=self.max_bytes)
+        protocol.receive_data(head)
+        events = protocol.events_received()
+        if not events or not isinstance(events[0], WsRequest):
+            return await self._refuse(
+                transport, 400, "not a valid upgrade request", peer=peer, log=log
+            )
+        response = protocol.accept(events[0])
+        protocol.send_response(response)
+        if response.status_code != 101:
+            reason = (response.body or b"").decode("utf-8", "replace").strip()
+            log.warning(
+                "WebSocket upgrade refused", peer=peer, status=response.status_code, reason=reason
+            )
+            await close_transport(transport, b"".join(protocol.data_to_send()))
+            return None, f"refused: {response.status_code} {reason}"
+        try:
+            await send_all(transport, protocol.data_to_send())
+        except WEBSOCKET_ERRORS:
+            await close_transport(transport)
+            return None, "client connection lost during the upgrade"
+        return WsStream(transport, protocol), ""
+
+    async def _refuse(
+        self,
+        transport: anyio.abc.ByteStream,
+        status: int,
+        reason: str,
+        *,
+        peer: str,
+        log: Any,
+        path: str | None = None,
+    ) -> tuple[None, str]:
+        log.warning("WebSocket upgrade refused", peer=peer, status=status, reason=reason, path=path)
+        await close_transport(transport, _text(status, reason))
+        return None, f"refused: {status} {reason}"
+
+
+def _text(status: int, reason: str) -> bytes:
+    """A plain-text refusal (``ServerProtocol.reject``'s form); a 401 says the scheme."""
+    protocol = ServerProtocol()
+    response = protocol.reject(status, reason + "\n")
+    if status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="acp-proxy"'
+    protocol.send_response(response)
+    return b"".join(protocol.data_to_send())
+
+
+def bearer_matches(headers: Mapping[str, str], token: str) -> bool:
+    """``Authorization: Bearer TOKEN`` with the token, compared in constant time."""
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() != "bearer ":
+        return False
+    return hmac.compare_digest(auth[7:].strip().encode(), token.encode())
+
+
+def origin_allowed(headers: Mapping[str, str], *, secure: bool) -> bool:
+    """A same-origin request (or one that says nothing of its origin, like a non-browser
+    client); never a ``Sec-Fetch-Site: cross-site`` one."""
+    if headers.get("sec-fetch-site") == "cross-site":
+        return False
+    origin = headers.get("origin")
+    scheme = "https" if secure else "http"
+    return origin is None or origin == f"{scheme}://{headers.get('host', '')}"
+
+
+def websocket_server(config: Config, address: Address, log: Any) -> WsServer:
+    """A WebSocket listener's settings from ``config``. Raises ``ValueError`` with the reason
+    it cannot serve (a token or a certificate that cannot be read)."""
+    try:
+        token = load_token(config)
+    except TokenError as exc:
+        raise ValueError(str(exc)) from None
+    if token_file_exposed(config):
+        log.warning(
+            "the token file can be read by other users; make it private (chmod 600)",
+            token_file=config.auth.token_file,
+        )
+    tls = server_tls(config) if address.scheme == "wss" else None
+    if token is None:
+        consent, exposure = False, NO_AUTH
+    elif tls is None and not config.allow_remote:
+        consent, exposure = False, CLEAR_TEXT
+    else:
+        consent, exposure = True, TOKEN_HOLDERS
+    return WsServer(
+        address,
+        token,
+        tls,
+        max_bytes=config.max_frame_bytes,
+        timeout_s=config.handshake_timeout_s,
+        consent=consent,
+        exposure=exposure,
+    )
