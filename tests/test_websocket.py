@@ -10,20 +10,17 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import orjson
 import pytest
 from proxy_harness import REPO, init_response, proxy_env, request, write_config
-from test_sockets import PROXY, TINY, TIMEOUT, Proxy, listening, stream_note
+from test_sockets import PROXY, TIMEOUT, TINY, Proxy, listening, stream_note
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-websockets = pytest.importorskip("websockets")
-from websockets.asyncio.client import connect as ws_connect  # noqa: E402
-from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
-
-TOKEN = "s3cret-token-Zq9"  # noqa: S105 - the test's own token
+TOKEN = "s3cret-token-Zq9"
 
 
 def token_config(tmp_path: Path, extra: str = "") -> str:
@@ -113,3 +110,237 @@ async def test_authenticated_session_end_to_end_with_rules_and_records(tmp_path:
     assert sent[1]["changed_by"] == ["rules:tag"]
     assert entries[-1]["event"] == "end"
     no_token_in(proxy, record)
+
+
+# -- refusals before the upgrade ----------------------------------------------------------------
+
+
+async def raw_upgrade(url: str, head: dict[str, str], target: str = "/acp") -> bytes:
+    """Send an upgrade request by hand (exactly these headers) and return the whole answer."""
+    port = int(url.removeprefix("ws://127.0.0.1:").partition("/")[0])
+    lines = [f"GET {target} HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade"]
+    lines += ["Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"]
+    lines += [f"{k}: {v}" for k, v in head.items()]
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while not (answer.startswith(b"HTTP/1.1 101 ") and b"\r\n\r\n" in answer):
+            try:
+                answer += await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                break
+        return answer  # a refusal: up to its end; a 101: its head
+
+
+@pytest.mark.anyio
+async def test_missing_wrong_and_url_tokens_are_refused_before_any_message(
+    tmp_path: Path,
+) -> None:
+    config = token_config(tmp_path)
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            cases = {
+                "missing": (url, {}),
+                "wrong": (url, bearer("not-the-token")),
+                "another scheme": (url, {"Authorization": f"Basic {TOKEN}"}),
+                "in the URL": (f"{url}?token={TOKEN}", {}),
+                "in the URL, and right in the header": (f"{url}?access_token={TOKEN}", bearer()),
+            }
+            for case, (target, headers) in cases.items():
+                with pytest.raises(InvalidStatus) as caught:
+                    async with ws_connect(target, additional_headers=headers):
+                        pass
+                response = caught.value.response
+                assert response.status_code == 401, case
+                assert response.headers["WWW-Authenticate"] == 'Bearer realm="acp-proxy"'
+            # The answer, byte for byte after the date: a 401 and nothing of ACP.
+            host = url.removeprefix("ws://").partition("/")[0]
+            answer = await raw_upgrade(url, {"Host": host})
+            status, _, rest = answer.partition(b"\r\n")
+            assert status == b"HTTP/1.1 401 Unauthorized"
+            assert rest.endswith(
+                b'\r\nWWW-Authenticate: Bearer realm="acp-proxy"\r\n\r\n'
+                b"a valid bearer token is required in the Authorization header\n"
+            )
+            refused = [e for e in proxy.events if e["event"] == "WebSocket upgrade refused"]
+            assert [e["status"] for e in refused] == [401] * 6
+            # A right token still opens a session afterwards.
+            async with ws_connect(url, additional_headers=bearer()) as ws:
+                await ws.send(request(1, "initialize", {}).rstrip(b"\n"), text=True)
+                assert await ws.recv(decode=False) == init_response(1).rstrip(b"\n")
+            await proxy.event("connection closed", conn=7)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    # No refused connection ever started an agent (it starts at the first message).
+    assert proxy.count("agent started") == 1
+    closed = [e["status"] for e in proxy.events if e["event"] == "connection closed"]
+    assert [s.partition(" a ")[0] for s in closed[:6]] == ["refused: 401"] * 6
+    no_token_in(proxy)
+
+
+@pytest.mark.anyio
+async def test_host_origin_path_and_method_checks(tmp_path: Path) -> None:
+    config = token_config(tmp_path)
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            host = url.removeprefix("ws://").partition("/")[0]
+            port = host.rpartition(":")[2]
+            cases = [
+                ({"Host": f"evil.example:{port}", **bearer()}, "/acp", b"421"),
+                ({"Host": host, "Origin": "http://evil.example", **bearer()}, "/acp", b"403"),
+                ({"Host": host, "Sec-Fetch-Site": "cross-site", **bearer()}, "/acp", b"403"),
+                ({"Host": host, **bearer()}, "/other", b"404"),
+                ({"Host": host, "Origin": f"http://{host}"}, "/acp", b"401"),
+            ]
+            for headers, target, status in cases:
+                answer = await raw_upgrade(url, headers, target)
+                assert answer.startswith(b"HTTP/1.1 " + status + b" "), (headers, answer)
+            # Same origin, with the token: the upgrade.
+            answer = await raw_upgrade(url, {"Host": host, "Origin": f"http://{host}", **bearer()})
+            assert answer.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    assert proxy.count("agent started") == 0
+    no_token_in(proxy)
+
+
+# -- refusing to start --------------------------------------------------------------------------
+
+
+def start(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [*PROXY, *args, "--", *TINY],
+        capture_output=True,
+        env=proxy_env(),
+        cwd=str(REPO),
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def test_non_loopback_listener_without_auth_refuses_to_start(tmp_path: Path) -> None:
+    ran = start("--listen", "ws://0.0.0.0:0/acp")
+    assert ran.returncode == 2
+    assert ran.stderr.decode().endswith(
+        "acp-proxy: refusing to listen on tcp://0.0.0.0:0: 0.0.0.0 is not a loopback address "
+        "(no auth is configured: anyone who can reach it could drive the agent); set auth: "
+        "{token_file: FILE} in the config (docs/remote.md)\n"
+    )
+    # With a token but over plain ws://, the token would cross the network readable.
+    ran = start("--config", token_config(tmp_path), "--listen", "ws://0.0.0.0:0/acp")
+    assert ran.returncode == 2
+    assert "ws:// is unencrypted" in ran.stderr.decode()
+    # wss:// without a certificate.
+    ran = start("--config", token_config(tmp_path), "--listen", "wss://127.0.0.1:0/acp")
+    assert ran.returncode == 2
+    assert ran.stderr.decode().endswith(
+        "acp-proxy: wss://127.0.0.1:0/acp: a wss:// listener needs tls: {cert: FILE, key: FILE} "
+        "in the config\n"
+    )
+    # A token file that is not there.
+    config = write_config(tmp_path / "gone.yaml", f"auth: {{token_file: {tmp_path / 'nope'}}}\n")
+    ran = start("--config", config, "--listen", "ws://127.0.0.1:0/acp")
+    assert ran.returncode == 2
+    assert f"auth.token_file {tmp_path / 'nope'}: No such file or directory" in ran.stderr.decode()
+
+
+# -- wss:// with a certificate made here; --connect from a stdio editor ----------------------
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by the ``openssl`` command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=acp-test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    return cert, key
+
+
+@pytest.mark.anyio
+async def test_wss_session_and_connect_from_a_stdio_editor(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    server_config = token_config(tmp_path, f"tls:\n  cert: {cert}\n  key: {key}\n")
+    # The editor's side reads the token from an environment variable and trusts the cert.
+    editor_config = write_config(
+        tmp_path / "editor.yaml", f"auth: {{token_env: ACP_TEST_TOKEN}}\ntls: {{ca: {cert}}}\n"
+    )
+    trust = ssl.create_default_context(cafile=str(cert))
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", server_config, "--listen", "wss://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            # A real client library over TLS.
+            async with ws_connect(url, additional_headers=bearer(), ssl=trust) as ws:
+                await ws.send(request(1, "initialize", {}).rstrip(b"\n"), text=True)
+                assert await ws.recv(decode=False) == init_response(1).rstrip(b"\n")
+            # Without trusting the certificate, no connection.
+            with pytest.raises(ssl.SSLCertVerificationError):
+                async with ws_connect(url, additional_headers=bearer()):
+                    pass
+            # acp-proxy --connect wss://: an editor on stdio reaches the remote agent.
+            script = request(1, "initialize", {"protocolVersion": 2}) + request(2, "x", {"a": 1})
+            editor = await anyio.run_process(
+                [*PROXY, "--config", editor_config, "--connect", url],
+                input=script,
+                env=proxy_env(ACP_TEST_TOKEN=TOKEN),
+                cwd=str(REPO),
+                check=False,
+            )
+            assert editor.returncode == 0, editor.stderr.decode()
+            assert (
+                editor.stdout
+                == init_response(1) + b'{"jsonrpc":"2.0","id":2,"result":{"echo":{"a":1}}}\n'
+            )
+            assert TOKEN.encode() not in editor.stderr
+            # Its token wrong: the server's 401, said on stderr, exit 1.
+            editor = await anyio.run_process(
+                [*PROXY, "--config", editor_config, "--connect", url],
+                input=script,
+                env=proxy_env(ACP_TEST_TOKEN="wrong"),
+                cwd=str(REPO),
+                check=False,
+            )
+            assert editor.returncode == 1
+            assert editor.stdout == b""
+            assert (
+                f"acp-proxy: cannot connect to the agent at {url}: the server refused the "
+                "WebSocket upgrade: 401 Unauthorized (a valid bearer token is required in the "
+                "Authorization header)\n"
+            ) in editor.stderr.decode()
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    assert proxy.count("agent started") == 2
+    assert proxy.count("TLS handshake failed") == 1
+    no_token_in(proxy)

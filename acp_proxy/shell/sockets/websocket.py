@@ -7,7 +7,8 @@ per text frame. Each received text message becomes one line, its bytes unchanged
 ``\\n``; each line the session writes becomes one text frame, its bytes unchanged, without the
 ``\\n``. The one rewrite: a received message with a raw line break (pretty-printed JSON) has each
 ``\\n`` turned into a space (JSON whitespace: the message means the same, and stays one line).
-A binary frame is refused (close 1003); a message over ``max_bytes`` (the proxy's frame limit)
+The session's end of input (``send_eof``) sends nothing (a WebSocket has no half-close); the
+close frame (1000) goes when the connection is closed. A binary frame is refused (close 1003); a message over ``max_bytes`` (the proxy's frame limit)
 closes the connection with 1009 before it is buffered whole; the protocol is ``websockets``'
 Sans-I/O layer, without compression (no extension is offered or accepted).
 
@@ -27,6 +28,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, State
 
@@ -225,18 +227,18 @@ class WsStream(anyio.abc.ByteStream):
         except WEBSOCKET_ERRORS as exc:
             raise anyio.BrokenResourceError(str(exc)) from exc
 
+    half_close = False  # see send_eof
+
     async def send_eof(self) -> None:
-        """Close the sending side: a close frame (1000); messages may still come until the
-        peer's close frame answers it."""
-        if self.protocol.state is State.OPEN:
-            self.protocol.send_close(1000)
-        with contextlib.suppress(*WEBSOCKET_ERRORS):
-            await self.flush()
+        """The end of what the session sends. A WebSocket has no half-close (a close frame
+        ends both directions: the peer answers it and closes), so nothing is sent: answers
+        may still come, and the close frame goes with ``aclose``."""
+        await anyio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if self.protocol.state is State.OPEN:
-                self.protocol.send_close(1001)
+                self.protocol.send_close(1000)
             with anyio.move_on_after(CLOSE_S), contextlib.suppress(*WEBSOCKET_ERRORS):
                 await self.flush()
             with contextlib.suppress(*WEBSOCKET_ERRORS):
