@@ -112,6 +112,56 @@ async def test_authenticated_session_end_to_end_with_rules_and_records(tmp_path:
     no_token_in(proxy, record)
 
 
+# -- frames and lines ---------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_frames_map_to_lines_and_bounds_close_the_connection(tmp_path: Path) -> None:
+    config = token_config(tmp_path, "max_frame_bytes: 4096\n")
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            async with ws_connect(url, additional_headers=bearer(), max_size=None) as ws:
+                # A message in three fragments is one line.
+                parts = [b'{"jsonrpc":"2.0",', b'"id":1,"method":"x",', b'"params":{"f":3}}']
+                await ws.send(iter(parts), text=True)
+                assert (
+                    await ws.recv(decode=False)
+                    == b'{"jsonrpc":"2.0","id":1,"result":{"echo":{"f":3}}}'
+                )
+                # Pretty-printed: its line breaks become spaces (JSON whitespace), one line.
+                pretty = (
+                    b'{\n  "jsonrpc": "2.0",\n  "id": 2,\n  "method": "x",\n'
+                    b'  "params": {"p": "a\\nb"}\n}'
+                )
+                await ws.send(pretty, text=True)
+                assert (
+                    await ws.recv(decode=False)
+                    == b'{"jsonrpc":"2.0","id":2,"result":{"echo":{"p":"a\\nb"}}}'
+                )
+                # A binary frame is not ACP: close 1003.
+                await ws.send(b'{"jsonrpc":"2.0","id":3,"method":"x"}')
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+                assert closed.value.rcvd is not None
+                assert closed.value.rcvd.code == 1003
+            async with ws_connect(url, additional_headers=bearer(), max_size=None) as ws:
+                # A message over max_frame_bytes: close 1009, the connection ends.
+                over = b'{"jsonrpc":"2.0","id":1,"method":"x","params":"%s"}' % (b"y" * 5000)
+                await ws.send(over, text=True)
+                with pytest.raises(ConnectionClosed) as closed:
+                    await ws.recv()
+                assert closed.value.rcvd is not None
+                assert closed.value.rcvd.code == 1009
+            await proxy.event("connection closed", conn=2)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    # The session of the first saw exactly the two messages; the second none.
+    assert proxy.count("agent started") == 1
+
+
 # -- refusals before the upgrade ----------------------------------------------------------------
 
 
@@ -344,3 +394,74 @@ async def test_wss_session_and_connect_from_a_stdio_editor(tmp_path: Path) -> No
     assert proxy.count("agent started") == 2
     assert proxy.count("TLS handshake failed") == 1
     no_token_in(proxy)
+
+
+# -- the config: addresses, check-config --------------------------------------------------------
+
+
+def checked(tmp_path: Path, text: str, **environ: str) -> tuple[list[str], str]:
+    from acp_proxy.cli.commands import run_checks
+    from acp_proxy.config import explain_config, load_config
+
+    path = write_config(tmp_path / "c.yaml", text)
+    config = load_config(path, environ)
+    return run_checks(config), explain_config(config)
+
+
+def test_check_config_refuses_what_the_listener_refuses(tmp_path: Path) -> None:
+    problems, _ = checked(tmp_path, "listen: ws://0.0.0.0:8443/acp\n")
+    assert problems == [
+        f"{tmp_path / 'c.yaml'}:1: listen: 0.0.0.0 is not a loopback address (no auth is "
+        "configured: anyone who can reach it could drive the agent); the proxy refuses to listen "
+        "there: set auth: {token_file: FILE} in the config (docs/remote.md)"
+    ]
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    problems, explained = checked(
+        tmp_path,
+        f"listen: wss://0.0.0.0:8443/acp\nauth: {{token_file: {token}}}\n"
+        f"tls: {{cert: {tmp_path / 'cert.pem'}, key: {tmp_path / 'key.pem'}}}\n",
+    )
+    assert problems == [
+        f"{tmp_path / 'c.yaml'}:3: tls: cannot read {tmp_path / 'cert.pem'}",
+        f"{tmp_path / 'c.yaml'}:3: tls: cannot read {tmp_path / 'key.pem'}",
+    ]
+    assert f"  auth: bearer token from the file {token}\n" in explained + "\n"
+    assert TOKEN not in explained
+    # --connect over wss, the token in a variable that is not set.
+    problems, explained = checked(
+        tmp_path, "connect: wss://127.0.0.1:8443/acp\nauth: {token_env: ACP_TEST_TOKEN}\n"
+    )
+    assert problems == [
+        f"{tmp_path / 'c.yaml'}:2: auth: the variable ACP_TEST_TOKEN (auth.token_env) is not "
+        "set or empty"
+    ]
+    assert "  tls: none (wss:// connect trusts the system's authorities)" in explained
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "connect: ws://127.0.0.1:8443/acp?token=x\n",
+            "connect: a WebSocket address has no query (a token goes in auth:)",
+        ),
+        (
+            "listen: ws://127.0.0.1/acp\n",
+            'listen: expected an address such as "tcp://127.0.0.1:7777" or '
+            '"unix:///run/acp.sock", got "ws://127.0.0.1/acp"',
+        ),
+        # The token itself never goes in the file.
+        (
+            "auth: {token: x}\n",
+            'auth.token: unknown key "token"; did you mean "token_env"? Valid keys: token_file, '
+            "token_env",
+        ),
+    ],
+)
+def test_config_addresses_and_sections(tmp_path: Path, text: str, error: str) -> None:
+    from acp_proxy.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path / "c.yaml", text), {})
+    assert error in str(caught.value)

@@ -109,6 +109,7 @@ def explain_config(config: Config) -> str:
         ),
         "  record: " + _explain_record(config),
     ]
+    lines += _explain_remote(config)
     if config.policy is not None:
         from acp_proxy.policy.explain import explain_policy
 
@@ -169,3 +170,25 @@ def describe_rule(rule: Rule) -> str:
     else:
         where = "in the message's params._meta"
     return f"Rule {rule.name}: on {what} {sender}, it {action} {where}."
+
+
+def _explain_remote(config: Config) -> list[str]:
+    """The WebSocket settings (docs/remote.md): where the token comes from, never the token."""
+    websocket = any(
+        (url or "").startswith(("ws://", "wss://")) for url in (config.listen, config.connect)
+    )
+    auth, tls = config.auth, config.tls
+    if not websocket and auth.token_file is None and auth.token_env is None and tls == type(tls)():
+        return []
+    if auth.token_file is not None:
+        source = f"bearer token from the file {auth.token_file}"
+    elif auth.token_env is not None:
+        source = f"bearer token from the variable {auth.token_env}"
+    else:
+        source = "none (a ws:// listener then serves loopback only)"
+    given = [f"{k} {v}" for k, v in (("cert", tls.cert), ("key", tls.key), ("ca", tls.ca)) if v]
+    return [
+        f"  auth: {source}",
+        "  tls: "
+        + (", ".join(given) if given else "none (wss:// connect trusts the system's authorities)"),
+    ]

@@ -52,9 +52,7 @@ def parse_size(text: str) -> int | None:
     return None if factor is None else int(m.group(1)) * factor
 
 
-_ADDRESS_HELP = (
-    'an address such as "tcp://127.0.0.1:7777", "unix:///run/acp.sock" or "wss://host:8443/acp"'
-)
+_ADDRESS_HELP = 'an address such as "tcp://127.0.0.1:7777" or "unix:///run/acp.sock"'
 
 _E = TypeVar("_E", bound=enum.StrEnum)
 

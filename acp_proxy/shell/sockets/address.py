@@ -15,7 +15,10 @@ from typing import Literal
 
 EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
 EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
-_HELP = "tcp://HOST:PORT, tcp://[IPV6]:PORT, unix:///ABSOLUTE/PATH or ws[s]://HOST:PORT/PATH"
+_HELP = (
+    "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH (ws[s]://HOST:PORT/PATH for "
+    "--listen and --connect over WebSocket)"
+)
 WEBSOCKET_SCHEMES = ("ws", "wss")
 
 
@@ -120,6 +123,8 @@ def parse_endpoint(url: str, *, browser: bool) -> Address:
     from acp_proxy.telemetry.endpoint import endpoint_url
 
     address = parse_address(endpoint_url(url), listen=True)
+    if address.websocket:
+        raise AddressError(f"{url!r}: an HTTP endpoint is served on tcp:// or unix://, not ws://")
     if browser and address.scheme != "tcp":
         raise AddressError(BROWSER_NEEDS_TCP)
     return address

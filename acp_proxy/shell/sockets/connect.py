@@ -54,6 +54,10 @@ async def connect(
     ``wss://`` address is then upgraded (``wsclient``, with ``config``'s token and TLS).
     Raises ``ConnectError`` with the last reason."""
     if address.websocket:
+        from acp_proxy.shell.sockets.wsconfig import MISSING, available
+
+        if not available():
+            raise ConnectError(MISSING)
         from acp_proxy.shell.sockets.wsclient import UpgradeRefused, upgrade
 
         stream = await _connect_socket(address.socket_address(), timeout)

@@ -405,6 +405,10 @@ async def _serve(
     websocket: WsServer | None = None
     try:
         if address.websocket:
+            from acp_proxy.shell.sockets.wsconfig import MISSING, available
+
+            if not available():
+                raise ValueError(MISSING)
             from acp_proxy.shell.sockets.wsserver import websocket_server
 
             websocket = websocket_server(config, address, log)

@@ -8,9 +8,11 @@ per text frame. Each received text message becomes one line, its bytes unchanged
 ``\\n``. The one rewrite: a received message with a raw line break (pretty-printed JSON) has each
 ``\\n`` turned into a space (JSON whitespace: the message means the same, and stays one line).
 The session's end of input (``send_eof``) sends nothing (a WebSocket has no half-close); the
-close frame (1000) goes when the connection is closed. A binary frame is refused (close 1003); a message over ``max_bytes`` (the proxy's frame limit)
-closes the connection with 1009 before it is buffered whole; the protocol is ``websockets``'
-Sans-I/O layer, without compression (no extension is offered or accepted).
+close frame (1000) goes when the connection is closed. A binary frame is refused (close 1003);
+a message over ``max_frame_bytes`` (the proxy's line limit) closes the connection with 1009
+before it is buffered whole. The protocol is ``websockets``' Sans-I/O layer, without
+compression (no extension is offered or accepted: a small compressed frame cannot expand
+into a large one).
 
 Also here: the bearer token (``load_token``: a file or an environment variable, never the
 command line) and the TLS contexts of both ends. The token is never logged: errors name the

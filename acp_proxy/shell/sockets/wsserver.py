@@ -49,19 +49,9 @@ from acp_proxy.shell.sockets.websocket import (
     server_tls,
     token_file_exposed,
 )
+from acp_proxy.shell.sockets.wsconfig import listen_consent
 from acp_proxy.telemetry.endpoint import Request, parse_head
 from acp_proxy.ui.security import host_allowed
-
-NO_AUTH = (
-    "no auth is configured: anyone who can reach it could drive the agent",
-    "set auth: {token_file: FILE} in the config (docs/remote.md)",
-)
-CLEAR_TEXT = (
-    "ws:// is unencrypted: the bearer token would cross the network readable",
-    "use wss:// with tls: {cert: FILE, key: FILE}, or pass --allow-remote (allow_remote: true) "
-    "when TLS ends in front of the proxy",
-)
-TOKEN_HOLDERS = ("anyone who has the token can drive the agent", "")
 
 
 @dataclass(slots=True)
@@ -229,12 +219,7 @@ def websocket_server(config: Config, address: Address, log: Any) -> WsServer:
             token_file=config.auth.token_file,
         )
     tls = server_tls(config) if address.scheme == "wss" else None
-    if token is None:
-        consent, exposure = False, NO_AUTH
-    elif tls is None and not config.allow_remote:
-        consent, exposure = False, CLEAR_TEXT
-    else:
-        consent, exposure = True, TOKEN_HOLDERS
+    consent, exposure = listen_consent(config, address.scheme)
     return WsServer(
         address,
         token,
