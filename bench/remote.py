@@ -33,7 +33,7 @@ from websockets.sync.client import connect as ws_connect
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 AGENT = [sys.executable, str(BENCH / "echo_agent.py")]
-TOKEN = "bench-token-0123456789abcdef"  # noqa: S105 - the benchmark's own token
+TOKEN = "bench-token-0123456789abcdef"
 INIT = {"protocolVersion": 2, "info": {"name": "bench", "version": "1"}, "capabilities": {}}
 PROMPT = {"sessionId": "s", "prompt": [{"type": "text", "text": "ping"}]}
 
@@ -50,8 +50,10 @@ def _request(rid: int, method: str, params: object) -> bytes:
 
 def _start(url: str, config: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "acp_proxy", "--log-format", "json", "--config", str(config)]
-        + ["--listen", url, "--", *AGENT],
+        [
+            *(sys.executable, "-m", "acp_proxy", "--log-format", "json"),
+            *("--config", str(config), "--listen", url, "--", *AGENT),
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
