@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import orjson
 import pytest
 from proxy_harness import REPO, init_response, proxy_env, request, write_config
@@ -258,6 +259,50 @@ async def test_host_origin_path_and_method_checks(tmp_path: Path) -> None:
             assert await proxy.wait() == 0
     assert proxy.count("agent started") == 0
     no_token_in(proxy)
+
+
+async def read_all(stream: anyio.abc.ByteStream) -> bytes:
+    got = b""
+    while True:
+        try:
+            got += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return got
+
+
+@pytest.mark.anyio
+async def test_handshake_timeout_and_connection_limit(tmp_path: Path) -> None:
+    config = token_config(tmp_path, "handshake_timeout: 0.5\nmax_connections: 1\n")
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            port = int(url.removeprefix("ws://127.0.0.1:").partition("/")[0])
+            async with await anyio.connect_tcp("127.0.0.1", port) as silent:
+                await proxy.event("connection opened", conn=1)
+                # Over max_connections: an HTTP 503 at once (the slot is the silent one's).
+                async with await anyio.connect_tcp("127.0.0.1", port) as second:
+                    answer = await read_all(second)
+                assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+                assert answer.endswith(
+                    b"\r\n\r\ntoo many connections (max_connections 1); try again later\n"
+                )
+                # Silent past handshake_timeout: closed without a word.
+                assert await read_all(silent) == b""
+            closed = await proxy.event("connection closed", conn=1)
+            assert closed["status"] == "handshake timeout: no upgrade within 0.5 s"
+            # Part of a request head by then: a 400.
+            async with await anyio.connect_tcp("127.0.0.1", port) as slow:
+                await slow.send(b"GET /acp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                answer = await read_all(slow)
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+            assert answer.endswith(b"\r\n\r\nno whole request in time\n")
+            await proxy.event("connection closed", conn=2)
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    assert proxy.count("agent started") == 0
+    assert proxy.count("connection refused: too many connections") == 1
 
 
 # -- refusing to start --------------------------------------------------------------------------

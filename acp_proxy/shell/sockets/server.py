@@ -148,6 +148,8 @@ class _Server:
                     f"acp-proxy: too many connections (max_connections "
                     f"{self.config.max_connections}); try again later"
                 )
+                if self.websocket is not None:  # an HTTP answer (none over TLS)
+                    line = self.websocket.busy(self.config.max_connections)
                 try:
                     line = line[stream.try_send(line) :]
                 except STREAM_ERRORS:

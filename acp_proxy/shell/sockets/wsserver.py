@@ -88,6 +88,13 @@ class WsServer:
     def url(self) -> str:
         return str(Address(self.address.scheme, self.address.host, self.port, self.address.path))
 
+    def busy(self, limit: int) -> bytes:
+        """What a connection over ``max_connections`` is sent at accept: a 503 on ``ws://``;
+        nothing on ``wss://`` (no TLS handshake is spent on it: it is closed)."""
+        if self.tls is not None:
+            return b""
+        return _text(503, f"too many connections (max_connections {limit}); try again later")
+
     def refusal(self, request: Request) -> tuple[int, str] | None:
         """Why ``request`` is refused (the module's checks, in order), or ``None``."""
         if request.query:
@@ -111,9 +118,9 @@ class WsServer:
         """The connection upgraded (``(stream, "")``), or refused and closed (``(None, why)``);
         bounded by the handshake timeout from TLS to the 101."""
         transport = stream
-        head: bytes | None = b""
-        with anyio.move_on_after(self.timeout_s) as timer:
-            if self.tls is not None:
+        deadline = anyio.current_time() + self.timeout_s
+        if self.tls is not None:
+            with anyio.move_on_after(self.timeout_s):
                 try:
                     transport = await TLSStream.wrap(
                         stream, server_side=True, ssl_context=self.tls, standard_compatible=False
@@ -122,17 +129,24 @@ class WsServer:
                     log.warning("TLS handshake failed", peer=peer, error=str(exc))
                     await close_transport(stream)
                     return None, "TLS handshake failed"
-            head = await read_head(transport, max_bytes=MAX_HEAD, timeout_s=self.timeout_s)
+            if transport is stream:
+                await close_transport(stream)
+                return None, f"handshake timeout: no TLS handshake within {self.timeout_s:g} s"
+        left = max(deadline - anyio.current_time(), 0.0)
+        head = await read_head(transport, max_bytes=MAX_HEAD, timeout_s=left)
         if head is None:
             return await self._refuse(
                 transport, 431, "the request head is too large", peer=peer, log=log
             )
         if not head.endswith((b"\r\n\r\n", b"\n\n")):  # silent or slow until the bound, or gone
-            if timer.cancelled_caught or head:
+            timed_out = anyio.current_time() >= deadline
+            if head:
                 log.warning("handshake timeout: no whole upgrade request", peer=peer)
                 await close_transport(transport, _text(400, "no whole request in time"))
+            else:
+                await close_transport(transport)
+            if timed_out:
                 return None, f"handshake timeout: no upgrade within {self.timeout_s:g} s"
-            await close_transport(transport)
             return None, "client closed the connection before a request"
         request = parse_head(head)
         if request is None:
