@@ -214,7 +214,7 @@ async def test_missing_wrong_and_url_tokens_are_refused_before_any_message(
             assert status == b"HTTP/1.1 401 Unauthorized"
             assert rest.endswith(
                 b'\r\nWWW-Authenticate: Bearer realm="acp-proxy"\r\n\r\n'
-                b"a valid bearer token is required in the Authorization header\n"
+                b"a valid bearer token is required in the Authorization header (none given)\n"
             )
             refused = [e for e in proxy.events if e["event"] == "WebSocket upgrade refused"]
             assert [e["status"] for e in refused] == [401] * 6
@@ -432,7 +432,7 @@ async def test_wss_session_and_connect_from_a_stdio_editor(tmp_path: Path) -> No
             assert (
                 f"acp-proxy: cannot connect to the agent at {url}: the server refused the "
                 "WebSocket upgrade: 401 Unauthorized (a valid bearer token is required in the "
-                "Authorization header)\n"
+                "Authorization header (not the token))\n"
             ) in editor.stderr.decode()
             proxy.terminate()
             assert await proxy.wait() == 0

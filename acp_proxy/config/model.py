@@ -121,6 +121,11 @@ class AuthConfig:
 
     token_file: str | None = None  # the token, in a file (surrounding whitespace stripped)
     token_env: str | None = None  # or the name of the environment variable that holds it
+    # A listener may accept JWTs instead (or as well): signed by a key of this JWK set, with
+    # this issuer and audience.
+    jwks_file: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
 
 
 @value

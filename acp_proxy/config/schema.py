@@ -457,6 +457,28 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 attr="token_env",
                 default_doc="none",
             ),
+            Setting(
+                "jwks_file",
+                Kind.STRING,
+                "With `listen`: accept bearer JWTs signed by a key of this JWK set (RSA, EC or "
+                "OKP public keys; needs the `jwt` extra), with `jwt_issuer` and `jwt_audience`.",
+                attr="jwks_file",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_issuer",
+                Kind.STRING,
+                "With `jwks_file`: the `iss` a JWT must carry.",
+                attr="jwt_issuer",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_audience",
+                Kind.STRING,
+                "With `jwks_file`: the `aud` a JWT must carry.",
+                attr="jwt_audience",
+                default_doc="none",
+            ),
         ),
     ),
     Setting(

@@ -39,7 +39,21 @@ def available() -> bool:
 
 
 def has_auth(config: Config) -> bool:
-    return config.auth.token_file is not None or config.auth.token_env is not None
+    auth = config.auth
+    return any(v is not None for v in (auth.token_file, auth.token_env, auth.jwks_file))
+
+
+def jwt_problem(config: Config) -> str | None:
+    """What the JWT settings lack, or ``None``."""
+    auth = config.auth
+    given = [auth.jwks_file, auth.jwt_issuer, auth.jwt_audience]
+    if all(v is None for v in given):
+        return None
+    if any(v is None for v in given):
+        return "JWTs need auth.jwks_file, auth.jwt_issuer and auth.jwt_audience together"
+    if importlib.util.find_spec("jwt") is None:
+        return "auth.jwks_file needs PyJWT (the jwt extra): pip install 'acp-proxy[jwt]'"
+    return None
 
 
 def listen_consent(config: Config, scheme: str) -> tuple[bool, tuple[str, str]]:
@@ -68,7 +82,10 @@ def websocket_checks(config: Config, where: Callable[[str], str]) -> list[str]:
         return problems
     if not available():
         problems.append(f"{where(next(iter(addresses)))}: {MISSING}")
-    files = [("auth", config.auth.token_file)]
+    files = [("auth", config.auth.token_file), ("auth", config.auth.jwks_file)]
+    problem = jwt_problem(config)
+    if problem is not None and "listen" in addresses:
+        problems.append(f"{where('auth')}: {problem}")
     env = config.auth.token_env
     if env is not None and config.auth.token_file is None and not os.environ.get(env, "").strip():
         problems.append(

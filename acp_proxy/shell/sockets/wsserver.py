@@ -28,7 +28,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.abc
 from anyio.streams.tls import TLSStream
@@ -49,9 +49,12 @@ from acp_proxy.shell.sockets.websocket import (
     server_tls,
     token_file_exposed,
 )
-from acp_proxy.shell.sockets.wsconfig import listen_consent
+from acp_proxy.shell.sockets.wsconfig import jwt_problem, listen_consent
 from acp_proxy.telemetry.endpoint import Request, parse_head
 from acp_proxy.ui.security import host_allowed
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.sockets.wsjwt import JwtVerifier
 
 
 @dataclass(slots=True)
@@ -66,6 +69,7 @@ class WsServer:
     timeout_s: float
     consent: bool  # may bind a non-loopback address
     exposure: tuple[str, str]  # what a refusal to bind says
+    jwt: JwtVerifier | None = None
     remote: bool = False
     port: int = 0
     names: list[str] = field(default_factory=list)
@@ -108,9 +112,24 @@ class WsServer:
             return 421, "this server answers only to its own address as Host"
         if not origin_allowed(headers, secure=self.tls is not None):
             return 403, "cross-origin requests are refused"
-        if self.token is not None and not bearer_matches(headers, self.token):
-            return 401, "a valid bearer token is required in the Authorization header"
+        if self.token is not None or self.jwt is not None:
+            why = self.bearer_refusal(headers)
+            if why is not None:
+                return 401, f"a valid bearer token is required in the Authorization header ({why})"
         return None
+
+    def bearer_refusal(self, headers: Mapping[str, str]) -> str | None:
+        """Why the request's bearer token is not accepted (the shared token, or a JWT), or
+        ``None``; never the token itself."""
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() != "bearer ":
+            return "none given"
+        given = auth[7:].strip()
+        if self.token is not None and hmac.compare_digest(given.encode(), self.token.encode()):
+            return None
+        if self.jwt is not None:
+            return self.jwt.refusal(given)
+        return "not the token"
 
     async def upgrade(
         self, stream: anyio.abc.ByteStream, peer: str, log: Any
@@ -202,14 +221,6 @@ def _text(status: int, reason: str) -> bytes:
     return b"".join(protocol.data_to_send())
 
 
-def bearer_matches(headers: Mapping[str, str], token: str) -> bool:
-    """``Authorization: Bearer TOKEN`` with the token, compared in constant time."""
-    auth = headers.get("authorization", "")
-    if auth[:7].lower() != "bearer ":
-        return False
-    return hmac.compare_digest(auth[7:].strip().encode(), token.encode())
-
-
 def origin_allowed(headers: Mapping[str, str], *, secure: bool) -> bool:
     """A same-origin request (or one that says nothing of its origin, like a non-browser
     client); never a ``Sec-Fetch-Site: cross-site`` one."""
@@ -233,6 +244,15 @@ def websocket_server(config: Config, address: Address, log: Any) -> WsServer:
             token_file=config.auth.token_file,
         )
     tls = server_tls(config) if address.scheme == "wss" else None
+    problem = jwt_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
+    verifier = None
+    auth = config.auth
+    if auth.jwks_file is not None and auth.jwt_issuer and auth.jwt_audience:
+        from acp_proxy.shell.sockets.wsjwt import JwtVerifier
+
+        verifier = JwtVerifier(auth.jwks_file, auth.jwt_issuer, auth.jwt_audience)
     consent, exposure = listen_consent(config, address.scheme)
     return WsServer(
         address,
@@ -242,4 +262,5 @@ def websocket_server(config: Config, address: Address, log: Any) -> WsServer:
         timeout_s=config.handshake_timeout_s,
         consent=consent,
         exposure=exposure,
+        jwt=verifier,
     )
