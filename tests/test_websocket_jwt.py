@@ -59,7 +59,7 @@ async def test_jwt_bearer_checked_before_the_upgrade(tmp_path: Path) -> None:
         f"auth:\n  jwks_file: {jwks}\n  jwt_issuer: {ISSUER}\n  jwt_audience: {AUDIENCE}\n",
     )
 
-    def signed(signer: object = key, **changes: object) -> str:
+    def signed(signer: ec.EllipticCurvePrivateKey = key, **changes: object) -> str:
         return jwt.encode(claims(**changes), signer, algorithm="ES256", headers={"kid": "k1"})
 
     good = signed()
@@ -70,7 +70,7 @@ async def test_jwt_bearer_checked_before_the_upgrade(tmp_path: Path) -> None:
         "no exp": (signed(exp=None), 'Token is missing the "exp" claim'),
         "another key": (signed(other), "Signature verification failed"),
         "alg none": (
-            jwt.encode(claims(), None, algorithm="none", headers={"kid": "k1"}),
+            jwt.encode(claims(), "", algorithm="none", headers={"kid": "k1"}),
             "The specified alg value is not allowed",
         ),
         # HS256 keyed with the public key (the algorithm confusion attack).
