@@ -1,8 +1,8 @@
 """A WebSocket listener that accepts JWTs (``auth.jwks_file``, ``jwt_issuer``, ``jwt_audience``):
 a token signed by the set's key with the right claims opens a session; expired, another
 audience or issuer, no ``exp``, another key, ``alg: none`` or an HMAC token keyed with the public
-key are refused with 401 before any ACP message. Keys are made here with ``cryptography``; the tokens
-with PyJWT (the ``jwt`` extra)."""
+key are refused with 401 before any ACP message. Keys are made here with ``cryptography``, the
+tokens with PyJWT (the ``jwt`` extra)."""
 
 from __future__ import annotations
 
