@@ -178,7 +178,7 @@ def _explain_remote(config: Config) -> list[str]:
         (url or "").startswith(("ws://", "wss://")) for url in (config.listen, config.connect)
     )
     auth, tls = config.auth, config.tls
-    if not websocket and auth.token_file is None and auth.token_env is None and tls == type(tls)():
+    if not websocket and auth == type(auth)() and tls == type(tls)():
         return []
     if auth.token_file is not None:
         source = f"bearer token from the file {auth.token_file}"
@@ -186,6 +186,12 @@ def _explain_remote(config: Config) -> list[str]:
         source = f"bearer token from the variable {auth.token_env}"
     else:
         source = "none (a ws:// listener then serves loopback only)"
+    if auth.jwks_file is not None:
+        jwt_text = (
+            f"JWTs signed by a key of {auth.jwks_file} "
+            f"(iss {auth.jwt_issuer}, aud {auth.jwt_audience})"
+        )
+        source = jwt_text if source.startswith("none") else f"{source}, or {jwt_text}"
     given = [f"{k} {v}" for k, v in (("cert", tls.cert), ("key", tls.key), ("ca", tls.ca)) if v]
     return [
         f"  auth: {source}",
