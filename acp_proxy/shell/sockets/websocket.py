@@ -108,13 +108,14 @@ def client_tls(config: Config) -> ssl.SSLContext:
 
 
 async def send_all(transport: anyio.abc.ByteStream, chunks: list[bytes]) -> None:
-    """Write what the protocol has to send (``data_to_send``); ``b""`` is its end of stream."""
-    for chunk in chunks:
-        if chunk:
-            await transport.send(chunk)
-        else:
-            with contextlib.suppress(NotImplementedError, *WEBSOCKET_ERRORS):
-                await transport.send_eof()
+    """Write what the protocol has to send (``data_to_send``; ``b""`` is its end of stream),
+    the frames of one call in one write."""
+    data = b"".join(chunks)
+    if data:
+        await transport.send(data)
+    if chunks and not chunks[-1]:  # nothing follows the end of stream
+        with contextlib.suppress(NotImplementedError, *WEBSOCKET_ERRORS):
+            await transport.send_eof()
 
 
 async def close_transport(transport: anyio.abc.ByteStream, last: bytes = b"") -> None:
@@ -210,10 +211,22 @@ class WsStream(anyio.abc.ByteStream):
                 self._take(event)
             with contextlib.suppress(*WEBSOCKET_ERRORS):
                 await self.flush()
-        data = self._ready.popleft()
+        # Every whole line ready, up to max_bytes, in one piece: the session handles a read's
+        # lines together (one write toward the agent for all the messages of a read).
+        ready = self._ready
+        data = ready.popleft()
         if len(data) > max_bytes:
             data, rest = data[:max_bytes], data[max_bytes:]
-            self._ready.appendleft(rest)
+            ready.appendleft(rest)
+            return data
+        if ready and len(data) + len(ready[0]) <= max_bytes:
+            parts = [data]
+            size = len(data)
+            while ready and size + len(ready[0]) <= max_bytes:
+                part = ready.popleft()
+                parts.append(part)
+                size += len(part)
+            data = b"".join(parts)
         return data
 
     async def send(self, item: bytes) -> None:
