@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from proxy_harness import close_memory_pipes, memory_pipe_pair
 from websockets.client import ClientProtocol
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
@@ -44,12 +44,14 @@ def test_each_line_written_is_one_text_frame_unchanged(
         for chunk in cuts(b"".join(line + b"\n" for line in lines), points):
             await ws.send(chunk)
         peer = ClientProtocol(parse_uri("ws://h/"), state=State.OPEN, max_size=None)
+        await ours.aclose()
         while True:
             try:
-                peer.receive_data(theirs._receive.receive_nowait())
-            except anyio.WouldBlock:
+                peer.receive_data(await theirs.receive())
+            except anyio.EndOfStream:
                 break
-        return [f.data for f in peer.events_received() if f.opcode is Opcode.TEXT]
+        events = peer.events_received()
+        return [bytes(e.data) for e in events if isinstance(e, Frame) and e.opcode is Opcode.TEXT]
 
     try:
         assert anyio.run(main) == lines
