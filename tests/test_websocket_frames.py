@@ -7,8 +7,12 @@ into a space, read with any ``max_bytes``."""
 from __future__ import annotations
 
 import itertools
+import logging
+from pathlib import Path
 
 import anyio
+import anyio.abc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from proxy_harness import close_memory_pipes, memory_pipe_pair
@@ -18,7 +22,11 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
+from acp_proxy.config import AuthConfig, Config
+from acp_proxy.shell.sockets.address import parse_address
 from acp_proxy.shell.sockets.websocket import WsStream
+from acp_proxy.shell.sockets.wsclient import UpgradeRefused, upgrade
+from acp_proxy.shell.sockets.wsserver import WsServer
 
 lines = st.lists(
     st.text(min_size=1, max_size=40).map(lambda t: t.replace("\n", "").encode() or b"x"),
@@ -101,3 +109,57 @@ def test_each_text_message_is_one_line(
         assert anyio.run(main) == b"".join(m.replace(b"\n", b" ") + b"\n" for m in messages)
     finally:
         close_memory_pipes()
+
+
+class Notes:
+    """A log that keeps what it was told (the servers' ``log``)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append(f"{event} {fields}")
+
+
+@pytest.mark.anyio
+async def test_upgrade_in_process_never_logs_the_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Even with the root logger at DEBUG (where websockets would log every upgrade header).
+    caplog.set_level(logging.DEBUG)
+    secret = "in-process-secret-7f3a"
+    token = tmp_path / "token"
+    token.write_text(secret)
+    address = parse_address("ws://127.0.0.1:8443/acp", listen=False)
+    server = WsServer(
+        address, secret, None, max_bytes=1 << 20, timeout_s=10, consent=False, exposure=("", "")
+    )
+    server.port, server.names = 8443, ["127.0.0.1"]
+    notes = Notes()
+    for sent, opened in ((secret, True), ("wrong", False)):
+        ours, theirs = memory_pipe_pair(1000)
+        (tmp_path / "given").write_text(sent)
+        config = Config(auth=AuthConfig(token_file=str(tmp_path / "given")))
+        async with anyio.create_task_group() as tg:
+            result: list[object] = []
+
+            async def serve(
+                stream: anyio.abc.ByteStream = theirs, out: list[object] = result
+            ) -> None:
+                out.append((await server.upgrade(stream, "peer", notes))[0])
+
+            tg.start_soon(serve)
+            if opened:
+                client = await upgrade(ours, address, config, 10)
+                await client.send(b'{"jsonrpc":"2.0","id":1,"method":"x"}\n')
+            else:
+                with pytest.raises(UpgradeRefused) as refused:
+                    await upgrade(ours, address, config, 10)
+                assert "401 Unauthorized" in str(refused.value)
+        server_side = result[0]
+        assert isinstance(server_side, WsStream) is opened
+        if isinstance(server_side, WsStream):
+            assert await server_side.receive() == b'{"jsonrpc":"2.0","id":1,"method":"x"}\n'
+    assert secret not in caplog.text
+    assert all(secret not in line for line in notes.lines)
+    assert len(notes.lines) == 1 and "WebSocket upgrade refused" in notes.lines[0]

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import ssl
 import stat
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -45,6 +47,14 @@ DRAIN_BYTES = 256 * 1024
 MAX_HEAD = 8 * 1024
 WEBSOCKET_ERRORS = (*STREAM_ERRORS, OSError, ssl.SSLError)
 
+# The protocols' own logger, silenced for good: at DEBUG, websockets logs every header of the
+# upgrade (the Authorization header with it), and a middleware may turn the root logger's DEBUG
+# on. The proxy logs the connections itself (structlog), never a header.
+SILENT = logging.getLogger("acp_proxy.websocket")
+SILENT.propagate = False
+SILENT.setLevel(logging.CRITICAL + 1)
+SILENT.addHandler(logging.NullHandler())
+
 
 class TokenError(Exception):
     """The token cannot be read; the message names where it was looked for, never its value."""
@@ -56,7 +66,7 @@ def load_token(config: Config) -> str | None:
     auth = config.auth
     if auth.token_file is not None:
         try:
-            text = open(auth.token_file, encoding="utf-8").read().strip()  # noqa: SIM115
+            text = Path(auth.token_file).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             raise TokenError(f"auth.token_file {auth.token_file}: {reason}") from None

@@ -21,6 +21,7 @@ from websockets.uri import parse_uri
 from acp_proxy.config import Config
 from acp_proxy.shell.sockets.address import Address
 from acp_proxy.shell.sockets.websocket import (
+    SILENT,
     WEBSOCKET_ERRORS,
     TokenError,
     WsStream,
@@ -47,7 +48,9 @@ async def upgrade(
         await close_transport(stream)
         raise UpgradeRefused(str(exc)) from None
     transport = stream
-    protocol = ClientProtocol(parse_uri(str(address)), max_size=config.max_frame_bytes)
+    protocol = ClientProtocol(
+        parse_uri(str(address)), max_size=config.max_frame_bytes, logger=SILENT
+    )
     events: list[object] = []
     try:
         with anyio.fail_after(timeout_s):

@@ -11,6 +11,8 @@ leeway for clocks). A refusal's reason names the claim that failed, never the to
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jwt
 from jwt import PyJWK, PyJWKSet
 
@@ -24,7 +26,7 @@ class JwtVerifier:
 
     def __init__(self, jwks_file: str, issuer: str, audience: str) -> None:
         try:
-            text = open(jwks_file, encoding="utf-8").read()  # noqa: SIM115
+            text = Path(jwks_file).read_text(encoding="utf-8")
             keys = PyJWKSet.from_json(text).keys
         except OSError as exc:
             raise ValueError(f"auth.jwks_file {jwks_file}: {exc.strerror}") from None

@@ -40,6 +40,7 @@ from acp_proxy.shell.sockets.address import Address, is_loopback_ip
 from acp_proxy.shell.sockets.serving import read_head
 from acp_proxy.shell.sockets.websocket import (
     MAX_HEAD,
+    SILENT,
     WEBSOCKET_ERRORS,
     TokenError,
     WsStream,
@@ -173,7 +174,7 @@ class WsServer:
         why = self.refusal(request)
         if why is not None:
             return await self._refuse(transport, *why, peer=peer, log=log, path=request.path)
-        protocol = ServerProtocol(max_size=self.max_bytes)
+        protocol = ServerProtocol(max_size=self.max_bytes, logger=SILENT)
         protocol.receive_data(head)
         events = protocol.events_received()
         if not events or not isinstance(events[0], WsRequest):
@@ -213,7 +214,7 @@ class WsServer:
 
 def _text(status: int, reason: str) -> bytes:
     """A plain-text refusal (``ServerProtocol.reject``'s form); a 401 says the scheme."""
-    protocol = ServerProtocol()
+    protocol = ServerProtocol(logger=SILENT)
     response = protocol.reject(status, reason + "\n")
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="acp-proxy"'
