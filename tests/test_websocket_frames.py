@@ -2,7 +2,8 @@
 end): the lines the session writes, in any chunking, leave as exactly one text frame each, their
 bytes unchanged; the text messages that arrive, in any fragmentation and any cut of the TCP
 stream, come out as exactly one line each, their bytes unchanged but for a raw ``\\n`` turned
-into a space, read with any ``max_bytes``."""
+into a space, read with any ``max_bytes``. And both upgrades in-process, with the root logger at
+DEBUG: the token is in no log record."""
 
 from __future__ import annotations
 
