@@ -112,6 +112,58 @@ def test_each_text_message_is_one_line(
         close_memory_pipes()
 
 
+class Kernel(anyio.abc.ByteStream):
+    """A socket whose non-blocking write takes what ``takes`` says (then all), and whose
+    ``send`` takes everything: what was written, in order, is ``wire``."""
+
+    def __init__(self, takes: list[int]) -> None:
+        self.takes = takes
+        self.wire = b""
+
+    def try_send(self, data: bytes) -> int:
+        n = min(self.takes.pop(0), len(data)) if self.takes else len(data)
+        self.wire += data[:n]
+        return n
+
+    async def send(self, item: bytes) -> None:
+        self.wire += item
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        raise anyio.EndOfStream
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    batches=st.lists(lines, max_size=6),
+    takes=st.lists(st.integers(min_value=0, max_value=60), max_size=10),
+)
+def test_direct_writes_cut_anywhere_still_make_one_frame_per_line(
+    batches: list[list[bytes]], takes: list[int]
+) -> None:
+    # As the outbox writes: try_send first; what it did not take, through send.
+    async def main() -> list[bytes]:
+        kernel = Kernel(list(takes))
+        ws = WsStream(kernel, ServerProtocol(state=State.OPEN, max_size=None))
+        for batch in batches:
+            data = b"".join(line + b"\n" for line in batch)
+            taken = ws.try_send(data)
+            assert 0 <= taken <= len(data)
+            if taken < len(data):
+                await ws.send(data[taken:])
+        peer = ClientProtocol(parse_uri("ws://h/"), state=State.OPEN, max_size=None)
+        peer.receive_data(kernel.wire)
+        events = peer.events_received()
+        return [bytes(e.data) for e in events if isinstance(e, Frame) and e.opcode is Opcode.TEXT]
+
+    assert anyio.run(main) == [line for batch in batches for line in batch]
+
+
 class Notes:
     """A log that keeps what it was told (the servers' ``log``)."""
 

@@ -27,6 +27,7 @@ import logging
 import os
 import ssl
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 from websockets.frames import Frame, Opcode
-from websockets.protocol import Protocol, State
+from websockets.protocol import Protocol, Side, State
 
 from acp_proxy.config import Config
 from acp_proxy.shell.transports import STREAM_ERRORS
@@ -155,17 +156,53 @@ class WsStream(anyio.abc.ByteStream):
     ``receive`` and ``send`` may run at once (the session's reader and writer): the protocol's
     output goes out under one lock, in the order it was made."""
 
-    def __init__(
-        self, transport: anyio.abc.ByteStream, protocol: Protocol, *, extra: Any = None
-    ) -> None:
+    # The outbox's direct write (``outbox.Outbox``: a write without a task switch), present on
+    # a server's connection over a plain socket (``ws://``); see ``_try_send``.
+    try_send: Callable[[bytes | memoryview], int]
+
+    def __init__(self, transport: anyio.abc.ByteStream, protocol: Protocol) -> None:
         self.transport = transport
         self.protocol = protocol
         self._ready: collections.deque[bytes] = collections.deque()
         self._fragments: list[bytes] | None = None
         self._partial = b""  # a line the session has not finished writing
+        self._pending = b""  # frames made by _try_send that the kernel did not take yet
         self._ended = False  # no more messages will come (close frame, EOF, error)
         self._lock = anyio.Lock()
-        self.extra_info = extra
+        raw = getattr(transport, "try_send", None)
+        if protocol.side is Side.SERVER and callable(raw):
+            self._raw_try_send: Callable[[bytes], int] = raw
+            self.try_send = self._try_send
+
+    def _try_send(self, data: bytes | memoryview) -> int:
+        """Frame the whole lines of ``data`` and write them without waiting. Returns how much of
+        ``data`` was taken: all of its lines, or (when the kernel took only part of their
+        frames) all but the last line's ``\\n``, so that the outbox's writer calls ``send`` with
+        that byte, and ``send`` writes the frames' rest first (``_pending``); 0 when nothing
+        may be written now (a write in flight, a frame's rest, a line begun, not open)."""
+        if (
+            self._pending
+            or self._partial
+            or self._lock.locked()
+            or self.protocol.state is not State.OPEN
+        ):
+            return 0
+        data = bytes(data)
+        end = data.rfind(b"\n")
+        if end < 0:
+            return 0
+        protocol = self.protocol
+        out = protocol.data_to_send()  # a pong, made by a receive, goes first
+        for line in data[:end].split(b"\n"):
+            if line:
+                protocol.send_text(line)
+        out += protocol.data_to_send()
+        framed = b"".join(out)
+        written = self._raw_try_send(framed)
+        if written == len(framed):
+            return end + 1
+        self._pending = framed[written:]
+        return end
 
     @property
     def close_code(self) -> int | None:
@@ -173,7 +210,11 @@ class WsStream(anyio.abc.ByteStream):
 
     async def flush(self) -> None:
         async with self._lock:
-            await send_all(self.transport, self.protocol.data_to_send())
+            chunks = self.protocol.data_to_send()
+            if self._pending:  # made before anything the protocol holds now
+                chunks.insert(0, self._pending)
+                self._pending = b""
+            await send_all(self.transport, chunks)
 
     def absorb(self, events: list[Any]) -> None:
         """Take frames that came with the handshake's last read."""
