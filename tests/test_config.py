@@ -32,7 +32,7 @@ TOP = (
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
     "max_connections, handshake_timeout, detach_grace, detach_buffer_bytes, detach_buffer_frames, "
     "takeover, allow_remote, metrics_allow_remote, metrics, tracing, "
-    "record, ui, policy, budgets"
+    "record, ui, tls, auth, policy, budgets"
 )
 KINDS = (
     "agent_message, agent_message_chunk, agent_thought, agent_thought_chunk, "

@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     sockets = parser.add_argument_group(
         "sockets",
         "NDJSON over TCP or Unix sockets (ACP itself defines only stdio). URL: "
-        "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH",
+        "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH; ws://HOST:PORT/PATH or "
+        "wss://HOST:PORT/PATH over WebSocket, with a bearer token (auth: and tls: in the config, "
+        "docs/remote.md)",
     )
     sockets.add_argument(
         "--listen",

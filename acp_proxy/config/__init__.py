@@ -47,8 +47,8 @@ The format (docs/configuration.md is the user-facing reference)::
             drain_timeout: SECONDS}
     coalesce: {enabled: BOOL, max_queue_messages: INT, max_queue_bytes: INT | "16MiB",
                min_interval_ms: INT}
-    listen: tcp://HOST:PORT | unix:///PATH
-    connect: tcp://HOST:PORT | unix:///PATH
+    listen: tcp://HOST:PORT | unix:///PATH | ws[s]://HOST:PORT/PATH
+    connect: tcp://HOST:PORT | unix:///PATH | ws[s]://HOST:PORT/PATH
     connect_timeout: SECONDS
     max_connections: INT
     handshake_timeout: SECONDS
@@ -60,6 +60,8 @@ The format (docs/configuration.md is the user-facing reference)::
     metrics_allow_remote: BOOL
     metrics: tcp://HOST:PORT | unix:///PATH | HOST:PORT | http://HOST:PORT
     tracing: {enabled: BOOL, inject: BOOL}
+    tls: {cert: FILE, key: FILE, ca: FILE}          # wss:// (docs/remote.md)
+    auth: {token_file: FILE, token_env: NAME}       # ws:// and wss:// bearer token
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
 ``$$`` (a literal ``$``), expanded once at load time.
@@ -83,6 +85,7 @@ from acp_proxy.config.model import (
     DEFAULT_MAX_PARSE_BYTES,
     DEFAULT_MAX_PENDING_REQUESTS,
     AgentConfig,
+    AuthConfig,
     CoalesceConfig,
     Config,
     ConfigError,
@@ -90,6 +93,7 @@ from acp_proxy.config.model import (
     NamedMiddleware,
     NonJsonPolicy,
     StderrMode,
+    TlsConfig,
     TracingConfig,
     UiConfig,
 )
@@ -176,6 +180,7 @@ __all__ = [
     "SETTINGS",
     "TOP_KEYS",
     "AgentConfig",
+    "AuthConfig",
     "CoalesceConfig",
     "Config",
     "ConfigError",
@@ -185,6 +190,7 @@ __all__ = [
     "NonJsonPolicy",
     "Setting",
     "StderrMode",
+    "TlsConfig",
     "TracingConfig",
     "UiConfig",
     "checks_text",

@@ -110,6 +110,7 @@ def explain_config(config: Config) -> str:
         ),
         "  record: " + _explain_record(config),
     ]
+    lines += _explain_remote(config)
     if config.policy is not None:
         from acp_proxy.policy.explain import explain_policy
 
@@ -187,3 +188,31 @@ def _explain_detach(config: Config) -> str:
     if config.connect is not None:
         return text + "\n    no effect with connect: only a spawned agent is kept"
     return text
+
+
+def _explain_remote(config: Config) -> list[str]:
+    """The WebSocket settings (docs/remote.md): where the token comes from, never the token."""
+    websocket = any(
+        (url or "").startswith(("ws://", "wss://")) for url in (config.listen, config.connect)
+    )
+    auth, tls = config.auth, config.tls
+    if not websocket and auth == type(auth)() and tls == type(tls)():
+        return []
+    if auth.token_file is not None:
+        source = f"bearer token from the file {auth.token_file}"
+    elif auth.token_env is not None:
+        source = f"bearer token from the variable {auth.token_env}"
+    else:
+        source = "none (a ws:// listener then serves loopback only)"
+    if auth.jwks_file is not None:
+        jwt_text = (
+            f"JWTs signed by a key of {auth.jwks_file} "
+            f"(iss {auth.jwt_issuer}, aud {auth.jwt_audience})"
+        )
+        source = jwt_text if source.startswith("none") else f"{source}, or {jwt_text}"
+    given = [f"{k} {v}" for k, v in (("cert", tls.cert), ("key", tls.key), ("ca", tls.ca)) if v]
+    return [
+        f"  auth: {source}",
+        "  tls: "
+        + (", ".join(given) if given else "none (wss:// connect trusts the system's authorities)"),
+    ]

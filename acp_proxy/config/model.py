@@ -100,6 +100,35 @@ class UiConfig:
 
 
 @value
+class TlsConfig:
+    """TLS of a WebSocket address (docs/remote.md): ``wss://`` listeners serve ``cert`` /
+    ``key``; ``--connect wss://`` trusts ``ca`` (default: the system's authorities)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    cert: str | None = None  # PEM certificate chain of a wss:// listener
+    key: str | None = None  # its PEM private key
+    ca: str | None = None  # PEM authorities that --connect wss:// trusts
+
+
+@value
+class AuthConfig:
+    """The bearer token of a WebSocket address (docs/remote.md): what a listener requires in
+    the ``Authorization`` header, and what ``--connect ws[s]://`` sends there. Never in a URL,
+    a message, a log line or a record."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    token_file: str | None = None  # the token, in a file (surrounding whitespace stripped)
+    token_env: str | None = None  # or the name of the environment variable that holds it
+    # A listener may accept JWTs instead (or as well): signed by a key of this JWK set, with
+    # this issuer and audience.
+    jwks_file: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+
+
+@value
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -148,6 +177,8 @@ class Config:
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     ui: UiConfig = field(default_factory=UiConfig)  # the live view
+    tls: TlsConfig = field(default_factory=TlsConfig)  # wss:// addresses
+    auth: AuthConfig = field(default_factory=AuthConfig)  # ws:// and wss:// addresses
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The permission policy (docs/policy.md); None: no ``policy:`` section, no policy link.

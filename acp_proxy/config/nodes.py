@@ -382,6 +382,12 @@ class NodeReader:
             value = endpoint_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
+        if sep and scheme in ("ws", "wss") and not http:
+            if "?" in rest or "#" in rest:
+                raise self.error(
+                    node, path, "a WebSocket address has no query (a token goes in auth:)"
+                )
+            scheme, rest = "tcp", rest.partition("/")[0]
         if sep and scheme == "unix":
             ok = bool(rest)
         elif sep and scheme == "tcp":

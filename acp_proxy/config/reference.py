@@ -74,7 +74,7 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         assert setting.choices is not None
         out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
     elif kind is Kind.ADDRESS:
-        pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
+        pattern = "^(tcp://.+:[0-9]+|unix:///.+|wss?://[^/?#]+:[0-9]+(/[^?#]*)?)$"
         if setting.http:  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
             pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
         out["anyOf"] = [

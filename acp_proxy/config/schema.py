@@ -232,7 +232,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "listen",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: accept clients on a socket. The command line wins.",
+        "`tcp://HOST:PORT`, `unix:///PATH` or `ws[s]://HOST:PORT/PATH`: accept clients on a "
+        "socket or over WebSocket (docs/remote.md). The command line wins.",
         attr="listen",
         listen=True,
         default_doc="stdio",
@@ -240,8 +241,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "connect",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: reach the agent over a socket. The command line "
-        "wins.",
+        "`tcp://HOST:PORT`, `unix:///PATH` or `ws[s]://HOST:PORT/PATH`: reach the agent over a "
+        "socket or a WebSocket (docs/remote.md). The command line wins.",
         attr="connect",
         default_doc="spawn",
     ),
@@ -430,6 +431,84 @@ SETTINGS: Final[tuple[Setting, ...]] = (
                 "Observers (pages and taps) at once; more are refused.",
                 attr="max_observers",
                 minimum=1,
+            ),
+        ),
+    ),
+    Setting(
+        "tls",
+        Kind.SECTION,
+        "TLS of a `wss://` address (docs/remote.md).",
+        attr="tls",
+        children=(
+            Setting(
+                "cert",
+                Kind.STRING,
+                "With `listen: wss://...`: the PEM certificate chain the listener serves.",
+                attr="cert",
+                default_doc="none",
+            ),
+            Setting(
+                "key",
+                Kind.STRING,
+                "With `listen: wss://...`: the certificate's PEM private key.",
+                attr="key",
+                default_doc="none",
+            ),
+            Setting(
+                "ca",
+                Kind.STRING,
+                "With `connect: wss://...`: PEM authorities to trust for the agent's "
+                "certificate (a self-signed one, a private authority).",
+                attr="ca",
+                default_doc="the system's",
+            ),
+        ),
+    ),
+    Setting(
+        "auth",
+        Kind.SECTION,
+        "The bearer token of a `ws://` / `wss://` address: a listener requires it in the "
+        "`Authorization` header before the upgrade (required on a non-loopback address); "
+        "`connect` sends it there. Never in a URL, a message, a log line or a record "
+        "(docs/remote.md).",
+        attr="auth",
+        children=(
+            Setting(
+                "token_file",
+                Kind.STRING,
+                "A file holding the token (surrounding whitespace stripped); keep it private "
+                "(mode 0600).",
+                attr="token_file",
+                default_doc="none",
+            ),
+            Setting(
+                "token_env",
+                Kind.STRING,
+                "Or the name of the environment variable holding the token.",
+                attr="token_env",
+                default_doc="none",
+            ),
+            Setting(
+                "jwks_file",
+                Kind.STRING,
+                "With `listen`: accept bearer JWTs signed by a key of this JWK set (RSA, EC or "
+                "OKP public keys; needs the `jwt` extra), with `jwt_issuer` and `jwt_audience`.",
+                attr="jwks_file",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_issuer",
+                Kind.STRING,
+                "With `jwks_file`: the `iss` a JWT must carry.",
+                attr="jwt_issuer",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_audience",
+                Kind.STRING,
+                "With `jwks_file`: the `aud` a JWT must carry.",
+                attr="jwt_audience",
+                default_doc="none",
             ),
         ),
     ),

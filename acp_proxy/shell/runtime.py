@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After the agent died, how long the errors owed to the client wait for its last stderr lines.
 STDERR_TAIL_WAIT_S = 0.5
+# An agent connection without half-close (WebSocket), after the client's end of input: how
+# often the session looks whether an answer is still owed.
+ANSWERS_POLL_S = 0.01
 # Where ``agent.stderr: passthrough`` copies the agent's stderr: the proxy's own.
 STDERR_FD = 2
 
@@ -391,7 +394,15 @@ async def run_remote_agent_session(
 
     async def after_input_closed() -> None:
         await input_closed.wait()
-        await anyio.sleep(grace)
+        with anyio.move_on_after(grace):
+            if getattr(agent_stream, "half_close", True):
+                await anyio.sleep_forever()
+            # No half-close (a WebSocket): the agent cannot see the end of the input, so the
+            # connection ends once no answer is owed (or after the grace period).
+            while session.connection.pending_client_requests:
+                await anyio.sleep(ANSWERS_POLL_S)
+            session.stop_agent_output()
+            return
         log.warning(
             "agent did not close its connection within the grace period; closing it",
             grace_s=grace,

@@ -141,7 +141,7 @@ class HeldSession:
         self.ledger.detach()  # until a client is attached, what the agent sends is kept
         self.rx = _ClientRx()
         self.tx = _ClientTx(self)
-        self.client: SocketStream | None = None
+        self.client: anyio.abc.ByteStream | None = None
         self.shutdown = anyio.Event()  # the server stops
         self.ended = anyio.Event()  # the agent session is over
         self.expired = False  # the grace time ended: no reattach any more
@@ -197,6 +197,8 @@ class HeldSession:
         client = self.client
         if client is None or self._cut or self._partial or self._lock.locked():
             return 0
+        if not isinstance(client, SocketStream):  # a WebSocket: its frames go through write
+            return 0
         raw = data if isinstance(data, bytes) else bytes(data)
         if _ID in raw:
             return 0
@@ -230,7 +232,7 @@ class HeldSession:
                         await self._send(self.client, [out])
             self._count()
 
-    async def _send(self, client: SocketStream, lines: list[bytes]) -> None:
+    async def _send(self, client: anyio.abc.ByteStream, lines: list[bytes]) -> None:
         try:
             await client.send(b"".join(line + b"\n" for line in lines))
         except STREAM_ERRORS:
@@ -287,7 +289,7 @@ class HeldSession:
 
     # -- attaching and detaching ---------------------------------------------------------------
 
-    def _lost(self, client: SocketStream) -> None:
+    def _lost(self, client: anyio.abc.ByteStream) -> None:
         """``client`` is gone (EOF, an error, a takeover): keep the agent for the grace time."""
         if self.client is not client:
             return
@@ -306,7 +308,7 @@ class HeldSession:
         )
         self._event("detach", grace_s=grace, sessions=sorted(self.ledger.sessions))
 
-    async def serve(self, client: SocketStream, rx: anyio.abc.ByteReceiveStream) -> None:
+    async def serve(self, client: anyio.abc.ByteStream, rx: anyio.abc.ByteReceiveStream) -> None:
         """Pump ``client``'s lines into the session until it leaves (or is taken over, or the
         session ends); ``client`` must be attached already (``attach_first`` / ``reattach``)."""
         async with anyio.create_task_group() as tg:
@@ -323,7 +325,7 @@ class HeldSession:
                 self._lost(client)
                 tg.cancel_scope.cancel()
 
-    def attach_first(self, client: SocketStream) -> None:
+    def attach_first(self, client: anyio.abc.ByteStream) -> None:
         self.client = client
         self.ledger.attached = True
         self._detached = anyio.Event()
@@ -350,7 +352,7 @@ class HeldSession:
 
     async def reattach(
         self,
-        client: SocketStream,
+        client: anyio.abc.ByteStream,
         rest: bytes,
         request: tuple[Any, str, str],
         raw: bytes,

@@ -20,7 +20,7 @@ from acp_proxy.config import Config
 from acp_proxy.shell.process import describe_status, spawn_agent
 from acp_proxy.shell.sockets.detach import HeldSession
 from acp_proxy.shell.sockets.opening import error_line
-from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
+from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, close_with
 from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.attach import initialize_request, reattach_request, response
@@ -42,7 +42,7 @@ class Server(Protocol):
 async def serve_detachable(
     server: Server,
     conn: int,
-    stream: SocketStream,
+    stream: anyio.abc.ByteStream,
     first: bytes,
     *,
     shutdown: anyio.Event,
@@ -157,7 +157,7 @@ def find(holds: dict[int, HeldSession], session: str) -> HeldSession | None:
 
 async def opening(
     holds: dict[int, HeldSession],
-    client: SocketStream,
+    client: anyio.abc.ByteStream,
     first: bytes,
     config: Config,
     log: Any,

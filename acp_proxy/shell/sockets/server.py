@@ -42,6 +42,7 @@ from acp_proxy.shell.transports import STREAM_ERRORS
 
 if TYPE_CHECKING:
     from acp_proxy.shell.sockets.detach import HeldSession
+    from acp_proxy.shell.sockets.wsserver import WsServer
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -85,6 +86,7 @@ class _Server:
         # detach_grace: agents kept across client connections, by their first connection's id.
         self.holds: dict[int, HeldSession] = {}
         self.tasks: anyio.abc.TaskGroup | None = None
+        self.websocket: WsServer | None = None  # a ws:// or wss:// listener's upgrade
 
     async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
         async with anyio.create_task_group() as outer:
@@ -154,6 +156,8 @@ class _Server:
                     f"acp-proxy: too many connections (max_connections "
                     f"{self.config.max_connections}); try again later"
                 )
+                if self.websocket is not None:  # an HTTP answer (none over TLS)
+                    line = self.websocket.busy(self.config.max_connections)
                 try:
                     line = line[stream.try_send(line) :]
                 except STREAM_ERRORS:
@@ -181,7 +185,7 @@ class _Server:
             self.refusal_slots.release()
 
     async def _opening(
-        self, conn: _Conn, stream: SocketStream, peer: str, log: Any
+        self, conn: _Conn, stream: anyio.abc.ByteStream, peer: str, log: Any
     ) -> tuple[bytes | None, str]:
         """Read until the client's first line is in (``(its bytes, "")``), or say why not
         (``(None, status)``, the connection closed with a message where one is due).
@@ -245,7 +249,7 @@ class _Server:
         from acp_proxy.shell.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
-        stream = SocketStream(client)
+        stream: anyio.abc.ByteStream = SocketStream(client)
         started = time.monotonic()
         log.info("connection opened", peer=peer, open=len(self.active))
         status = "closed"
@@ -253,6 +257,11 @@ class _Server:
         recorder: Recorder | None = None
         rc: int | None = None
         try:
+            if self.websocket is not None:
+                upgraded, status = await self.websocket.upgrade(stream, peer, log)
+                if upgraded is None:
+                    return
+                stream = upgraded
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
@@ -302,7 +311,9 @@ class _Server:
             else:
                 label = str(self.agent_address)
                 try:
-                    agent_stream = await connect(self.agent_address, self.config.connect_timeout_s)
+                    agent_stream = await connect(
+                        self.agent_address, self.config.connect_timeout_s, self.config
+                    )
                 except ConnectError as exc:
                     status = str(exc)
                     log.error("cannot connect to the agent", error=str(exc))
@@ -354,7 +365,7 @@ class _Server:
     async def _linger(
         self,
         conn: _Conn,
-        stream: SocketStream,
+        stream: anyio.abc.ByteStream,
         client_rx: PrefixedReceiveStream,
         session: Any,
         log: Any,
@@ -411,17 +422,38 @@ async def _serve(
     signals: AsyncIterator[signal.Signals],
     log: Any,
 ) -> int:
+    websocket: WsServer | None = None
     try:
-        listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+        if address.websocket:
+            from acp_proxy.shell.sockets.wsconfig import MISSING, available
+
+            if not available():
+                raise ValueError(MISSING)
+            from acp_proxy.shell.sockets.wsserver import websocket_server
+
+            websocket = websocket_server(config, address, log)
+            listener = await open_listener(
+                address.socket_address(),
+                allow_remote=websocket.consent,
+                log=log,
+                exposure=websocket.exposure,
+                remote_note=websocket.remote_note,
+            )
+            websocket.bind(listener.sockets)
+        else:
+            listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+    except ValueError as exc:  # a WebSocket listener's token or certificate
+        say_fatal(log, "cannot listen", f"{address}: {exc}")
+        return EXIT_USAGE
     except ListenError as exc:
         say_fatal(log, "cannot listen", str(exc))
         return exc.exit_code
-    server = _Server(
-        config, agent_argv, agent_address, listener, log.bind(listen=str(listener.address))
-    )
+    shown = websocket.url if websocket is not None else str(listener.address)
+    server = _Server(config, agent_argv, agent_address, listener, log.bind(listen=shown))
+    server.websocket = websocket
     log.info(
         "listening",
-        address=str(listener.address),
+        address=shown,
         agent=list(agent_argv) or None,
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
