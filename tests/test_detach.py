@@ -568,3 +568,39 @@ async def test_while_detached_the_policy_decides_what_it_is_configured_to(tmp_pa
             proxy.terminate()
             assert await proxy.wait() == 0
             await b.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_websocket_client_reattaches_like_a_socket_one(tmp_path: Path) -> None:
+    """The same over ``ws://``: the editor's ``--connect ws://`` dies mid-turn, a new one
+    reattaches and gets every frame after the drop once, then the prompt's answer."""
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 2, "after": 3, "go": str(go), "done": str(done)}
+    config = config_file(tmp_path)
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", "--detach-grace", "60",
+            agent=AGENT,
+        ) as proxy:  # fmt: skip
+            address = await proxy.address()
+            assert address.startswith("ws://127.0.0.1:") and address.endswith("/acp")
+            first = await open_client(address, config)
+            pid = await start_turn(first, **spec)
+            await kill(first)
+            await proxy.event("client detached; keeping the agent")
+            go.touch()
+            await wait_file(done)
+            second = await open_client(address, config)
+            await reattach(second)
+            got = [await second.line() for _ in range(4)]
+            assert got == [
+                *(chunk(f"after-{i}") for i in range(3)),
+                answer(1, {"stopReason": "end_turn"}),
+            ]
+            await second.send(request(7, "_test/pid"))
+            assert await second.line() == answer(7, {"pid": pid})
+            await second.stdin.aclose()
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await second.process.aclose()
+    assert not alive(pid)
