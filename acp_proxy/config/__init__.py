@@ -67,7 +67,8 @@ String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset
 ``$$`` (a literal ``$``), expanded once at load time.
 
 The rooms of this package: ``model`` (the values: ``Config`` and its sections, ``ConfigError``),
-``schema`` (the declarative ``SETTINGS`` table), ``reference`` (what is generated from it: the
+``schema`` (the declarative ``SETTINGS`` table, written with ``kinds``: ``Kind``, ``Setting``,
+the size grammar), ``reference`` (what is generated from it: the
 JSON Schema, the docs' settings table), ``reading`` (the file and the YAML, safely), ``parser``
 (validation, every error at once), ``explain`` (``check-config``'s text) and ``rules`` (the
 built-in rules middleware). Import from here.
@@ -101,6 +102,7 @@ from acp_proxy.config.model import (
 if TYPE_CHECKING:
     from acp_proxy.config.checks import checks_text
     from acp_proxy.config.explain import explain_config
+    from acp_proxy.config.kinds import Kind, Setting
     from acp_proxy.config.nodes import parse_size
     from acp_proxy.config.parser import parse_config
     from acp_proxy.config.reading import read_config_file, writable_by_others
@@ -112,8 +114,6 @@ if TYPE_CHECKING:
         RULE_KEYS,
         SETTINGS,
         TOP_KEYS,
-        Kind,
-        Setting,
     )
 
 # Start-up: the modules that need PyYAML (``parser``, ``reading``), ``explain`` and the
@@ -128,11 +128,10 @@ _LAZY = {
             "RULE_KEYS",
             "SETTINGS",
             "TOP_KEYS",
-            "Kind",
-            "Setting",
         ),
         "acp_proxy.config.schema",
     ),
+    **dict.fromkeys(("Kind", "Setting"), "acp_proxy.config.kinds"),
     "json_schema": "acp_proxy.config.reference",
     "settings_table": "acp_proxy.config.reference",
     "checks_text": "acp_proxy.config.checks",

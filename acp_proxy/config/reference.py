@@ -16,15 +16,13 @@ from typing import Any, Final, cast
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.budget.schema import budgets_schema
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check
+from acp_proxy.config.kinds import SIZE_PATTERN, Kind, Setting
 from acp_proxy.config.model import Config, MiddlewareSpec, _json_text, _RulesFactory, _size_text
 from acp_proxy.config.rules import W3C_TRACE_KEYS, Rule
 from acp_proxy.config.schema import (
     MIDDLEWARE_FIELDS,
     RULE_FIELDS,
     SETTINGS,
-    SIZE_PATTERN,
-    Kind,
-    Setting,
 )
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.policy.schema import policy_schema

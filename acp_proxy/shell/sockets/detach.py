@@ -27,7 +27,7 @@ import anyio.lowlevel
 from acp_proxy.config import Config
 from acp_proxy.shell import hooks
 from acp_proxy.shell.budget import process_budget
-from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream
+from acp_proxy.shell.sockets.streams import PrefixedReceiveStream
 from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.attach import (
     Ledger,
@@ -197,12 +197,13 @@ class HeldSession:
         client = self.client
         if client is None or self._cut or self._partial or self._lock.locked():
             return 0
-        if not isinstance(client, SocketStream):  # a WebSocket: its frames go through write
+        try_send = getattr(client, "try_send", None)
+        if try_send is None:  # a WebSocket: its frames go through write
             return 0
         raw = data if isinstance(data, bytes) else bytes(data)
         if _ID in raw:
             return 0
-        written = client.try_send(raw)
+        written: int = try_send(raw)
         if written < len(raw):
             start = raw.rfind(b"\n", 0, written) + 1
             self._cut += raw[start:written]
