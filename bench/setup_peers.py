@@ -25,6 +25,9 @@ from pathlib import Path
 CONDUCTOR = "@thinkwell/conductor@0.5.7"
 SDK = "agent-client-protocol==0.12.1"
 TS_SDK = "@agentclientprotocol/sdk@2.4.0"
+# Node 20 has no WebSocket global: the SDK's WebSocket client (`experimental/ws-client`) takes the
+# `ws` package's constructor (tests/shell/ws/test_websocket_sdk.py); installed with the SDK.
+TS_WS = "ws@8.23.1"
 BENCH_PEERS = ("conductor", "sdk-relay")
 BENCH = Path(__file__).resolve().parent
 
@@ -37,6 +40,11 @@ def ts_sdk_v2_module(build_dir: Path) -> Path:
     """The TypeScript SDK's ACP v2 entry point (``@agentclientprotocol/sdk/experimental/v2``)."""
     sdk = build_dir / "peers" / "node_modules" / "@agentclientprotocol" / "sdk"
     return sdk / "dist" / "v2" / "stable" / "acp.js"
+
+
+def ts_ws_module(build_dir: Path) -> Path:
+    """The ``ws`` package's ES module entry (its ``WebSocket`` takes headers)."""
+    return build_dir / "peers" / "node_modules" / "ws" / "wrapper.mjs"
 
 
 def sdk_path(build_dir: Path) -> Path:
@@ -69,22 +77,27 @@ def ensure(
         there = {
             "conductor": conductor_module(build_dir).exists(),
             "sdk-relay": (sdk_path(build_dir) / "acp" / "connection.py").exists(),
-            "ts-sdk": ts_sdk_v2_module(build_dir).exists(),
+            "ts-sdk": ts_sdk_v2_module(build_dir).exists() and ts_ws_module(build_dir).exists(),
         }
         return _needs_node({peer: None if there[peer] else missing for peer in wanted})
     peers.mkdir(parents=True, exist_ok=True)
-    npm_peers = {"conductor": (CONDUCTOR, conductor_module), "ts-sdk": (TS_SDK, ts_sdk_v2_module)}
-    for peer, (spec, module) in npm_peers.items():
+    npm_peers = {
+        "conductor": ((CONDUCTOR,), (conductor_module,)),
+        "ts-sdk": ((TS_SDK, TS_WS), (ts_sdk_v2_module, ts_ws_module)),
+    }
+    for peer, (specs, modules) in npm_peers.items():
         if peer not in wanted:
             continue
-        if module(build_dir).exists():
+        if all(module(build_dir).exists() for module in modules):
             out[peer] = None
         elif shutil.which("npm") is None or shutil.which("node") is None:
             out[peer] = "npm/node not installed"
         else:
-            out[peer] = _run(["npm", "install", "--silent", "--no-audit", "--no-fund", spec], peers)
-            if out[peer] is None and not module(build_dir).exists():
-                out[peer] = f"npm install left no {module(build_dir).name}"
+            npm = ["npm", "install", "--silent", "--no-audit", "--no-fund", *specs]
+            out[peer] = _run(npm, peers)
+            for module in modules:
+                if out[peer] is None and not module(build_dir).exists():
+                    out[peer] = f"npm install left no {module(build_dir).name}"
     if "sdk-relay" in wanted:
         if (sdk_path(build_dir) / "acp" / "connection.py").exists():
             out["sdk-relay"] = None

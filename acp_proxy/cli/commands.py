@@ -107,6 +107,9 @@ def run_checks(config: Config) -> list[str]:
                 "reach it could drive the agent); the proxy refuses to listen there unless "
                 "allow_remote: true (or --allow-remote)"
             )
+    from acp_proxy.shell.ws.wsconfig import websocket_checks
+
+    problems += websocket_checks(config, where)
     problems += _feature_checks(config, where)
     return problems
 

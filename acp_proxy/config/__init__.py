@@ -47,21 +47,28 @@ The format (docs/configuration.md is the user-facing reference)::
             drain_timeout: SECONDS}
     coalesce: {enabled: BOOL, max_queue_messages: INT, max_queue_bytes: INT | "16MiB",
                min_interval_ms: INT}
-    listen: tcp://HOST:PORT | unix:///PATH
-    connect: tcp://HOST:PORT | unix:///PATH
+    listen: tcp://HOST:PORT | unix:///PATH | ws[s]://HOST:PORT/PATH
+    connect: tcp://HOST:PORT | unix:///PATH | ws[s]://HOST:PORT/PATH
     connect_timeout: SECONDS
     max_connections: INT
     handshake_timeout: SECONDS
+    detach_grace: SECONDS              # with listen: keep an agent after its client left
+    detach_buffer_bytes: INT | "4MiB"
+    detach_buffer_frames: INT
+    takeover: BOOL
     allow_remote: BOOL
     metrics_allow_remote: BOOL
     metrics: tcp://HOST:PORT | unix:///PATH | HOST:PORT | http://HOST:PORT
     tracing: {enabled: BOOL, inject: BOOL}
+    tls: {cert: FILE, key: FILE, ca: FILE}          # wss:// (docs/remote.md)
+    auth: {token_file: FILE, token_env: NAME}       # ws:// and wss:// bearer token
 
 String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset or empty) and
 ``$$`` (a literal ``$``), expanded once at load time.
 
 The rooms of this package: ``model`` (the values: ``Config`` and its sections, ``ConfigError``),
-``schema`` (the declarative ``SETTINGS`` table), ``reference`` (what is generated from it: the
+``schema`` (the declarative ``SETTINGS`` table, written with ``kinds``: ``Kind``, ``Setting``,
+the size grammar), ``reference`` (what is generated from it: the
 JSON Schema, the docs' settings table), ``reading`` (the file and the YAML, safely), ``parser``
 (validation, every error at once), ``explain`` (``check-config``'s text) and ``rules`` (the
 built-in rules middleware). Import from here.
@@ -76,11 +83,13 @@ from acp_proxy.config.model import (
     BUFFER_SLACK_BYTES,
     DEFAULT_MAX_BUFFER_BYTES,
     AgentConfig,
+    AuthConfig,
     Config,
     ConfigError,
     MiddlewareSpec,
     NamedMiddleware,
     StderrMode,
+    TlsConfig,
     TracingConfig,
     UiConfig,
 )
@@ -95,6 +104,7 @@ from acp_proxy.wire.core_settings import (
 if TYPE_CHECKING:
     from acp_proxy.config.checks import checks_text
     from acp_proxy.config.explain import explain_config
+    from acp_proxy.config.kinds import Kind, Setting
     from acp_proxy.config.nodes import parse_size
     from acp_proxy.config.parser import parse_config
     from acp_proxy.config.reading import read_config_file, writable_by_others
@@ -106,8 +116,6 @@ if TYPE_CHECKING:
         RULE_KEYS,
         SETTINGS,
         TOP_KEYS,
-        Kind,
-        Setting,
     )
 
 # Start-up: the modules that need PyYAML (``parser``, ``reading``), ``explain`` and the
@@ -122,11 +130,10 @@ _LAZY = {
             "RULE_KEYS",
             "SETTINGS",
             "TOP_KEYS",
-            "Kind",
-            "Setting",
         ),
         "acp_proxy.config.schema",
     ),
+    **dict.fromkeys(("Kind", "Setting"), "acp_proxy.config.kinds"),
     "json_schema": "acp_proxy.config.reference",
     "settings_table": "acp_proxy.config.reference",
     "checks_text": "acp_proxy.config.checks",
@@ -174,6 +181,7 @@ __all__ = [
     "SETTINGS",
     "TOP_KEYS",
     "AgentConfig",
+    "AuthConfig",
     "CoalesceConfig",
     "Config",
     "ConfigError",
@@ -183,6 +191,7 @@ __all__ = [
     "NonJsonPolicy",
     "Setting",
     "StderrMode",
+    "TlsConfig",
     "TracingConfig",
     "UiConfig",
     "checks_text",

@@ -93,6 +93,7 @@ def explain_config(config: Config) -> str:
         f"  max_connections: {config.max_connections}, "
         f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
+        "  detach: " + _explain_detach(config),
         "  metrics: "
         + (
             f"{config.metrics}, metrics_allow_remote: "
@@ -109,6 +110,7 @@ def explain_config(config: Config) -> str:
         ),
         "  record: " + _explain_record(config),
     ]
+    lines += _explain_remote(config)
     if config.policy is not None:
         from acp_proxy.policy.policy_explain import explain_policy
 
@@ -169,3 +171,48 @@ def describe_rule(rule: Rule) -> str:
     else:
         where = "in the message's params._meta"
     return f"Rule {rule.name}: on {what} {sender}, it {action} {where}."
+
+
+def _explain_detach(config: Config) -> str:
+    """What survives a dropped client connection (``detach_grace``)."""
+    if config.detach_grace_s <= 0:
+        return "off (an agent stops when its client's connection ends)"
+    size = config.detach_buffer_bytes
+    text = (
+        f"detach_grace {config.detach_grace_s:g} s, takeover: "
+        f"{'yes' if config.takeover else 'no'}, buffer {size} ({_size_text(size)}) or "
+        f"{config.detach_buffer_frames} frames per agent"
+    )
+    if config.listen is None:
+        return text + "\n    no effect without listen"
+    if config.connect is not None:
+        return text + "\n    no effect with connect: only a spawned agent is kept"
+    return text
+
+
+def _explain_remote(config: Config) -> list[str]:
+    """The WebSocket settings (docs/remote.md): where the token comes from, never the token."""
+    websocket = any(
+        (url or "").startswith(("ws://", "wss://")) for url in (config.listen, config.connect)
+    )
+    auth, tls = config.auth, config.tls
+    if not websocket and auth == type(auth)() and tls == type(tls)():
+        return []
+    if auth.token_file is not None:
+        source = f"bearer token from the file {auth.token_file}"
+    elif auth.token_env is not None:
+        source = f"bearer token from the variable {auth.token_env}"
+    else:
+        source = "none (a ws:// listener then serves loopback only)"
+    if auth.jwks_file is not None:
+        jwt_text = (
+            f"JWTs signed by a key of {auth.jwks_file} "
+            f"(iss {auth.jwt_issuer}, aud {auth.jwt_audience})"
+        )
+        source = jwt_text if source.startswith("none") else f"{source}, or {jwt_text}"
+    given = [f"{k} {v}" for k, v in (("cert", tls.cert), ("key", tls.key), ("ca", tls.ca)) if v]
+    return [
+        f"  auth: {source}",
+        "  tls: "
+        + (", ".join(given) if given else "none (wss:// connect trusts the system's authorities)"),
+    ]

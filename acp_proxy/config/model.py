@@ -86,6 +86,35 @@ class UiConfig:
 
 
 @value
+class TlsConfig:
+    """TLS of a WebSocket address (docs/remote.md): ``wss://`` listeners serve ``cert`` /
+    ``key``; ``--connect wss://`` trusts ``ca`` (default: the system's authorities)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    cert: str | None = None  # PEM certificate chain of a wss:// listener
+    key: str | None = None  # its PEM private key
+    ca: str | None = None  # PEM authorities that --connect wss:// trusts
+
+
+@value
+class AuthConfig:
+    """The bearer token of a WebSocket address (docs/remote.md): what a listener requires in
+    the ``Authorization`` header, and what ``--connect ws[s]://`` sends there. Never in a URL,
+    a message, a log line or a record."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    token_file: str | None = None  # the token, in a file (surrounding whitespace stripped)
+    token_env: str | None = None  # or the name of the environment variable that holds it
+    # A listener may accept JWTs instead (or as well): signed by a key of this JWK set, with
+    # this issuer and audience.
+    jwks_file: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+
+
+@value
 class MiddlewareSpec:
     """One entry of the ``middleware:`` list, ready to instantiate per connection."""
 
@@ -122,12 +151,20 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed.
     handshake_timeout_s: float = 30.0
+    # --listen: seconds an agent outlives its client's connection, waiting for a reattach
+    # (0: it is stopped when the connection ends); what it sends meanwhile is kept within these.
+    detach_grace_s: float = 0.0
+    detach_buffer_bytes: int = 4 * 1024 * 1024
+    detach_buffer_frames: int = 10_000
+    takeover: bool = False  # a reattach may take a session attached to another connection
     allow_remote: bool = False  # listen on a non-loopback address
     metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics
     tracing: TracingConfig = field(default_factory=TracingConfig)
     record: RecordConfig = field(default_factory=RecordConfig)
     ui: UiConfig = field(default_factory=UiConfig)  # the live view
+    tls: TlsConfig = field(default_factory=TlsConfig)  # wss:// addresses
+    auth: AuthConfig = field(default_factory=AuthConfig)  # ws:// and wss:// addresses
     rule_names: tuple[str, ...] = ()  # for the start-up log line
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The permission policy (docs/policy.md); None: no ``policy:`` section, no policy link.

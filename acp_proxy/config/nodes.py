@@ -24,6 +24,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.config.kinds import _SIZE, _SIZE_UNITS, SIZE_HELP, Kind, Setting
 from acp_proxy.config.model import ConfigError, _quote
 from acp_proxy.config.reading import (
     _BOOL,
@@ -35,7 +36,6 @@ from acp_proxy.config.reading import (
     _TAG_NAMES,
     _TIMESTAMP,
 )
-from acp_proxy.config.schema import _SIZE, _SIZE_UNITS, SIZE_HELP, Kind, Setting
 from acp_proxy.record.patterns import backtracking_risk
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -382,6 +382,12 @@ class NodeReader:
             value = endpoint_url(value)
         scheme, sep, rest = value.partition("://")
         ok = False
+        if sep and scheme in ("ws", "wss") and not http:
+            if "?" in rest or "#" in rest:
+                raise self.error(
+                    node, path, "a WebSocket address has no query (a token goes in auth:)"
+                )
+            scheme, rest = "tcp", rest.partition("/")[0]
         if sep and scheme == "unix":
             ok = bool(rest)
         elif sep and scheme == "tcp":

@@ -21,6 +21,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check, breaches
 from acp_proxy.config.imports import import_middleware, search_first
+from acp_proxy.config.kinds import Kind
 from acp_proxy.config.model import (
     BUFFER_SLACK_BYTES,
     Config,
@@ -39,7 +40,6 @@ from acp_proxy.config.schema import (
     RULE_KEYS,
     SETTINGS,
     TOP_KEYS,
-    Kind,
 )
 from acp_proxy.rules.engine import (
     KNOWN_UPDATE_KINDS,

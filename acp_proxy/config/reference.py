@@ -16,14 +16,12 @@ from typing import Any, Final, cast
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.budget.budget_schema import budgets_schema
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check
+from acp_proxy.config.kinds import SIZE_PATTERN, Kind, Setting
 from acp_proxy.config.model import Config, MiddlewareSpec, _json_text, _RulesFactory, _size_text
 from acp_proxy.config.schema import (
     MIDDLEWARE_FIELDS,
     RULE_FIELDS,
     SETTINGS,
-    SIZE_PATTERN,
-    Kind,
-    Setting,
 )
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.policy.policy_schema import policy_schema
@@ -74,7 +72,7 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         assert setting.choices is not None
         out["anyOf"] = [{"enum": [e.value for e in setting.choices]}, dict(_ENV_REF)]
     elif kind is Kind.ADDRESS:
-        pattern = "^(tcp://.+:[0-9]+|unix:///.+)$"
+        pattern = "^(tcp://.+:[0-9]+|unix:///.+|wss?://[^/?#]+:[0-9]+(/[^?#]*)?)$"
         if setting.http:  # telemetry.endpoint: HOST:PORT, http://HOST:PORT[/...]
             pattern = "^(tcp://.+:[0-9]+|unix:///.+|http://[^/]+:[0-9]+(/.*)?|[^/]+:[0-9]+)$"
         out["anyOf"] = [

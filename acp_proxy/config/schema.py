@@ -5,16 +5,15 @@ help), ``RULE_FIELDS`` and ``MIDDLEWARE_FIELDS`` (the keys of one rule and one m
 and which must be given); the rules across keys are declared next to them, in ``config.checks``.
 The parser (``config.parser``) validates from these tables, and ``config.reference`` generates
 from them the JSON Schema (``acp-proxy schema``, ``config/acp-proxy.schema.json``) and the docs'
-tables. Declarations only: no behaviour.
+tables. Declarations only: no behaviour. The vocabulary they are written in (``Kind``,
+``Setting``, the size grammar) is ``config.kinds``.
 """
 
 from __future__ import annotations
 
-import enum
-import re
-from dataclasses import dataclass
 from typing import Final
 
+from acp_proxy.config.kinds import Kind, Setting
 from acp_proxy.config.model import StderrMode
 from acp_proxy.meta.annotate import V1Mode
 from acp_proxy.rules.engine import (
@@ -24,56 +23,6 @@ from acp_proxy.rules.engine import (
 from acp_proxy.wire.core_settings import NonJsonPolicy
 
 # --- the schema --------------------------------------------------------------------------------
-
-
-class Kind(enum.Enum):
-    """What a setting holds; picks its validation, its JSON schema and its documented default."""
-
-    BOOL = "bool"
-    INT = "int"
-    SIZE = "size"  # bytes: an integer or "64MiB"
-    SECONDS = "seconds"
-    CHOICE = "choice"  # one value of an enum
-    ADDRESS = "address"  # tcp://HOST:PORT or unix:///PATH
-    ENV = "env"  # a mapping of environment variable names to strings
-    SECTION = "section"  # a mapping of further settings
-    RULES = "rules"  # the rules list (validated by _Parser.rules)
-    MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
-    POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.policy_parse)
-    BUDGETS = "budgets"  # the budgets (validated by acp_proxy.budget.budget_parse)
-    # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
-    STRING = "string"  # a non-empty string
-    UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
-    META_MAP = "meta_map"  # metadata keys to JSON values (not null)
-    META_LIST = "meta_list"  # a list of metadata keys
-    OPTIONS = "options"  # keyword arguments (any JSON mapping)
-    USE = "use"  # "rules" or "package.module:Class"
-    STRINGS = "strings"  # a list of non-empty strings
-    REGEXES = "regexes"  # a list of regular expressions (Python syntax)
-    DIRECTORIES = "directories"  # a list of directories, relative to the config file's
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One key of the config file, declared once: the parser validates it from this,
-    ``json_schema()`` describes it, and ``settings_table()`` is the docs' Settings table."""
-
-    key: str
-    kind: Kind
-    doc: str  # the settings table's "meaning" column and the schema's description
-    # The dataclass field it fills: on Config, or on the section's dataclass (a section with no
-    # attr, like v1, fills Config's fields directly).
-    attr: str | None = None
-    minimum: int = 0  # INT
-    positive: bool = False  # SECONDS: > 0 instead of >= 0
-    choices: type[enum.StrEnum] | None = None  # CHOICE
-    listen: bool = False  # ADDRESS: port 0 allowed
-    # ADDRESS of an HTTP endpoint (metrics, the live view): also HOST:PORT and http://HOST:PORT,
-    # the forms of telemetry.endpoint, one syntax for both.
-    http: bool = False
-    children: tuple[Setting, ...] = ()  # SECTION
-    default_doc: str | None = None  # the documented default where the value says little
-    required: str | None = None  # a rule or middleware field that must be given: the error
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
@@ -230,7 +179,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "listen",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: accept clients on a socket. The command line wins.",
+        "`tcp://HOST:PORT`, `unix:///PATH` or `ws[s]://HOST:PORT/PATH`: accept clients on a "
+        "socket or over WebSocket (docs/remote.md). The command line wins.",
         attr="listen",
         listen=True,
         default_doc="stdio",
@@ -238,8 +188,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "connect",
         Kind.ADDRESS,
-        "`tcp://HOST:PORT` or `unix:///PATH`: reach the agent over a socket. The command line "
-        "wins.",
+        "`tcp://HOST:PORT`, `unix:///PATH` or `ws[s]://HOST:PORT/PATH`: reach the agent over a "
+        "socket or a WebSocket (docs/remote.md). The command line wins.",
         attr="connect",
         default_doc="spawn",
     ),
@@ -263,6 +213,37 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "With `listen`: seconds a client has to send its first line before it is closed.",
         attr="handshake_timeout_s",
         positive=True,
+    ),
+    Setting(
+        "detach_grace",
+        Kind.SECONDS,
+        "With `listen`: seconds an agent, its running turn and its sessions outlive the client's "
+        "connection, waiting for a new connection to reattach with `session/load` (0: the agent "
+        "is stopped when the connection ends).",
+        attr="detach_grace_s",
+    ),
+    Setting(
+        "detach_buffer_bytes",
+        Kind.SIZE,
+        "With `detach_grace`: bytes of frames the agent sends while detached that are kept for "
+        "the reattach (counted in `max_buffer_bytes`); past it the reattach is refused.",
+        attr="detach_buffer_bytes",
+        minimum=1,
+    ),
+    Setting(
+        "detach_buffer_frames",
+        Kind.INT,
+        "With `detach_grace`: frames the agent sends while detached that are kept for the "
+        "reattach; past it the reattach is refused.",
+        attr="detach_buffer_frames",
+        minimum=1,
+    ),
+    Setting(
+        "takeover",
+        Kind.BOOL,
+        "With `detach_grace`: a reattach may take a session from the connection it is attached "
+        "to (that connection is closed); otherwise it is refused with an error.",
+        attr="takeover",
     ),
     Setting(
         "allow_remote",
@@ -401,6 +382,84 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         ),
     ),
     Setting(
+        "tls",
+        Kind.SECTION,
+        "TLS of a `wss://` address (docs/remote.md).",
+        attr="tls",
+        children=(
+            Setting(
+                "cert",
+                Kind.STRING,
+                "With `listen: wss://...`: the PEM certificate chain the listener serves.",
+                attr="cert",
+                default_doc="none",
+            ),
+            Setting(
+                "key",
+                Kind.STRING,
+                "With `listen: wss://...`: the certificate's PEM private key.",
+                attr="key",
+                default_doc="none",
+            ),
+            Setting(
+                "ca",
+                Kind.STRING,
+                "With `connect: wss://...`: PEM authorities to trust for the agent's "
+                "certificate (a self-signed one, a private authority).",
+                attr="ca",
+                default_doc="the system's",
+            ),
+        ),
+    ),
+    Setting(
+        "auth",
+        Kind.SECTION,
+        "The bearer token of a `ws://` / `wss://` address: a listener requires it in the "
+        "`Authorization` header before the upgrade (required on a non-loopback address); "
+        "`connect` sends it there. Never in a URL, a message, a log line or a record "
+        "(docs/remote.md).",
+        attr="auth",
+        children=(
+            Setting(
+                "token_file",
+                Kind.STRING,
+                "A file holding the token (surrounding whitespace stripped); keep it private "
+                "(mode 0600).",
+                attr="token_file",
+                default_doc="none",
+            ),
+            Setting(
+                "token_env",
+                Kind.STRING,
+                "Or the name of the environment variable holding the token.",
+                attr="token_env",
+                default_doc="none",
+            ),
+            Setting(
+                "jwks_file",
+                Kind.STRING,
+                "With `listen`: accept bearer JWTs signed by a key of this JWK set (RSA, EC or "
+                "OKP public keys; needs the `jwt` extra), with `jwt_issuer` and `jwt_audience`.",
+                attr="jwks_file",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_issuer",
+                Kind.STRING,
+                "With `jwks_file`: the `iss` a JWT must carry.",
+                attr="jwt_issuer",
+                default_doc="none",
+            ),
+            Setting(
+                "jwt_audience",
+                Kind.STRING,
+                "With `jwks_file`: the `aud` a JWT must carry.",
+                attr="jwt_audience",
+                default_doc="none",
+            ),
+        ),
+    ),
+    Setting(
         "policy",
         Kind.POLICY,
         "The permission policy: which agent permission requests, file reads and writes, "
@@ -492,27 +551,3 @@ V1_KEYS: Final = tuple(c.key for c in _BY_KEY["v1"].children)
 AGENT_KEYS: Final = tuple(c.key for c in _BY_KEY["agent"].children)
 COALESCE_KEYS: Final = tuple(c.key for c in _BY_KEY["coalesce"].children)
 BUILTIN_RULES: Final = "rules"
-
-# Sizes: a byte count with an optional unit, in any case and with or without a space ("64MiB",
-# "64mb", "64 MB", "64k"). KB/MB/GB are powers of 1000, KiB/MiB/GiB powers of 1024, and the
-# one-letter k/m/g mean KiB/MiB/GiB as in most command-line tools.
-_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
-_SIZE_UNITS: Final = {
-    "": 1,
-    "b": 1,
-    "k": 1024,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1024**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-}
-SIZE_HELP: Final = (
-    'a size in bytes: a positive integer or a string such as "64MiB" (units B, KB, KiB, MB, '
-    "MiB, GB, GiB, or k, m, g for KiB, MiB, GiB; any case)"
-)
-# The same grammar for the JSON schema (ECMAScript regex, no flags).
-SIZE_PATTERN: Final = r"^\s*[0-9]+\s*([bB]|[kKmMgG]|[kKmMgG][bB]|[kKmMgG][iI][bB])?\s*$"

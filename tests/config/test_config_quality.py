@@ -22,10 +22,12 @@ from acp_proxy.config import (
     RULE_KEYS,
     SETTINGS,
     AgentConfig,
+    AuthConfig,
     CoalesceConfig,
     Config,
     ConfigError,
     Kind,
+    TlsConfig,
     TracingConfig,
     UiConfig,
     checks_text,
@@ -452,7 +454,7 @@ def test_every_config_field_is_declared() -> None:
     declared = {s.attr for k, s in _leaves() if "." not in k or k.startswith("v1.")}
     internal = {
         *("source", "middleware", "rule_names", "rules", "lines"),
-        *("agent", "coalesce", "tracing", "record", "ui"),
+        *("agent", "coalesce", "tracing", "record", "ui", "tls", "auth"),
     }
     assert declared == {f.name for f in dataclasses.fields(Config)} - internal
     for section, cls in (
@@ -461,6 +463,8 @@ def test_every_config_field_is_declared() -> None:
         ("record", RecordConfig),
         ("tracing", TracingConfig),
         ("ui", UiConfig),
+        ("tls", TlsConfig),
+        ("auth", AuthConfig),
     ):
         attrs = {s.attr for k, s in _leaves() if k.startswith(section + ".")}
         assert attrs == {f.name for f in dataclasses.fields(cls)}

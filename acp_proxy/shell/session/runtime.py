@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # After the agent died, how long the errors owed to the client wait for its last stderr lines.
 STDERR_TAIL_WAIT_S = 0.5
+# An agent connection without half-close (WebSocket), after the client's end of input: how
+# often the session looks whether an answer is still owed.
+ANSWERS_POLL_S = 0.01
 # Where ``agent.stderr: passthrough`` copies the agent's stderr: the proxy's own.
 STDERR_FD = 2
 
@@ -201,13 +204,14 @@ async def run_agent_session(
     log: Any,
     shutdown: anyio.Event,
     observers: Sequence[SessionObserver] = (),
+    on_session: Callable[[PumpSession], None] | None = None,
 ) -> tuple[int, PumpSession]:
     """Pump one client stream pair to/from a spawned ``agent`` and take it down with the ladder.
 
     Client EOF, or ``shutdown`` being set, starts the stdio ladder: close the agent's stdin, wait
     ``grace_period``, SIGTERM the group, wait, SIGKILL. Returns the agent's raw return code and the
     finished session. Never leaves the agent (or its group) behind, even when cancelled. The
-    caller owns the client streams.
+    caller owns the client streams; ``on_session`` is told the session once it exists.
     """
     grace = config.agent.grace_period_s
     drain_timeout = config.agent.drain_timeout_s
@@ -254,6 +258,8 @@ async def run_agent_session(
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
+    if on_session is not None:
+        on_session(session)
 
     async def ladder() -> None:
         async with anyio.create_task_group() as inner:
@@ -388,7 +394,15 @@ async def run_remote_agent_session(
 
     async def after_input_closed() -> None:
         await input_closed.wait()
-        await anyio.sleep(grace)
+        with anyio.move_on_after(grace):
+            if getattr(agent_stream, "half_close", True):
+                await anyio.sleep_forever()
+            # No half-close (a WebSocket): the agent cannot see the end of the input, so the
+            # connection ends once no answer is owed (or after the grace period).
+            while session.connection.pending_client_requests:
+                await anyio.sleep(ANSWERS_POLL_S)
+            session.stop_agent_output()
+            return
         log.warning(
             "agent did not close its connection within the grace period; closing it",
             grace_s=grace,

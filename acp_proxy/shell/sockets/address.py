@@ -1,4 +1,5 @@
-"""Socket addresses: ``tcp://HOST:PORT``, ``tcp://[IPV6]:PORT``, ``unix:///ABSOLUTE/PATH``.
+"""Socket addresses: ``tcp://HOST:PORT``, ``tcp://[IPV6]:PORT``, ``unix:///ABSOLUTE/PATH``, and
+the WebSocket URLs ``ws://HOST:PORT/PATH`` / ``wss://HOST:PORT/PATH`` (docs/remote.md).
 
 Contract: owns parsing the socket URLs of ``--listen``, ``--connect``, ``--metrics`` and
 ``--ui`` into an ``Address`` (with an error that says what would be valid), the loopback rule's
@@ -14,7 +15,11 @@ from typing import Literal
 
 EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
 EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
-_HELP = "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH"
+_HELP = (
+    "tcp://HOST:PORT, tcp://[IPV6]:PORT or unix:///ABSOLUTE/PATH (ws[s]://HOST:PORT/PATH for "
+    "--listen and --connect over WebSocket)"
+)
+WEBSOCKET_SCHEMES = ("ws", "wss")
 
 
 class AddressError(ValueError):
@@ -23,9 +28,10 @@ class AddressError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """A parsed socket URL: ``tcp`` with ``host``/``port``, or ``unix`` with ``path``."""
+    """A parsed socket URL: ``tcp`` with ``host``/``port``, ``unix`` with ``path``, or ``ws`` /
+    ``wss`` with ``host``/``port`` and the HTTP ``path`` (``/`` when the URL has none)."""
 
-    scheme: Literal["tcp", "unix"]
+    scheme: Literal["tcp", "unix", "ws", "wss"]
     host: str = ""
     port: int = 0
     path: str = ""
@@ -34,7 +40,17 @@ class Address:
         if self.scheme == "unix":
             return f"unix://{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.scheme in WEBSOCKET_SCHEMES:
+            return f"{self.scheme}://{host}:{self.port}{self.path}"
         return f"tcp://{host}:{self.port}"
+
+    @property
+    def websocket(self) -> bool:
+        return self.scheme in WEBSOCKET_SCHEMES
+
+    def socket_address(self) -> Address:
+        """The TCP address a WebSocket URL is served on or reached at (itself otherwise)."""
+        return Address("tcp", self.host, self.port) if self.websocket else self
 
 
 def parse_address(url: str, *, listen: bool) -> Address:
@@ -44,8 +60,10 @@ def parse_address(url: str, *, listen: bool) -> Address:
     Raises ``AddressError``.
     """
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("tcp", "unix"):
+    if not sep or scheme not in ("tcp", "unix", *WEBSOCKET_SCHEMES):
         raise AddressError(f"{url!r}: expected {_HELP}")
+    if scheme in WEBSOCKET_SCHEMES:
+        return _parse_websocket(url, scheme, rest, listen=listen)
     if scheme == "unix":
         if not rest.startswith("/"):
             raise AddressError(
@@ -78,6 +96,23 @@ def parse_address(url: str, *, listen: bool) -> Address:
     return Address("tcp", host=host, port=int(port_text))
 
 
+def _parse_websocket(url: str, scheme: str, rest: str, *, listen: bool) -> Address:
+    """``ws://HOST:PORT/PATH``: the authority as ``tcp://``'s, then an absolute path. A query
+    or fragment is refused: a token never travels in a URL, and the proxy serves one path."""
+    if "?" in rest or "#" in rest:
+        raise AddressError(
+            f"{url!r}: a WebSocket address has no query or fragment (a token goes in a file, "
+            "never in a URL: see auth in docs/remote.md)"
+        )
+    authority, slash, path = rest.partition("/")
+    try:
+        tcp = parse_address(f"tcp://{authority}", listen=listen)
+    except AddressError as exc:
+        reason = str(exc).partition(": ")[2]
+        raise AddressError(f"{url!r}: {reason} (expected {scheme}://HOST:PORT/PATH)") from None
+    return Address(scheme, tcp.host, tcp.port, slash + path if slash else "/")  # type: ignore[arg-type]
+
+
 BROWSER_NEEDS_TCP = "the live view needs a tcp:// address (a browser speaks TCP)"
 
 
@@ -88,6 +123,8 @@ def parse_endpoint(url: str, *, browser: bool) -> Address:
     from acp_proxy.telemetry.endpoint import endpoint_url
 
     address = parse_address(endpoint_url(url), listen=True)
+    if address.websocket:
+        raise AddressError(f"{url!r}: an HTTP endpoint is served on tcp:// or unix://, not ws://")
     if browser and address.scheme != "tcp":
         raise AddressError(BROWSER_NEEDS_TCP)
     return address

@@ -46,10 +46,29 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 0.5
 
 
-async def connect(address: Address, timeout: float) -> SocketStream:
+async def connect(
+    address: Address, timeout: float, config: Config | None = None
+) -> anyio.abc.ByteStream:
     """Connect to the agent at ``address`` within ``timeout`` seconds, trying again (with a
-    growing pause) while it refuses or its socket file does not exist yet. Raises
-    ``ConnectError`` with the last reason."""
+    growing pause) while it refuses or its socket file does not exist yet; a ``ws://`` /
+    ``wss://`` address is then upgraded (``wsclient``, with ``config``'s token and TLS).
+    Raises ``ConnectError`` with the last reason."""
+    if address.websocket:
+        from acp_proxy.shell.ws.wsconfig import MISSING, available
+
+        if not available():
+            raise ConnectError(MISSING)
+        from acp_proxy.shell.ws.wsclient import UpgradeRefused, upgrade
+
+        stream = await _connect_socket(address.socket_address(), timeout)
+        try:
+            return await upgrade(stream, address, config or Config(), timeout)
+        except UpgradeRefused as exc:
+            raise ConnectError(f"cannot connect to the agent at {address}: {exc}") from None
+    return await _connect_socket(address, timeout)
+
+
+async def _connect_socket(address: Address, timeout: float) -> SocketStream:
     deadline = time.monotonic() + timeout
     pause = RETRY_FIRST_S
     while True:
@@ -125,7 +144,7 @@ async def run_connect(config: Config, *, client_stream: anyio.abc.ByteStream | N
         rules=list(config.rule_names),
     )
     try:
-        agent_stream = await connect(address, config.connect_timeout_s)
+        agent_stream = await connect(address, config.connect_timeout_s, config)
     except ConnectError as exc:
         say_fatal(log, "cannot connect to the agent", str(exc))
         return EXIT_FAILURE

@@ -69,16 +69,20 @@ async def open_listener(
     allow_remote: bool,
     log: Any,
     exposure: tuple[str, str] = ACP_EXPOSURE,
+    remote_note: str = "traffic is unauthenticated and unencrypted",
 ) -> Listener:
     """Bind and listen on ``address``. Raises ``ListenError`` with a one-line reason.
-    ``exposure``: what a remote peer could do there, and the consent to pass (refusal)."""
+    ``exposure``: what a remote peer could do there, and the consent to pass (refusal);
+    ``remote_note``: the warning's word on what guards a non-loopback one."""
     if address.scheme == "unix":
         return await _listen_unix(address, log)
-    return await _listen_tcp(address, allow_remote=allow_remote, log=log, exposure=exposure)
+    return await _listen_tcp(
+        address, allow_remote=allow_remote, log=log, exposure=exposure, note=remote_note
+    )
 
 
 async def _listen_tcp(
-    address: Address, *, allow_remote: bool, log: Any, exposure: tuple[str, str]
+    address: Address, *, allow_remote: bool, log: Any, exposure: tuple[str, str], note: str
 ) -> Listener:
     try:
         infos = await anyio.getaddrinfo(
@@ -96,8 +100,7 @@ async def _listen_tcp(
         )
     if remote:
         log.warning(
-            "listening on a non-loopback address: traffic is unauthenticated and unencrypted; "
-            + exposure[0],
+            f"listening on a non-loopback address: {note}; " + exposure[0],
             address=str(address),
             addresses=remote,
         )

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -39,6 +39,10 @@ from acp_proxy.shell.sockets.opening import Opening, OpeningReader, error_line, 
 from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.streams.transports import STREAM_ERRORS
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.sockets.detach import HeldSession
+    from acp_proxy.shell.ws.wsserver import WsServer
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -79,11 +83,16 @@ class _Server:
         self.idle = anyio.Event()
         self.accepted = 0
         self.refused = 0
+        # detach_grace: agents kept across client connections, by their first connection's id.
+        self.holds: dict[int, HeldSession] = {}
+        self.tasks: anyio.abc.TaskGroup | None = None
+        self.websocket: WsServer | None = None  # a ws:// or wss:// listener's upgrade
 
     async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._watch_signals, signals, outer.cancel_scope)
             async with anyio.create_task_group() as conns:
+                self.tasks = conns
                 async with anyio.create_task_group() as accepting:
                     for sock in self.listener.sockets:
                         accepting.start_soon(self._accept_loop, sock, conns)
@@ -100,7 +109,9 @@ class _Server:
                 )
                 for conn in self.active.values():
                     conn.shutdown.set()
-                if self.active:
+                for held in self.holds.values():
+                    held.shutdown.set()
+                if self.active or self.holds:
                     with anyio.move_on_after(bound) as waited:
                         await self.idle.wait()
                     if waited.cancelled_caught:
@@ -130,7 +141,8 @@ class _Server:
             # Out of descriptors: it backs off instead of spinning; sessions will free some.
             client, peer = await accept(sock, self.log)
             peer_text = _peer_text(peer, sock.family)
-            if len(self.active) >= self.config.max_connections:
+            detached = sum(1 for held in self.holds.values() if held.client is None)
+            if len(self.active) + detached >= self.config.max_connections:
                 self.refused += 1
                 self.log.warning(
                     "connection refused: too many connections",
@@ -144,6 +156,8 @@ class _Server:
                     f"acp-proxy: too many connections (max_connections "
                     f"{self.config.max_connections}); try again later"
                 )
+                if self.websocket is not None:  # an HTTP answer (none over TLS)
+                    line = self.websocket.busy(self.config.max_connections)
                 try:
                     line = line[stream.try_send(line) :]
                 except STREAM_ERRORS:
@@ -171,7 +185,7 @@ class _Server:
             self.refusal_slots.release()
 
     async def _opening(
-        self, conn: _Conn, stream: SocketStream, peer: str, log: Any
+        self, conn: _Conn, stream: anyio.abc.ByteStream, peer: str, log: Any
     ) -> tuple[bytes | None, str]:
         """Read until the client's first line is in (``(its bytes, "")``), or say why not
         (``(None, status)``, the connection closed with a message where one is due).
@@ -235,7 +249,7 @@ class _Server:
         from acp_proxy.shell.session.runtime import run_agent_session, run_remote_agent_session
 
         log = self.log.bind(conn=conn.id)
-        stream = SocketStream(client)
+        stream: anyio.abc.ByteStream = SocketStream(client)
         started = time.monotonic()
         log.info("connection opened", peer=peer, open=len(self.active))
         status = "closed"
@@ -243,8 +257,20 @@ class _Server:
         recorder: Recorder | None = None
         rc: int | None = None
         try:
+            if self.websocket is not None:
+                upgraded, status = await self.websocket.upgrade(stream, peer, log)
+                if upgraded is None:
+                    return
+                stream = upgraded
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
+                return
+            if self.config.detach_grace_s > 0 and self.agent_address is None:
+                from acp_proxy.shell.sockets.reattach import serve_detachable
+
+                status = await serve_detachable(
+                    self, conn.id, stream, first, shutdown=conn.shutdown, log=log
+                )
                 return
             # The agent starts only now: a client that sends nothing, or an HTTP request,
             # never costs an agent.
@@ -285,7 +311,9 @@ class _Server:
             else:
                 label = str(self.agent_address)
                 try:
-                    agent_stream = await connect(self.agent_address, self.config.connect_timeout_s)
+                    agent_stream = await connect(
+                        self.agent_address, self.config.connect_timeout_s, self.config
+                    )
                 except ConnectError as exc:
                     status = str(exc)
                     log.error("cannot connect to the agent", error=str(exc))
@@ -322,8 +350,7 @@ class _Server:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
-            if not self.active:
-                self.idle.set()
+            self.maybe_idle()
             log.info(
                 "connection closed",
                 status=status,
@@ -331,10 +358,14 @@ class _Server:
                 **summary,
             )
 
+    def maybe_idle(self) -> None:
+        if not self.active and not self.holds:
+            self.idle.set()
+
     async def _linger(
         self,
         conn: _Conn,
-        stream: SocketStream,
+        stream: anyio.abc.ByteStream,
         client_rx: PrefixedReceiveStream,
         session: Any,
         log: Any,
@@ -391,21 +422,43 @@ async def _serve(
     signals: AsyncIterator[signal.Signals],
     log: Any,
 ) -> int:
+    websocket: WsServer | None = None
     try:
-        listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+        if address.websocket:
+            from acp_proxy.shell.ws.wsconfig import MISSING, available
+
+            if not available():
+                raise ValueError(MISSING)
+            from acp_proxy.shell.ws.wsserver import websocket_server
+
+            websocket = websocket_server(config, address, log)
+            listener = await open_listener(
+                address.socket_address(),
+                allow_remote=websocket.consent,
+                log=log,
+                exposure=websocket.exposure,
+                remote_note=websocket.remote_note,
+            )
+            websocket.bind(listener.sockets)
+        else:
+            listener = await open_listener(address, allow_remote=config.allow_remote, log=log)
+    except ValueError as exc:  # a WebSocket listener's token or certificate
+        say_fatal(log, "cannot listen", f"{address}: {exc}")
+        return EXIT_USAGE
     except ListenError as exc:
         say_fatal(log, "cannot listen", str(exc))
         return exc.exit_code
-    server = _Server(
-        config, agent_argv, agent_address, listener, log.bind(listen=str(listener.address))
-    )
+    shown = websocket.url if websocket is not None else str(listener.address)
+    server = _Server(config, agent_argv, agent_address, listener, log.bind(listen=shown))
+    server.websocket = websocket
     log.info(
         "listening",
-        address=str(listener.address),
+        address=shown,
         agent=list(agent_argv) or None,
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
         handshake_timeout_s=config.handshake_timeout_s,
+        detach_grace_s=config.detach_grace_s if agent_address is None else 0,
         config=config.source,
         rules=list(config.rule_names),
     )

@@ -87,7 +87,7 @@ class PrefixedReceiveStream(anyio.abc.ByteReceiveStream):
         await self._rest.aclose()
 
 
-async def close_with(stream: SocketStream, data: bytes) -> None:
+async def close_with(stream: anyio.abc.ByteStream, data: bytes) -> None:
     """Send ``data`` (a refusal, an error line, a 403) and close, so that the client reads it
     and then EOF, not a reset.
 

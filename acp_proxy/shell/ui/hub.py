@@ -564,6 +564,9 @@ class UiTap:
         item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
         self.hub.ingest(item, NOTE_BYTES)  # (more than the note and its item hold)
 
+    def event(self, name: str, now: float, **fields: object) -> None:  # as Recorder.event
+        self.hub.ingest((self.conn, now - self.start, name, fields, NOTE_BYTES), NOTE_BYTES)
+
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())
         version = summary.pop("version", None)
