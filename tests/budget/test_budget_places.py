@@ -16,7 +16,15 @@ import anyio.abc
 import orjson
 import pytest
 from acp_schema import validate_v1, validate_v2
-from proxy_harness import TESTS, TIMEOUT, SocketAsProcess, running, wait_for_path, write_config
+from proxy_harness import (
+    TESTS,
+    TIMEOUT,
+    Lines,
+    SocketAsProcess,
+    running,
+    wait_for_path,
+    write_config,
+)
 from test_budget_proxy import AGENT, Client, cost, stats, stop_reason
 
 pytestmark = pytest.mark.anyio
@@ -115,3 +123,39 @@ async def test_component_refuses_behind_the_conductor(tmp_path: Path, version: i
         await proc.stdin.aclose()
         with anyio.fail_after(TIMEOUT):
             await proc.wait()
+
+
+async def test_sighup_reloads_the_limits_of_a_listening_proxy(tmp_path: Path) -> None:
+    """Under ``--listen`` SIGHUP is a daemon's reload: the limits are read again at once and the
+    proxy keeps serving (without budgets, SIGHUP still shuts it down)."""
+    state = tmp_path / "budgets.json"
+    path = Path(write_config(tmp_path / "b.yaml", PER_PROCESS.format(state=state)))
+    sock = tmp_path / "proxy.sock"
+    agent = [sys.executable, str(AGENT), "2", "unique"]
+    cmd = [sys.executable, "-m", "acp_proxy", "--log-format", "json", "--config", str(path),
+           "--listen", f"unix://{sock}", "--", *agent]  # fmt: skip
+    async with running(cmd) as proc:
+        assert proc.stderr is not None
+        log = Lines(proc.stderr)
+
+        async def event(name: str) -> dict[str, object]:
+            while True:
+                line = await log.line()
+                if line.startswith(b"{") and (e := orjson.loads(line))["event"] == name:
+                    return e  # type: ignore[no-any-return]
+
+        await wait_for_path(sock)
+        with anyio.fail_after(TIMEOUT):
+            async with await anyio.connect_unix(str(sock)) as first:
+                a = Client(SocketAsProcess(first), 2)  # type: ignore[arg-type]
+                sid = await opened(a, 2, tmp_path)
+                assert stop_reason(await a.turn({"updates": [cost(1.25)]}, sid)) == "end_turn"
+                assert (await a.turn({"updates": []}, sid))["error"]["code"] == -32003
+                path.write_text(PER_PROCESS.format(state=state).replace("1.00", "2.00"))
+                proc.send_signal(signal.SIGHUP)
+                reloaded = await event("budgets reloaded")
+                assert reloaded["limits"] == {"team-cost": 2.0}
+                await event("signal received; configuration reloaded")
+                assert stop_reason(await a.turn({"updates": []}, sid)) == "end_turn"
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0

@@ -4,14 +4,14 @@ budget event becomes (a log event, a metric, an audit line).
 Contract: owns the state file (``StateFile``): read and written under an exclusive ``flock`` of
 ``STATE.lock``, so proxies sharing it add their spend up (``Ledger.absorb``); written whole to a
 temporary file (``0600``, fsynced) renamed over it, so a reader never sees half a state; an
-existing file that is a link, someone else's, or readable by others is refused like a record
-file (``acp_proxy.record.settings.refusal``). Any failure is returned as the reason, and the
-link refuses prompts with it (fail closed) until a write succeeds again. ``run_with_budgets``
-puts the link first in the chain of every connection (before the policy's), writes the state
-once before any agent starts (a failure is logged; the proxy runs and refuses prompts), watches
-the config file for a changed ``max`` (re-read at the next write when the file's modification
-time changed: SIGHUP already ends the proxy), and reports each event. The audit line goes to
-the policy's audit file when one is open (one hash chain per file).
+existing file that is a link, someone else's, or readable by others is refused like a record file
+(``acp_proxy.record.settings.refusal``). Any failure is returned as the reason, and the link
+refuses prompts with it (fail closed) until a write succeeds again. ``run_with_budgets`` puts the
+link first in the chain of every connection (before the policy's), writes the state once before any
+agent starts (a failure is logged; the proxy runs and refuses prompts), watches the config file for
+a changed ``max`` (re-read at the next write when the file's modification time changed, and at once
+on SIGHUP under ``--listen``), and reports each event. The audit line goes to the policy's audit
+file when one is open (one hash chain per file).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from acp_proxy.budget.ledger import Ledger, StateError, key_of
 from acp_proxy.config import Config, ConfigError, MiddlewareSpec, load_config
 from acp_proxy.record.settings import refusal
 from acp_proxy.shell.log.logsetup import get_logger
+from acp_proxy.shell.session import hooks
 
 # The state file is small (at most MAX_KEYS keys per limit); a bigger one is not ours.
 MAX_STATE_BYTES = 64 * 1024 * 1024
@@ -146,9 +147,9 @@ class ConfigWatch:
         except OSError:
             return None
 
-    def __call__(self) -> None:
+    def __call__(self, *, force: bool = False) -> None:
         mtime = self._stat()
-        if mtime is None or mtime == self._mtime:
+        if mtime is None or (mtime == self._mtime and not force):
             return
         self._mtime = mtime
         try:
@@ -242,8 +243,6 @@ def _policy_audit() -> Callable[[dict[str, Any]], None] | None:
 
 
 def _metrics_registries() -> list[Any]:
-    from acp_proxy.shell.session import hooks
-
     return [r for p in hooks.process_observers() if (r := getattr(p, "registry", None))]
 
 
@@ -270,9 +269,15 @@ async def run_with_budgets(main: Callable[..., Awaitable[int]], config: Config, 
     for registry in registries:
         registry.register(report)
     link = functools.partial(BudgetMiddleware, ledger, time.time, store.sync, report)
+    # Under --listen, SIGHUP re-reads the limits at once (a daemon's reload).
+    reload = functools.partial(watch, force=True) if watch is not None else None
+    if reload is not None:
+        hooks.add_reloader(reload)
     try:
         return await main(with_budgets(config, link), *rest)
     finally:
+        if reload is not None:
+            hooks.remove_reloader(reload)
         for registry in registries:
             registry.unregister(report)
         if ledger.dirty:  # the spend since the last write

@@ -87,6 +87,22 @@ class ProcessObserver(Protocol):
 
 
 _INSTALLED: list[ProcessObserver] = []
+# What re-reads the config file on SIGHUP under ``--listen`` (the budgets' limits).
+_RELOADERS: list[Callable[[], None]] = []
+
+
+def add_reloader(reload: Callable[[], None]) -> None:
+    _RELOADERS.append(reload)
+
+
+def remove_reloader(reload: Callable[[], None]) -> None:
+    if reload in _RELOADERS:
+        _RELOADERS.remove(reload)
+
+
+def reloaders() -> tuple[Callable[[], None], ...]:
+    """What ``--listen`` runs on SIGHUP instead of shutting down (none: SIGHUP shuts down)."""
+    return tuple(_RELOADERS)
 
 
 def install(observer: ProcessObserver) -> None:

@@ -128,6 +128,13 @@ class _Server:
         self, signals: AsyncIterator[signal.Signals], cancel_all: anyio.CancelScope
     ) -> None:
         async for signum in signals:
+            reloaders = hooks.reloaders() if signum is signal.SIGHUP else ()
+            if reloaders and not self.stopping.is_set():
+                # A daemon's reload: the budgets' limits are read again; nothing stops.
+                for reload in reloaders:
+                    reload()
+                self.log.info("signal received; configuration reloaded", signal=signum.name)
+                continue
             if not self.stopping.is_set():
                 self.log.info("signal received; shutting down", signal=signum.name)
                 self.stopping.set()
