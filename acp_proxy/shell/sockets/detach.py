@@ -347,7 +347,7 @@ class HeldSession:
                     lines = data[:-1].split(b"\n")
                     data = b"".join(self.ledger.from_client(line) + b"\n" for line in lines)
                 await self.rx.feed(data)
-        except (anyio.EndOfStream, anyio.ClosedResourceError, *STREAM_ERRORS):
+        except STREAM_ERRORS:
             pass
 
     async def reattach(
