@@ -30,6 +30,23 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return seen
 
 
+@pytest.fixture
+def looks(parses: list[bytes], monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the coalescer looks at from here on, in order: every line it parses
+    (``orjson.loads``, as ``parses``) or scans for its shape (the bytes path)."""
+    from acp_proxy.wire import coalesce_bytes, coalesce_run, coalesce_shape
+
+    real = coalesce_shape.update_shape
+
+    def scanning(raw: bytes, fields: Any, idents: int) -> Any:
+        parses.append(raw)
+        return real(raw, fields, idents)
+
+    monkeypatch.setattr(coalesce_run, "update_shape", scanning)
+    monkeypatch.setattr(coalesce_bytes, "update_shape", scanning)
+    return parses
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``ACP_PROXY_MAX_EXAMPLES=N`` caps every hypothesis test at N examples.
 

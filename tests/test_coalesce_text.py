@@ -19,7 +19,7 @@ from test_coalesce import reduce
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.wire import coalesce_merge
+from acp_proxy.wire import coalesce, coalesce_merge, coalesce_shape
 from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
@@ -46,7 +46,10 @@ def waited(frames: list[bytes]) -> list[bytes]:
     return [line for run in out for line in run[:-1].split(b"\n")]
 
 
-def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(parses: list[bytes]) -> None:
+def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(
+    parses: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coalesce, "BYTES_PATH", False)  # (without the accelerator)
     texts = ["Hel", "lo, ", 'a "quote"', "\\ and\n", "déjà ✓", "!"]
     frames = [chunk(t) for t in texts]
     assert waited(frames) == [chunk("".join(texts))]
@@ -55,6 +58,20 @@ def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(parses: list[bytes
     full = [p for p in parses if p.startswith(b"{")]
     assert full == [frames[0], frames[1], frames[0]]
     assert [p for p in parses if not p.startswith(b"{")] == [orjson.dumps(t) for t in texts[2:]]
+
+
+def test_a_streamed_reply_on_the_bytes_path_is_scanned_and_never_parsed(
+    looks: list[bytes], parses: list[bytes]
+) -> None:
+    if not coalesce_shape.BYTES_PATH:
+        pytest.skip("the bytes path needs the C accelerator")
+    texts = ["Hel", "lo, ", 'a "quote"', "\\ and\n", "déjà ✓", "!"]
+    frames = [chunk(t) for t in texts]
+    assert waited(frames) == [chunk("".join(texts))]
+    # Each line scanned once (its shape carries its text), the first again when the group
+    # forms; nothing parsed, the frame encoded from the last line's bytes and the joined text.
+    assert looks == [frames[0], frames[1], frames[0], *frames[2:]]
+    assert [p for p in parses if not p.startswith(b"{")] == []
 
 
 def test_a_chunk_after_a_barrier_starts_a_new_group() -> None:

@@ -14,7 +14,8 @@ from acp_proxy.config import CoalesceConfig
 from acp_proxy.shell.ui_hub import UiHub, UiTap
 from acp_proxy.ui import events as stream
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.coalesce import Coalesced, OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce import OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce_take import Coalesced
 
 
 def chunk(text: str, message: str = "m1") -> bytes:

@@ -1,0 +1,328 @@
+"""What a waiting line is to the coalescer's bytes path, from one scan and no parse.
+
+Contract: owns ``update_shape(raw, FIELDS, IDENTS)``, the shape of a plain ``session/update``
+line (its kind, session, entity id, which update members it has and in which order, the text of
+a bare text chunk and where its literal sits), with two implementations of one contract: the C
+accelerator's (``_scan.update_shape``, used when it is built) and ``update_shape_py`` here, its
+reference (the tests hold the C one to it; without the accelerator nothing uses the bytes path,
+whose point is to cost less than the parse it replaces). It also owns ``FastKind``, what the
+bytes path does with each kind of each version, built from the same registry tables as
+``coalesce_keys`` (so a line gets the same entity key from its shape as from ``classify``). Pure:
+no I/O; builds no JSON value but the few strings of the result.
+
+``update_shape`` answers ``None`` unless ``raw`` is one valid JSON object (what orjson accepts)
+that the coalescer may merge at all (``rawscan.reencodes_exactly``) and that is exactly
+``{"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": S, "update": {...}}}``
+(members in any order, whitespace anywhere JSON allows it), with no key spelled with an escape or
+given twice in the envelope or the update, at most ``MAX_MEMBERS`` members in each, nesting at
+most ``MAX_DEPTH`` deep, ``S`` a string and the update's ``sessionUpdate`` a string. Otherwise
+it answers ``(kind, session, ident, mask, order, text, text_start, text_end, update_end, nulls,
+objects)``:
+
+* ``mask``: bit ``i`` set when the update has member ``FIELDS[i]``; bit ``OTHER_BIT`` when it
+  has a member that is not in ``FIELDS``; ``order``: the indexes of its members in ``FIELDS``,
+  in the order they come (members not in ``FIELDS`` left out);
+* ``ident``: when exactly one of the first ``IDENTS`` fields is there, its string value (for a
+  ``(key, inner)`` field, the string ``inner`` of the object ``key``, if that object has no
+  escaped or repeated key); else ``None``;
+* ``text``: when the update's ``content`` is an object whose members are exactly ``"type":
+  "text"`` (those bytes) and ``"text"``, a string (no escaped or repeated key, at most
+  ``MAX_MEMBERS``), that string, and ``text_start``/``text_end`` where its literal sits in
+  ``raw``; else ``None, -1, -1``;
+* ``update_end``: where the update's last member's value ends in ``raw``;
+* ``nulls``, ``objects``: bit ``i`` set when member ``FIELDS[i]``'s value is ``null``, an object.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from typing import Final
+
+import orjson
+
+from acp_proxy.base.values import value
+from acp_proxy.meta.registry import (
+    CHUNK_KINDS,
+    SNAPSHOT_KINDS,
+    SUPPORTED_VERSIONS,
+    UPSERT_KINDS,
+    MetaRule,
+)
+from acp_proxy.wire import rawscan, scan
+from acp_proxy.wire.coalesce_keys import V1_STREAM, V1_STREAM_KINDS, Class, Spec, table_of
+from acp_proxy.wire.rawjson import Unparseable
+
+MAX_DEPTH: Final = 256
+MAX_MEMBERS: Final = 63
+OTHER_BIT: Final = 62
+
+# kind, session, ident, mask, order, text, text_start, text_end, update_end, nulls, objects
+Shape = tuple[str, str, str | None, int, bytes, str | None, int, int, int, int, int]
+Field = bytes | tuple[bytes, bytes]
+
+
+def _fields() -> tuple[tuple[Field, ...], int]:
+    """The update members the bytes path knows: the entity ids first (``IDENTS`` of them), then
+    every other member a mergeable kind of the registry names."""
+    ids: list[Field] = []
+    names: list[bytes] = [b"sessionUpdate", b"_meta"]
+
+    def add(into: list[Field] | list[bytes], name: Field) -> None:
+        if name not in ids and name not in names:
+            into.append(name)  # type: ignore[arg-type]
+
+    for version in SUPPORTED_VERSIONS:
+        for upsert in UPSERT_KINDS[version].values():
+            if upsert.key_field is not None:
+                add(ids, upsert.key_field.encode())
+        for chunk in CHUNK_KINDS[version].values():
+            add(ids, chunk.key_field.encode())
+        for snapshot in SNAPSHOT_KINDS[version].values():
+            if snapshot.key_path is not None:
+                outer, inner = snapshot.key_path  # (one level down: plan.planId)
+                add(ids, (outer.encode(), inner.encode()))
+    for version in SUPPORTED_VERSIONS:
+        for upsert in UPSERT_KINDS[version].values():
+            for name in upsert.fields:
+                add(names, name.encode())
+        for chunk in CHUNK_KINDS[version].values():
+            add(names, chunk.value_field.encode())
+        for snapshot in SNAPSHOT_KINDS[version].values():
+            for name in snapshot.sticky:
+                add(names, name.encode())
+    fields = (*ids, *names)
+    assert len(fields) <= OTHER_BIT
+    return fields, len(ids)
+
+
+FIELDS, IDENTS = _fields()
+# Each field's name as a str, and as the bytes that start its member (``,"name":``).
+FIELD_NAMES: Final = tuple((f if isinstance(f, bytes) else f[0]).decode() for f in FIELDS)
+FIELD_MEMBERS: Final = tuple(b',"' + name.encode() + b'":' for name in FIELD_NAMES)
+
+
+def bit(name: str) -> int:
+    return 1 << FIELD_NAMES.index(name)
+
+
+# -- what the bytes path does with each kind ----------------------------------------------------
+
+
+class Mode(enum.Enum):
+    TEXT = "text"  # bare text chunks of one message: their texts joined
+    PATCH = "patch"  # v2 upserts without ``_meta``: the later members win, the others carried
+    SNAPSHOT = "snapshot"  # whole snapshots: the later replaces the earlier (sticky carried)
+
+
+@value
+class FastKind:
+    """One kind of one version the bytes path merges (one shared instance per kind)."""
+
+    spec: Spec  # the same instance as ``classify`` gives (compared by identity)
+    entity: str
+    id_bit: int  # the member that names the entity (0: the session does)
+    mode: Mode
+    allowed: int  # TEXT, PATCH: the members a line may have to merge here (a patch's _meta
+    # only as an object or null, and never two objects: those compose, which the parse does)
+    sticky: int  # SNAPSHOT: members an omission keeps
+    carry: bool  # SNAPSHOT: whether an omitted sticky member is carried (v2) or stops (v1)
+
+
+def _id_bit(name: str | None) -> int:
+    return 0 if name is None else bit(name)
+
+
+def _fast_table(version: int) -> dict[str, FastKind]:
+    """kind -> FastKind, for the kinds whose merge the bytes path knows (the others parse)."""
+    table = table_of(version)
+    assert table is not None
+    sessionupdate = bit("sessionUpdate")
+    out: dict[str, FastKind] = {}
+    for kind, upsert in UPSERT_KINDS[version].items():
+        spec = table[kind][0]
+        if upsert.meta_rule is not MetaRule.PATCH or spec.cls is not Class.UPSERT:
+            continue  # v1 upserts take the path that parses (their null rules)
+        id_bit = _id_bit(upsert.key_field)
+        allowed = sessionupdate | id_bit | bit("_meta")
+        for name in upsert.fields:
+            allowed |= bit(name)
+        out[kind] = FastKind(spec, upsert.entity, id_bit, Mode.PATCH, allowed, 0, False)
+    for kind, chunk in CHUNK_KINDS[version].items():
+        spec = table[kind][0]
+        if spec.cls is not Class.TEXT_CHUNK or kind in out:
+            continue
+        if version == 1 and kind in V1_STREAM_KINDS:
+            entity, id_bit = V1_STREAM, 0  # one stream per session; the group compares ids
+        else:
+            entity, id_bit = chunk.entity, bit(chunk.key_field)
+        allowed = sessionupdate | bit(chunk.key_field) | bit(chunk.value_field)
+        out[kind] = FastKind(spec, entity, id_bit, Mode.TEXT, allowed, 0, False)
+    for kind, snapshot in SNAPSHOT_KINDS[version].items():
+        spec = table[kind][0]
+        if kind in out:
+            continue
+        path = snapshot.key_path
+        id_bit = 0 if path is None else bit(path[0])
+        sticky = 0
+        for name in snapshot.sticky:
+            sticky |= bit(name)
+        fast = FastKind(spec, snapshot.entity, id_bit, Mode.SNAPSHOT, 0, sticky, version != 1)
+        out[kind] = fast
+    return out
+
+
+# The kinds of one version the bytes path merges: kind -> FastKind.
+Fasts = dict[str, FastKind]
+FAST_TABLES: Final[dict[int | None, Fasts]] = {v: _fast_table(v) for v in SUPPORTED_VERSIONS}
+
+
+def fast_key(shape: Shape, fast: FastKind) -> tuple[object, ...] | None:
+    """The entity key ``classify`` gives the line of ``shape`` (None: the line parses)."""
+    if not fast.id_bit:
+        return (fast.entity, shape[1])
+    ident = shape[2]
+    if ident is None or not shape[3] & fast.id_bit:
+        return None
+    return (fast.entity, shape[1], ident)
+
+
+# -- the reference ------------------------------------------------------------------------------
+
+_STRUCTURAL = re.compile(rb'["{}\[\]]')
+
+
+def _depth(raw: bytes) -> int:
+    """How deep containers nest in ``raw`` (valid JSON)."""
+    deepest = depth = pos = 0
+    while (m := _STRUCTURAL.search(raw, pos)) is not None:
+        c = raw[m.start()]
+        if c == 0x22:
+            pos = rawscan.string_end(raw, m.start())
+            continue
+        pos = m.end()
+        depth += 1 if c in b"{[" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+# An object's plain members: raw key (without quotes), value start, value end.
+_Members = list[tuple[bytes, int, int]]
+
+
+def _plain(raw: bytes, start: int) -> tuple[_Members, int] | None:
+    """The members of the object at ``raw[start]`` and where its last value ends, or ``None``
+    when a key holds an escape or comes twice, or there are more than ``MAX_MEMBERS``."""
+    if raw[start] != 0x7B:
+        return None
+    found, _close = rawscan.object_members(raw, start)
+    members = [(raw[k + 1 : rawscan.string_end(raw, k) - 1], vs, ve) for _, k, vs, ve in found]
+    keys = [key for key, _, _ in members]
+    if any(b"\\" in key for key in keys) or len(set(keys)) != len(keys):
+        return None
+    if len(members) > MAX_MEMBERS:
+        return None
+    return members, members[-1][2] if members else -1
+
+
+def _string(raw: bytes, vs: int, ve: int) -> str | None:
+    if raw[vs] != 0x22:
+        return None
+    text = orjson.loads(raw[vs:ve])
+    assert isinstance(text, str)
+    return text
+
+
+def update_shape_py(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
+    """The reference of ``update_shape`` (the module docstring): a parse, then scans."""
+    if rawscan.surrogate_escape(raw) or rawscan.risky_numbers_py(raw):
+        return None
+    try:
+        orjson.loads(raw)
+        if _depth(raw) > MAX_DEPTH:
+            return None
+        return _shape(raw, fields, idents)
+    except (orjson.JSONDecodeError, Unparseable):
+        return None
+
+
+def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
+    top = _plain(raw, rawscan.ws(raw, 0))
+    if top is None or sorted(k for k, _, _ in top[0]) != [b"jsonrpc", b"method", b"params"]:
+        return None
+    at = {k: (vs, ve) for k, vs, ve in top[0]}
+    if raw[slice(*at[b"jsonrpc"])] != b'"2.0"' or raw[slice(*at[b"method"])] != (
+        b'"session/update"'
+    ):
+        return None
+    params = _plain(raw, at[b"params"][0])
+    if params is None or sorted(k for k, _, _ in params[0]) != [b"sessionId", b"update"]:
+        return None
+    at = {k: (vs, ve) for k, vs, ve in params[0]}
+    session = _string(raw, *at[b"sessionId"])
+    update = _plain(raw, at[b"update"][0])
+    if session is None or update is None:
+        return None
+    names = [f if isinstance(f, bytes) else f[0] for f in fields]
+    kind: str | None = None
+    mask = nulls = objects = 0
+    order, ids = bytearray(), []
+    text: str | None = None
+    ts = te = -1
+    for key, vs, ve in update[0]:
+        if key not in names:
+            mask |= 1 << OTHER_BIT
+            continue
+        index = names.index(key)
+        mask |= 1 << index
+        order.append(index)
+        if raw[vs] == 0x6E:  # n
+            nulls |= 1 << index
+        elif raw[vs] == 0x7B:
+            objects |= 1 << index
+        if index < idents:
+            ids.append(_ident(raw, fields[index], vs, ve))
+        elif key == b"sessionUpdate":
+            kind = _string(raw, vs, ve)
+        elif key == b"content" and raw[vs] == 0x7B:
+            found = _text(raw, vs)
+            if found is not None:
+                text, ts, te = found
+    if kind is None:
+        return None
+    ident = ids[0] if len(ids) == 1 else None
+    return (kind, session, ident, mask, bytes(order), text, ts, te, update[1], nulls, objects)
+
+
+def _ident(raw: bytes, field: Field, vs: int, ve: int) -> str | None:
+    if isinstance(field, bytes):
+        return _string(raw, vs, ve)
+    inner = _plain(raw, vs) if raw[vs] == 0x7B else None
+    for key, ivs, ive in inner[0] if inner is not None else ():
+        if key == field[1]:
+            return _string(raw, ivs, ive)
+    return None
+
+
+def _text(raw: bytes, vs: int) -> tuple[str, int, int] | None:
+    content = _plain(raw, vs)
+    if content is None or sorted(k for k, _, _ in content[0]) != [b"text", b"type"]:
+        return None
+    at = {k: (s, e) for k, s, e in content[0]}
+    text = _string(raw, *at[b"text"])
+    if raw[slice(*at[b"type"])] != b'"text"' or text is None:
+        return None
+    return (text, *at[b"text"])
+
+
+def _no_shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
+    return None
+
+
+_ACCELERATED: Callable[[bytes, tuple[Field, ...], int], Shape | None] | None = getattr(
+    scan.ACCELERATOR, "update_shape", None
+)
+# The C one when the accelerator is built; without it the bytes path is off (``BYTES_PATH``).
+update_shape: Callable[[bytes, tuple[Field, ...], int], Shape | None] = _ACCELERATED or _no_shape
+BYTES_PATH: Final = _ACCELERATED is not None
