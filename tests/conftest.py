@@ -38,9 +38,9 @@ def looks(parses: list[bytes], monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     real = coalesce_shape.update_shape
 
-    def scanning(raw: bytes, fields: Any, idents: int) -> Any:
+    def scanning(raw: bytes, fields: Any, idents: int, table: bytes) -> Any:
         parses.append(raw)
-        return real(raw, fields, idents)
+        return real(raw, fields, idents, table)
 
     monkeypatch.setattr(coalesce_run, "update_shape", scanning)
     monkeypatch.setattr(coalesce_bytes, "update_shape", scanning)

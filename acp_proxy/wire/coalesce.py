@@ -59,10 +59,7 @@ from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
 from acp_proxy.wire.coalesce_run import Entry, TailRun
-from acp_proxy.wire.coalesce_shape import (
-    BYTES_PATH,
-    FAST_TABLES,
-)
+from acp_proxy.wire.coalesce_shape import BYTES_PATH, FAST_TABLES, split_lines
 from acp_proxy.wire.coalesce_take import (
     FRAME_OVERHEAD,
     Coalesced,
@@ -320,13 +317,9 @@ class OutboundQueue:
                 self._done.append(waiting(raw, n))
                 self._bytes += len(raw) + 1 + FRAME_OVERHEAD
                 continue
-            lines = raw.split(b"\n") if n > 1 else (raw,)
+            lines = split_lines(raw) if n > 1 else (raw,)
             looked += n
-            fasts = FAST_TABLES.get(version) if BYTES_PATH else None
-            add, shaped = run.add, run.add_shaped
-            for line in lines:
-                if fasts is None or not shaped(line, fasts):
-                    add(line, table)
+            run.add_lines(lines, table, FAST_TABLES.get(version) if BYTES_PATH else None)
         self._bytes += run.bytes
         self._count += run.count
         self._groups += run.groups

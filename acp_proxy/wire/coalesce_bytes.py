@@ -39,6 +39,7 @@ from acp_proxy.wire.coalesce_merge import (
 )
 from acp_proxy.wire.coalesce_shape import (
     FIELD_NAMES,
+    FIELD_TABLE,
     FIELDS,
     IDENTS,
     FastKind,
@@ -68,7 +69,7 @@ def group_of(
     there is one (``fasts``) and its shape (given, else scanned) allows it."""
     if fasts is not None:
         if shape is None:
-            shape = update_shape(raw, FIELDS, IDENTS)
+            shape = update_shape(raw, FIELDS, IDENTS, FIELD_TABLE)
         fast = fasts.get(shape[0]) if shape is not None else None
         if shape is not None and fast is not None and fast.spec is spec:
             group = open_group(raw, shape, fast, key)
@@ -84,7 +85,7 @@ def open_group(raw: bytes, shape: Shape, fast: FastKind, key: EntityKey) -> Grou
     mode = fast.mode
     if mode is not Mode.SNAPSHOT and mask & ~fast.allowed:
         return None
-    if mask & _META and not (shape[9] | shape[10]) & _META:
+    if mask & _META and not (shape[6] | shape[7]) & _META:
         return None  # a malformed ``_meta``: the parse never merges it
     text = shape[5]
     if mode is Mode.TEXT and text is None:
@@ -101,26 +102,22 @@ def open_group(raw: bytes, shape: Shape, fast: FastKind, key: EntityKey) -> Grou
         group.ident = shape[2]
     else:
         group.order = shape[4]
-        group.ts = shape[8]
     group.charge += group.parsed
     return group
 
 
-def merge(group: Group, raw: bytes, shape: Shape) -> int | None:
+def merge(group: Group, fast: FastKind, raw: bytes, shape: Shape) -> int | None:
     """Merge the later line ``raw`` of shape ``shape`` (same entity and kind) into ``group``
-    (on the bytes path). Returns the change of its ``charge``, or ``None`` when the parse must
-    judge (the group has not changed)."""
-    fast = group.fast
-    assert fast is not None
+    (on the bytes path: ``fast`` is its ``fast``). Returns the change of its ``charge``, or
+    ``None`` when the parse must judge (the group has not changed)."""
     mask = shape[3]
-    if fast.mode is _TEXT:  # (the most frequent: a streamed reply's chunks, in a few steps)
+    if fast.mode is _TEXT:  # (the most frequent: a streamed reply's chunks, in few steps)
         text = shape[5]
         if text is None or mask != group.mask or shape[2] != group.ident:
             return None
         size = _sizeof(text) + 8
         group.texts.append(text)
         group.parsed += size
-        group.ts, group.te = shape[6], shape[7]
         last = group.last
         if last is None:
             change = size + len(raw) - len(group.first)
@@ -138,8 +135,8 @@ def merge(group: Group, raw: bytes, shape: Shape) -> int | None:
     if fast.mode is _PATCH:
         if mask & ~fast.allowed:
             return None
-        if mask & _META and not shape[9] & _META:
-            if not shape[10] & _META:
+        if mask & _META and not shape[6] & _META:
+            if not shape[7] & _META:
                 return None  # a malformed ``_meta``: the parse never merges it
             if (group.mask | group.kept) & _META:
                 return None  # two patches: they compose (``patch.compose``), which parses
@@ -149,7 +146,7 @@ def merge(group: Group, raw: bytes, shape: Shape) -> int | None:
         if mask & ~seen:  # members no earlier line had: last in the merged update's order
             known = group.order
             group.order = known + bytes(i for i in shape[4] if i not in known)
-        group.mask, group.ts = mask, shape[8]
+        group.mask = mask
         group.first, group.last = b"", raw
     else:
         gone = group.mask & fast.sticky & ~mask
@@ -157,7 +154,7 @@ def merge(group: Group, raw: bytes, shape: Shape) -> int | None:
             return None
         if gone or mask & group.kept:
             _carry(group, gone, mask)
-        group.mask, group.ts = mask, shape[8]
+        group.mask = mask
         if group.kept:
             group.first, group.last = b"", raw
         else:  # the later snapshot whole, as it came

@@ -138,10 +138,8 @@ class Group:
         "sizes",
         "spec",
         "state",
-        "te",
         "texts",
         "tpl",
-        "ts",
         "updates",
     )
 
@@ -185,9 +183,6 @@ class Group:
         # Members of earlier lines the current one lacks, encoded: FIELDS index -> bytes.
         self.carried: dict[int, bytes] | None = None
         self.kept = 0  # which: bits
-        # Text chunks: where the text literal of ``last`` sits; others: where its update's
-        # last member ends (``ts``), where carried members go.
-        self.ts = self.te = -1
 
     def recharge(self) -> int:
         """Recompute ``charge`` (what the group holds changed); returns its change."""
@@ -262,7 +257,9 @@ class Group:
             self.head = update_of(orjson.loads(raw))
             self.parsed += PARSED_FACTOR * len(raw) + PARSED_BASE - FAST_OVERHEAD
             if last is not None:
-                self.tpl = (last[: self.ts], last[self.te :])
+                span = rawsplice.member_span(last, _TEXT_PATH, b"text")
+                assert span is not None  # the shape found the literal: so does this scan
+                self.tpl = (last[: span[2]], last[span[3] :])
         elif last is None:  # one line as it came (or a snapshot that replaced it): not opened
             self.state, self.parsed, self.carried, self.kept = None, 0, None, 0
         else:
@@ -404,11 +401,15 @@ class Group:
                 joined = "".join(self.texts)
                 if joined == self.texts[-1]:  # the earlier texts were empty: as it came
                     return [last]
-                return [b"".join((last[: self.ts], orjson.dumps(joined), last[self.te :]))]
+                span = rawsplice.member_span(last, _TEXT_PATH, b"text")
+                assert span is not None  # the shape found the literal: so does this scan
+                return [b"".join((last[: span[2]], orjson.dumps(joined), last[span[3] :]))]
             carried = self.carried
             if not carried:
                 return [last]
-            cut = self.ts
+            span = rawsplice.member_span(last, _UPDATE_PATH, b"sessionUpdate")
+            assert span is not None  # the shape found the update: so does this scan
+            cut = span[4]  # after the update's last member
             order = self.order if fast.mode is Mode.PATCH else sorted(carried)
             added = [FIELD_MEMBERS[i] + carried[i] for i in order if i in carried]
             return [b"".join((last[:cut], *added, last[cut:]))]
@@ -436,6 +437,7 @@ class Group:
 
 
 _TEXT_PATH = (b"params", b"update", b"content")
+_UPDATE_PATH = (b"params", b"update")
 
 
 def _template(line: bytes) -> tuple[bytes, bytes] | None:

@@ -14,13 +14,15 @@ mutates a line.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import orjson
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.coalesce_bytes import group_of, merge
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify
 from acp_proxy.wire.coalesce_merge import Group
-from acp_proxy.wire.coalesce_shape import FIELDS, IDENTS, Fasts, Shape, update_shape
+from acp_proxy.wire.coalesce_shape import FIELD_TABLE, FIELDS, IDENTS, Fasts, Shape, update_shape
 from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run
 
 _NEEDLE = b'"session/update"'
@@ -83,43 +85,55 @@ class TailRun:
         if target is None or not self._absorb(target, line, message):
             self._append(line, spec, key, None, None)
 
-    def add_shaped(self, line: bytes, fasts: Fasts) -> bool:
-        """One line on the bytes path (``coalesce_bytes``): its shape gives its entity, and its
-        merge when the bytes path knows it (else the parse judges). False: no shape the bytes
-        path knows (the caller takes ``add``)."""
-        shape = update_shape(line, FIELDS, IDENTS)
-        if shape is None:
-            return False
-        fast = fasts.get(shape[0])
-        if fast is None:
-            return False
-        id_bit = fast.id_bit
-        if id_bit:  # the key ``classify`` gives (``coalesce_shape.fast_key``)
-            ident = shape[2]
-            if ident is None or not shape[3] & id_bit:
-                return False
-            key: EntityKey = (fast.entity, shape[1], ident)
-        else:
-            key = (fast.entity, shape[1])
-        spec = fast.spec  # (never ``Class.OPAQUE``)
-        hit = self.index.get(key)
-        if hit is not None and hit[1] is spec and hit[0] >= self.base:
-            pos = hit[0] - self.base
-            target = self.done[pos]
-            if type(target) is not Group:
-                target = self._grouped(pos, spec, key, fasts)
-            if target.fast is not None:
-                change = merge(target, line, shape)
-                if change is not None:
-                    self.bytes += change
-                    self.merged += 1
-                    target.merged += 1
-                    self.count -= 1  # (a group on the bytes path writes one frame)
-                    return True
-            if self._absorb(target, line, orjson.loads(line)):  # (the shape found it valid)
-                return True
-        self._append(line, spec, key, fasts, shape)
-        return True
+    def add_lines(self, lines: Sequence[bytes], table: Table, fasts: Fasts | None) -> None:
+        """Each of ``lines`` in order, as ``add``; with ``fasts`` (the bytes path,
+        ``coalesce_bytes``) a line's shape gives its entity, and its merge when the bytes path
+        knows it (else the parse judges); a line without such a shape takes ``add``."""
+        add = self.add
+        if fasts is None:
+            for line in lines:
+                add(line, table)
+            return
+        index, done, base = self.index, self.done, self.base
+        merged = change = 0  # (merges on the bytes path, counted once for all)
+        for line in lines:
+            shape = update_shape(line, FIELDS, IDENTS, FIELD_TABLE)
+            if shape is None:
+                add(line, table)
+                continue
+            fast = fasts.get(shape[0])
+            if fast is None:
+                add(line, table)
+                continue
+            id_bit = fast.id_bit
+            if not id_bit:  # the key ``classify`` gives (``coalesce_shape.fast_key``)
+                key: EntityKey = (fast.entity, shape[1])
+            elif shape[2] is not None and shape[3] & id_bit:
+                key = (fast.entity, shape[1], shape[2])
+            else:
+                add(line, table)
+                continue
+            spec = fast.spec  # (never ``Class.OPAQUE``)
+            hit = index.get(key)
+            if hit is not None and hit[1] is spec and hit[0] >= base:
+                pos = hit[0] - base
+                target = done[pos]
+                if type(target) is not Group:
+                    target = self._grouped(pos, spec, key, fasts)
+                tfast = target.fast
+                if tfast is not None:
+                    charge = merge(target, tfast, line, shape)
+                    if charge is not None:
+                        change += charge
+                        merged += 1
+                        target.merged += 1
+                        continue
+                if self._absorb(target, line, orjson.loads(line)):  # (the shape found it valid)
+                    continue
+            self._append(line, spec, key, fasts, shape)
+        self.bytes += change
+        self.merged += merged
+        self.count -= merged  # (a group on the bytes path writes one frame)
 
     def _target(self, spec: Spec, key: EntityKey) -> Group | None:
         """The entry a line of ``spec`` and ``key`` may merge into (its entity's last waiting

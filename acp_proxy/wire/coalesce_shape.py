@@ -1,14 +1,15 @@
 """What a waiting line is to the coalescer's bytes path, from one scan and no parse.
 
-Contract: owns ``update_shape(raw, FIELDS, IDENTS)``, the shape of a plain ``session/update``
-line (its kind, session, entity id, which update members it has and in which order, the text of
-a bare text chunk and where its literal sits), with two implementations of one contract: the C
-accelerator's (``_scan.update_shape``, used when it is built) and ``update_shape_py`` here, its
-reference (the tests hold the C one to it; without the accelerator nothing uses the bytes path,
-whose point is to cost less than the parse it replaces). It also owns ``FastKind``, what the
-bytes path does with each kind of each version, built from the same registry tables as
-``coalesce_keys`` (so a line gets the same entity key from its shape as from ``classify``). Pure:
-no I/O; builds no JSON value but the few strings of the result.
+Contract: owns ``update_shape(raw, FIELDS, IDENTS, FIELD_TABLE)``, the shape of a plain
+``session/update`` line (its kind, session, entity id, which update members it has and in which
+order, the text of a bare text chunk and where its literal sits), with two implementations of
+one contract: the C accelerator's (``_scan.update_shape``, used when it is built) and
+``update_shape_py`` here, its reference (the tests hold the C one to it; without the
+accelerator nothing uses the bytes path, whose point is to cost less than the parse it
+replaces). It also owns ``FastKind``, what the bytes path does with each kind of each version,
+built from the same registry tables as ``coalesce_keys`` (so a line gets the same entity key
+from its shape as from ``classify``), and ``split_lines`` (a frame's lines, in C when it can).
+Pure: no I/O; builds no JSON value but the few strings of the result.
 
 ``update_shape`` answers ``None`` unless ``raw`` is one valid JSON object (what orjson accepts)
 that the coalescer may merge at all (``rawscan.reencodes_exactly``) and that is exactly
@@ -16,8 +17,7 @@ that the coalescer may merge at all (``rawscan.reencodes_exactly``) and that is 
 (members in any order, whitespace anywhere JSON allows it), with no key spelled with an escape or
 given twice in the envelope or the update, at most ``MAX_MEMBERS`` members in each, nesting at
 most ``MAX_DEPTH`` deep, ``S`` a string and the update's ``sessionUpdate`` a string. Otherwise
-it answers ``(kind, session, ident, mask, order, text, text_start, text_end, update_end, nulls,
-objects)``:
+it answers ``(kind, session, ident, mask, order, text, nulls, objects)``:
 
 * ``mask``: bit ``i`` set when the update has member ``FIELDS[i]``; bit ``OTHER_BIT`` when it
   has a member that is not in ``FIELDS``; ``order``: the indexes of its members in ``FIELDS``,
@@ -27,9 +27,7 @@ objects)``:
   escaped or repeated key); else ``None``;
 * ``text``: when the update's ``content`` is an object whose members are exactly ``"type":
   "text"`` (those bytes) and ``"text"``, a string (no escaped or repeated key, at most
-  ``MAX_MEMBERS``), that string, and ``text_start``/``text_end`` where its literal sits in
-  ``raw``; else ``None, -1, -1``;
-* ``update_end``: where the update's last member's value ends in ``raw``;
+  ``MAX_MEMBERS``), that string; else ``None``;
 * ``nulls``, ``objects``: bit ``i`` set when member ``FIELDS[i]``'s value is ``null``, an object.
 """
 
@@ -58,8 +56,8 @@ MAX_DEPTH: Final = 256
 MAX_MEMBERS: Final = 63
 OTHER_BIT: Final = 62
 
-# kind, session, ident, mask, order, text, text_start, text_end, update_end, nulls, objects
-Shape = tuple[str, str, str | None, int, bytes, str | None, int, int, int, int, int]
+# kind, session, ident, mask, order, text, nulls, objects
+Shape = tuple[str, str, str | None, int, bytes, str | None, int, int]
 Field = bytes | tuple[bytes, bytes]
 
 
@@ -98,6 +96,24 @@ def _fields() -> tuple[tuple[Field, ...], int]:
 
 
 FIELDS, IDENTS = _fields()
+
+
+def field_table(fields: tuple[Field, ...]) -> bytes:
+    """``fields`` by name, for the C scan: 64 little-endian 16-bit offsets (where the entries of
+    each name length start; the 64th: where they end), then the entries, by length: the field's
+    index (one byte), then its name."""
+    names = [f if isinstance(f, bytes) else f[0] for f in fields]
+    entries = bytearray()
+    starts = []
+    for length in range(64):
+        starts.append(128 + len(entries))
+        for i, name in enumerate(names):
+            if len(name) == length:
+                entries += bytes([i]) + name
+    return b"".join(start.to_bytes(2, "little") for start in starts) + bytes(entries)
+
+
+FIELD_TABLE: Final = field_table(FIELDS)
 # Each field's name as a str, and as the bytes that start its member (``,"name":``).
 FIELD_NAMES: Final = tuple((f if isinstance(f, bytes) else f[0]).decode() for f in FIELDS)
 FIELD_MEMBERS: Final = tuple(b',"' + name.encode() + b'":' for name in FIELD_NAMES)
@@ -234,8 +250,11 @@ def _string(raw: bytes, vs: int, ve: int) -> str | None:
     return text
 
 
-def update_shape_py(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
-    """The reference of ``update_shape`` (the module docstring): a parse, then scans."""
+def update_shape_py(
+    raw: bytes, fields: tuple[Field, ...], idents: int, table: bytes = b""
+) -> Shape | None:
+    """The reference of ``update_shape`` (the module docstring): a parse, then scans. (``table``
+    is ``field_table(fields)``, the C scan's lookup; the reference looks the names up itself.)"""
     if rawscan.surrogate_escape(raw) or rawscan.risky_numbers_py(raw):
         return None
     try:
@@ -269,7 +288,6 @@ def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
     mask = nulls = objects = 0
     order, ids = bytearray(), []
     text: str | None = None
-    ts = te = -1
     for key, vs, ve in update[0]:
         if key not in names:
             mask |= 1 << OTHER_BIT
@@ -286,13 +304,11 @@ def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
         elif key == b"sessionUpdate":
             kind = _string(raw, vs, ve)
         elif key == b"content" and raw[vs] == 0x7B:
-            found = _text(raw, vs)
-            if found is not None:
-                text, ts, te = found
+            text = _text(raw, vs)
     if kind is None:
         return None
     ident = ids[0] if len(ids) == 1 else None
-    return (kind, session, ident, mask, bytes(order), text, ts, te, update[1], nulls, objects)
+    return (kind, session, ident, mask, bytes(order), text, nulls, objects)
 
 
 def _ident(raw: bytes, field: Field, vs: int, ve: int) -> str | None:
@@ -305,24 +321,32 @@ def _ident(raw: bytes, field: Field, vs: int, ve: int) -> str | None:
     return None
 
 
-def _text(raw: bytes, vs: int) -> tuple[str, int, int] | None:
+def _text(raw: bytes, vs: int) -> str | None:
     content = _plain(raw, vs)
     if content is None or sorted(k for k, _, _ in content[0]) != [b"text", b"type"]:
         return None
     at = {k: (s, e) for k, s, e in content[0]}
     text = _string(raw, *at[b"text"])
-    if raw[slice(*at[b"type"])] != b'"text"' or text is None:
-        return None
-    return (text, *at[b"text"])
+    return text if raw[slice(*at[b"type"])] == b'"text"' else None
 
 
-def _no_shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
+ShapeOf = Callable[[bytes, tuple[Field, ...], int, bytes], Shape | None]
+
+
+def _no_shape(raw: bytes, fields: tuple[Field, ...], idents: int, table: bytes) -> Shape | None:
     return None
 
 
-_ACCELERATED: Callable[[bytes, tuple[Field, ...], int], Shape | None] | None = getattr(
-    scan.ACCELERATOR, "update_shape", None
-)
+_ACCELERATED: ShapeOf | None = getattr(scan.ACCELERATOR, "update_shape", None)
 # The C one when the accelerator is built; without it the bytes path is off (``BYTES_PATH``).
-update_shape: Callable[[bytes, tuple[Field, ...], int], Shape | None] = _ACCELERATED or _no_shape
+update_shape: ShapeOf = _ACCELERATED or _no_shape
 BYTES_PATH: Final = _ACCELERATED is not None
+
+
+def _split_py(raw: bytes) -> list[bytes]:
+    return raw.split(b"\n")
+
+
+# ``raw.split(b"\n")``: in C with the accelerator (memchr finds the newlines; CPython's split
+# looks at each byte, a third of a merge pass over the lines of a frame).
+split_lines: Callable[[bytes], list[bytes]] = getattr(scan.ACCELERATOR, "split_lines", _split_py)
