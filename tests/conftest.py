@@ -38,9 +38,9 @@ def looks(parses: list[bytes], monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     real = coalesce_shape.update_shape
 
-    def scanning(raw: bytes, fields: Any, idents: int, table: bytes) -> Any:
+    def scanning(raw: bytes, fields: Any, idents: int, table: bytes, kinds: Any) -> Any:
         parses.append(raw)
-        return real(raw, fields, idents, table)
+        return real(raw, fields, idents, table, kinds)
 
     monkeypatch.setattr(coalesce_run, "update_shape", scanning)
     monkeypatch.setattr(coalesce_bytes, "update_shape", scanning)

@@ -39,7 +39,7 @@ from acp_proxy.wire.coalesce_shape import (
     FIELD_TABLE,
     FIELDS,
     IDENTS,
-    fast_key,
+    KIND_TABLES,
     update_shape_py,
 )
 
@@ -183,13 +183,15 @@ def _spelled(message: Any, how: int) -> bytes:
 @needs_c
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
+    version=st.sampled_from([1, 2]),
     message=_MESSAGES,
     how=st.integers(0, 2),
     edits=st.lists(st.sampled_from(_EDITS), max_size=2),
     cut=st.one_of(st.none(), st.integers(0, 400)),
     flip=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.integers(0, 255))),
 )
-def test_the_c_shape_is_its_reference(
+def test_the_c_shape_is_its_reference(  # noqa: PLR0917 - hypothesis draws each one
+    version: int,
     message: Any,
     how: int,
     edits: list[tuple[bytes, bytes]],
@@ -208,7 +210,9 @@ def test_the_c_shape_is_its_reference(
         at = flip[0] % len(raw)
         raw = raw[:at] + bytes([flip[1]]) + raw[at + 1 :]
     assert C_SHAPE is not None
-    assert C_SHAPE(raw, FIELDS, IDENTS, FIELD_TABLE) == update_shape_py(raw, FIELDS, IDENTS)
+    kinds = KIND_TABLES[version]
+    expected = update_shape_py(raw, FIELDS, IDENTS, FIELD_TABLE, kinds)
+    assert C_SHAPE(raw, FIELDS, IDENTS, FIELD_TABLE, kinds) == expected
 
 
 @needs_c
@@ -216,16 +220,24 @@ def test_the_shape_of_a_line() -> None:
     raw = b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s\\u00e9","update"'
     raw += b':{"sessionUpdate":"agent_message_chunk","messageId":"m1","content":{"text":"a\\n'
     raw += b'\\"b","type":"text"}}}}'
-    shape = C_SHAPE(raw, FIELDS, IDENTS, FIELD_TABLE) if C_SHAPE is not None else None
-    assert shape is not None
-    kind, sid, ident, mask, order, text, nulls, objects = shape
-    assert (kind, sid, ident, text) == ("agent_message_chunk", "sé", "m1", 'a\n"b')
-    names = [coalesce_shape.FIELD_NAMES[i] for i in order]
-    assert names == ["sessionUpdate", "messageId", "content"]
-    assert mask == sum(1 << i for i in order) and nulls == 0
-    assert objects == coalesce_shape.bit("content")
+    kinds = KIND_TABLES[2]
+    assert C_SHAPE is not None
+    shape = C_SHAPE(raw, FIELDS, IDENTS, FIELD_TABLE, kinds)
+    assert shape is not None and shape == update_shape_py(raw, FIELDS, IDENTS, FIELD_TABLE, kinds)
+    fast, key, ident, mask, order, text, nulls, objects = shape
+    assert fast is FAST_TABLES[2]["agent_message_chunk"] and order is None
+    # The text as its literal's bytes: spelled as orjson spells it (else decoded, below).
+    assert (key, ident, text) == (("agent_message", "sé", "m1"), "m1", b'a\\n\\"b')
+    spelled = raw.replace(b'"text":"a', b'"text":"\\u00e9\\/a')
+    assert C_SHAPE(spelled, FIELDS, IDENTS, FIELD_TABLE, kinds)[5] == 'é/a\n"b'
+    assert mask == sum(coalesce_shape.bit(n) for n in ("sessionUpdate", "messageId", "content"))
+    assert nulls == 0 and objects == coalesce_shape.bit("content")
     for broken in (raw[:-1], raw + b"x", raw.replace(b'"2.0"', b'"2.1"'), b"[" + raw + b"]"):
-        assert C_SHAPE(broken, FIELDS, IDENTS, FIELD_TABLE) is None  # type: ignore[misc]
+        assert C_SHAPE(broken, FIELDS, IDENTS, FIELD_TABLE, kinds) is None
+    # A kind the bytes path does not merge (or spelled with an escape): the line is parsed.
+    for other in (b"_x.dev/custom", b"agent\\u005fmessage_chunk", b"tool_call_content_chunk"):
+        odd = raw.replace(b"agent_message_chunk", other)
+        assert C_SHAPE(odd, FIELDS, IDENTS, FIELD_TABLE, kinds) is None
 
 
 def test_a_shape_keys_its_line_as_classify_does() -> None:
@@ -241,9 +253,9 @@ def test_a_shape_keys_its_line_as_classify_does() -> None:
             if fast.id_bit == coalesce_shape.bit("plan"):
                 update["plan"] = {"planId": "p1", "entries": []}
             raw = su(update)
-            shape = update_shape_py(raw, FIELDS, IDENTS)
-            assert shape is not None
-            assert (fast.spec, fast_key(shape, fast)) == classify(orjson.loads(raw), table)
+            shape = update_shape_py(raw, FIELDS, IDENTS, FIELD_TABLE, KIND_TABLES[version])
+            assert shape is not None and shape[0] is fast
+            assert (fast.spec, shape[1]) == classify(orjson.loads(raw), table)
 
 
 # -- the bytes path against the path that parses -------------------------------------------------

@@ -186,6 +186,17 @@ STREAMS: dict[str, Callable[[int], bytes]] = {
     ),
     "ten tool calls' progress": lambda i: tcu(f"t{i % 10}", rawOutput={"p": [i, i + 1]}),
     "text chunks of one message": lambda i: chunk(f"word{i} "),
+    "eight messages' chunks, interleaved": lambda i: chunk(f"wörd{i} ", f"m{i % 8}"),
+    "tool calls' creations, then status and content": lambda i: (
+        tcu(f"t{i % 7}", title="Run", kind="execute", rawInput={"q": "x" * (i % 40)})
+        if i < 7
+        else tcu(f"t{i % 7}", status="in_progress", content=[{"type": "content", "n": i}])
+    ),
+    "plans and usage": lambda i: (
+        su({"sessionUpdate": "usage_update", "used": i, "size": 9})
+        if i % 2
+        else su({"sessionUpdate": "plan_update", "plan": {"planId": "p", "entries": [i]}})
+    ),
     "terminal output": lambda i: _terminal(b"line %d\n" % i),
 }
 

@@ -808,6 +808,8 @@ shape_key(const unsigned char *b, Py_ssize_t i, Py_ssize_t n, int *escaped)
 static Py_ssize_t
 shape_colon(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
 {
+    if (i + 1 < n && b[i] == ':' && b[i + 1] > ' ')
+        return i + 1; /* (the usual spelling: no whitespace) */
     i = ws((const char *)b, i, n);
     if (i >= n || b[i] != ':')
         return -1;
@@ -819,12 +821,18 @@ shape_colon(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
 static Py_ssize_t
 shape_next(const unsigned char *b, Py_ssize_t i, Py_ssize_t n, unsigned char close, int *done)
 {
-    i = ws((const char *)b, i, n);
-    if (i >= n)
-        return -1;
+    if (i < n && b[i] > ' ') {
+        /* (the usual spelling: no whitespace) */
+    }
+    else {
+        i = ws((const char *)b, i, n);
+        if (i >= n)
+            return -1;
+    }
     if (b[i] == ',') {
         *done = 0;
-        return ws((const char *)b, i + 1, n);
+        i++;
+        return i < n && b[i] > ' ' ? i : ws((const char *)b, i, n);
     }
     if (b[i] == close) {
         *done = 1;
@@ -946,6 +954,23 @@ shape_decode(const unsigned char *b, Py_ssize_t s, Py_ssize_t e, int escaped)
     PyObject *out = PyUnicode_DecodeUTF8(buf, o, NULL);
     PyMem_Free(buf);
     return out;
+}
+
+/* The text of the valid string literal b[s:e] as the coalescer keeps it: the bytes between the
+ * quotes when they are spelled as orjson spells that text (escapes only among ``\" \\ \b
+ * \f \n \r \t``: joined, such literals are orjson's spelling of the joined text), else the
+ * decoded str. */
+static PyObject *
+shape_text(const unsigned char *b, Py_ssize_t s, Py_ssize_t e, int escaped)
+{
+    for (Py_ssize_t i = s + 1; escaped && i < e - 1; i++) {
+        if (b[i] != '\\')
+            continue;
+        unsigned char x = b[++i];
+        if (x != '"' && x != '\\' && x != 'b' && x != 'f' && x != 'n' && x != 'r' && x != 't')
+            return shape_decode(b, s, e, escaped);
+    }
+    return PyBytes_FromStringAndSize((const char *)b + s + 1, e - s - 2);
 }
 
 /* A key's bytes (without quotes), for comparisons: k, klen. */
@@ -1131,6 +1156,8 @@ visit_update(void *ctx, span_t key, Py_ssize_t vs, Py_ssize_t n, int depth)
         PyObject *field = PyTuple_GET_ITEM(s->fields, f);
         if (!PyTuple_Check(field))
             return shape_string_member(b, vs, n, depth, &s->id_s, &s->id_e, &s->id_esc);
+        if (PyTuple_GET_SIZE(field) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(field, 1)))
+            return shape_value(b, vs, n, depth); /* (not an id one level down: no id) */
         if (b[vs] != '{')
             return shape_value(b, vs, n, depth);
         inner_t c = {b, 0, 0, -1, -1, 0, PyBytes_AS_STRING(PyTuple_GET_ITEM(field, 1)), -1, -1, 0};
@@ -1197,28 +1224,35 @@ visit_top(void *ctx, span_t key, Py_ssize_t vs, Py_ssize_t n, int depth)
     return -1;
 }
 
-/* The index of the field spelled ``name`` among ``fields`` (-1 if none). */
-static int
-field_named(PyObject *fields, const char *name)
+/* The entry of ``kinds`` (a tuple of ``(kind, fast, entity, id_bit, ordered)``) whose kind
+ * is spelled exactly ``k`` (its literal's bytes, without the quotes), or NULL. */
+static PyObject *
+kind_entry(PyObject *kinds, const unsigned char *k, Py_ssize_t klen)
 {
-    Py_ssize_t len = (Py_ssize_t)strlen(name);
-    for (Py_ssize_t f = 0; f < PyTuple_GET_SIZE(fields); f++) {
-        PyObject *field = PyTuple_GET_ITEM(fields, f);
-        if (PyBytes_Check(field) && PyBytes_GET_SIZE(field) == len &&
-            memcmp(PyBytes_AS_STRING(field), name, (size_t)len) == 0)
-            return (int)f;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kinds); i++) {
+        PyObject *entry = PyTuple_GET_ITEM(kinds, i);
+        PyObject *name = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 5
+                             ? PyTuple_GET_ITEM(entry, 0)
+                             : NULL;
+        if (name == NULL || !PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "update_shape: kinds are (bytes, fast, entity, "
+                                             "id bit, ordered) tuples");
+            return NULL;
+        }
+        if (PyBytes_GET_SIZE(name) == klen && same(PyBytes_AS_STRING(name), (const char *)k, klen))
+            return entry;
     }
-    return -1;
+    return Py_None; /* (borrowed: no entry) */
 }
 
 static PyObject *
 update_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) ||
-        !PyLong_Check(args[2]) || !PyBytes_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "update_shape(raw: bytes, fields: tuple, idents: int, table: bytes)");
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) ||
+        !PyLong_Check(args[2]) || !PyBytes_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "update_shape(raw: bytes, fields: tuple, idents: int, "
+                                         "table: bytes, kinds: tuple)");
         return NULL;
     }
     shape_t s;
@@ -1229,25 +1263,18 @@ update_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     s.nidents = PyLong_AsSsize_t(args[2]);
     if (s.nidents == -1 && PyErr_Occurred())
         return NULL;
-    if (s.nfields > SHAPE_MAX_FIELDS || s.nidents > s.nfields) {
+    if (s.nfields > SHAPE_MAX_FIELDS || s.nidents < 0 || s.nidents > s.nfields) {
         PyErr_SetString(PyExc_ValueError, "update_shape: at most 62 fields, idents among them");
         return NULL;
     }
-    for (Py_ssize_t f = 0; f < s.nfields; f++) {
-        PyObject *field = PyTuple_GET_ITEM(s.fields, f);
-        int ok = PyBytes_Check(field) ||
-                 (f < s.nidents && PyTuple_Check(field) && PyTuple_GET_SIZE(field) == 2 &&
-                  PyBytes_Check(PyTuple_GET_ITEM(field, 0)) &&
-                  PyBytes_Check(PyTuple_GET_ITEM(field, 1)));
-        if (!ok) {
-            PyErr_SetString(PyExc_TypeError, "update_shape: fields are bytes or (bytes, bytes)");
-            return NULL;
-        }
-    }
     s.table = (const unsigned char *)PyBytes_AS_STRING(args[3]);
     s.tlen = PyBytes_GET_SIZE(args[3]);
-    s.kind_field = field_named(s.fields, "sessionUpdate");
-    s.content_field = field_named(s.fields, "content");
+    {
+        span_t kind = {(const unsigned char *)"sessionUpdate", 13};
+        span_t content = {(const unsigned char *)"content", 7};
+        s.kind_field = field_of(s.table, s.tlen, kind);
+        s.content_field = field_of(s.table, s.tlen, content);
+    }
     s.id_s = s.text_s = s.sid_s = s.kind_s = -1;
     s.id_e = s.text_e = s.sid_e = s.kind_e = -1;
     s.ue = -1;
@@ -1256,12 +1283,21 @@ update_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t last;
     Py_ssize_t end = shape_members(b, ws((const char *)b, 0, n), n, 0, visit_top, &s, &last);
     if (end < 0 || ws((const char *)b, end, n) != n || !s.jsonrpc || !s.method || !s.params ||
-        !s.update || s.sid_s < 0 || s.kind_s < 0)
+        !s.update || s.sid_s < 0 || s.kind_s < 0 || s.kind_esc)
         Py_RETURN_NONE;
+    PyObject *entry = kind_entry(args[4], b + s.kind_s + 1, s.kind_e - s.kind_s - 2);
+    if (entry == NULL)
+        return NULL;
+    if (entry == Py_None)
+        Py_RETURN_NONE;
+    long id_bit = PyLong_AsLong(PyTuple_GET_ITEM(entry, 3));
+    if (id_bit == -1 && PyErr_Occurred())
+        return NULL;
+    int keyed = id_bit == 0 || (s.idents == 1 && s.id_s >= 0 && (s.mask & (unsigned long long)id_bit));
     PyObject *out = PyTuple_New(8);
     if (out == NULL)
         return NULL;
-    PyObject *item;
+    PyObject *item, *sid, *ident;
     /* (each item set as it is made: a failure leaves the tuple to free what was made) */
 #define SHAPE_SET(i, make)                                                                    \
     do {                                                                                       \
@@ -1272,13 +1308,28 @@ update_shape(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }                                                                                      \
         PyTuple_SET_ITEM(out, (i), item);                                                      \
     } while (0)
-    SHAPE_SET(0, shape_decode(b, s.kind_s, s.kind_e, s.kind_esc));
-    SHAPE_SET(1, shape_decode(b, s.sid_s, s.sid_e, s.sid_esc));
+    SHAPE_SET(0, Py_NewRef(PyTuple_GET_ITEM(entry, 1)));
     SHAPE_SET(2, s.idents == 1 && s.id_s >= 0 ? shape_decode(b, s.id_s, s.id_e, s.id_esc)
                                                : Py_NewRef(Py_None));
+    ident = item;
+    sid = shape_decode(b, s.sid_s, s.sid_e, s.sid_esc);
+    if (sid == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (!keyed)
+        item = Py_NewRef(Py_None);
+    else if (id_bit == 0)
+        item = PyTuple_Pack(2, PyTuple_GET_ITEM(entry, 2), sid);
+    else
+        item = PyTuple_Pack(3, PyTuple_GET_ITEM(entry, 2), sid, ident);
+    Py_DECREF(sid);
+    SHAPE_SET(1, item);
     SHAPE_SET(3, PyLong_FromUnsignedLongLong(s.mask));
-    SHAPE_SET(4, PyBytes_FromStringAndSize((const char *)s.order, s.norder));
-    SHAPE_SET(5, s.text_s >= 0 ? shape_decode(b, s.text_s, s.text_e, s.text_esc)
+    SHAPE_SET(4, PyObject_IsTrue(PyTuple_GET_ITEM(entry, 4))
+                     ? PyBytes_FromStringAndSize((const char *)s.order, s.norder)
+                     : Py_NewRef(Py_None));
+    SHAPE_SET(5, s.text_s >= 0 ? shape_text(b, s.text_s, s.text_e, s.text_esc)
                                : Py_NewRef(Py_None));
     SHAPE_SET(6, PyLong_FromUnsignedLongLong(s.nulls));
     SHAPE_SET(7, PyLong_FromUnsignedLongLong(s.objects));
@@ -1329,7 +1380,7 @@ static PyMethodDef methods[] = {
     {"array_elements", (PyCFunction)(void (*)(void))array_elements, METH_FASTCALL,
      "array_elements(raw, i) -> (spans, close) | None: see rawjson.array_elements."},
     {"update_shape", (PyCFunction)(void (*)(void))update_shape, METH_FASTCALL,
-     "update_shape(raw, fields, idents, table) -> tuple | None: see "
+     "update_shape(raw, fields, idents, table, kinds) -> tuple | None: see "
      "acp_proxy.wire.coalesce_shape.update_shape_py."},
     {"split_lines", (PyCFunction)split_lines, METH_O,
      "split_lines(raw) -> list[bytes]: raw.split(b'\\n'), faster."},

@@ -5,7 +5,9 @@ Contract: owns what waits to be written to a peer and in which order, when waiti
 unmerged stream would have produced, and how much it holds in memory. Pure: no I/O, no clock
 (``now`` is passed in, in seconds, from a monotonic clock), never mutates the caller's JSON; a
 frame that was not merged leaves as the exact bytes that came in (style.md habit 4). How two
-updates combine is ``coalesce_merge``; what a line is (kind, entity), ``coalesce_keys``.
+updates combine is ``coalesce_merge`` (``coalesce_bytes`` without a parse); what a line is
+(kind, entity), ``coalesce_keys`` (``coalesce_shape`` without a parse); how a line joins the
+waiting entries, ``coalesce_run``.
 
 How it works:
 
@@ -17,11 +19,17 @@ How it works:
   peer to read down its kernel buffer (``look``: as many lines as fit in that wait), when a
   writer that cannot see its peer's pace takes them, or when the queue reaches its bound. Then
   the frames pushed since the last merge pass (or the first of them) are split into lines,
-  each line is parsed once and classified (kind, entity), and a mergeable one is merged into
-  the **last** waiting entry of the same entity in the **tail run** (the run after the last
+  each line is looked at once (its kind and entity), and a mergeable one is merged into the
+  **last** waiting entry of the same entity in the **tail run** (the run after the last
   barrier), found through a per-entity index. Nothing is compared against the rest of the
   queue, nothing moves across a barrier, and per entity updates keep their order (digest 3.3:
   clients apply updates "in the order they are received for each" id).
+* The kinds that dominate real streams merge without a parse (the bytes path, with the C
+  accelerator): one scan of a line validates it and gives its shape (kind, session, entity id,
+  which members its update has, the text of a bare text chunk), and text chunks, v2 upserts
+  without two ``_meta`` patches, and snapshots merge from their lines' bytes, byte for byte as
+  the parse would have merged them. Anything else (or a pair the bytes path cannot judge) is
+  parsed and classified, and merged by parsing.
 * It pays for itself or it stops: a merge pass in which fewer than one line in eight merged
   makes the queue skip merging for the next lines (as many as the pass looked at, doubling while
   nothing merges), so a stream that does not merge costs a FIFO again; and while the writer makes
@@ -29,9 +37,9 @@ How it works:
   most ``PAUSE_INPUT_FACTOR`` times the bound before ``has_room`` says no, however well the
   frames merge (even while merging keeps the queue below its bound): a paused client does not
   make the proxy burn CPU merging an endless stream.
-* A text chunk whose bytes repeat a waiting group's last line around another text (same
-  message, same envelope) merges without a parse (``Group.text_of``): a streamed reply costs a
-  few byte comparisons and the decoding of its text per chunk.
+* Without the accelerator, a text chunk whose bytes repeat a waiting group's last line around
+  another text (same message, same envelope) merges without a parse (``Group.text_of``): a
+  streamed reply costs a few byte comparisons and the decoding of its text per chunk.
 * The byte bound counts what the queue holds in memory: the frames' bytes, a fixed overhead per
   waiting line and index entry, and the parsed objects a merged group keeps (an upper estimate).
 
@@ -59,7 +67,7 @@ from acp_proxy.wire.coalesce_merge import Group, encode_ahead
 from acp_proxy.wire.coalesce_pace import Pace
 from acp_proxy.wire.coalesce_rate import RateLimit
 from acp_proxy.wire.coalesce_run import Entry, TailRun
-from acp_proxy.wire.coalesce_shape import BYTES_PATH, FAST_TABLES, split_lines
+from acp_proxy.wire.coalesce_shape import BYTES_PATH, KIND_TABLES, split_lines
 from acp_proxy.wire.coalesce_take import (
     FRAME_OVERHEAD,
     Coalesced,
@@ -319,7 +327,7 @@ class OutboundQueue:
                 continue
             lines = split_lines(raw) if n > 1 else (raw,)
             looked += n
-            run.add_lines(lines, table, FAST_TABLES.get(version) if BYTES_PATH else None)
+            run.add_lines(lines, table, KIND_TABLES.get(version) if BYTES_PATH else None)
         self._bytes += run.bytes
         self._count += run.count
         self._groups += run.groups

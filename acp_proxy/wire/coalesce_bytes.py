@@ -12,7 +12,8 @@ shows):
 
 * text chunks: the later line has exactly the members of the group's (the entity key gives the
   kind and message; a v1 stream compares the message id) and a bare text: its text is appended,
-  and the frame is the last line with the joined texts as its literal;
+  and the frame is the last line with the joined texts as its literal (kept as the literals'
+  bytes while they are spelled as orjson spells them, joined then as they are);
 * v2 upserts (``Mode.PATCH``): both lines hold only members the kind knows; the later line's
   members win, and each member only earlier lines had is carried, encoded as the parse would
   encode it (``rawjson.encode_value`` of its value: the one small parse, once per member a later
@@ -25,8 +26,6 @@ shows):
 """
 
 from __future__ import annotations
-
-import sys
 
 import orjson
 
@@ -43,7 +42,7 @@ from acp_proxy.wire.coalesce_shape import (
     FIELDS,
     IDENTS,
     FastKind,
-    Fasts,
+    Kinds,
     Mode,
     Shape,
     update_shape,
@@ -52,7 +51,6 @@ from acp_proxy.wire.rawjson import encode_value
 
 _UPDATE = (b"params", b"update")
 _TEXT, _PATCH = Mode.TEXT, Mode.PATCH
-_sizeof = sys.getsizeof
 _META_INDEX = FIELD_NAMES.index("_meta")
 _META = 1 << _META_INDEX
 _CARRIED_OVERHEAD = 64  # the dict of carried members (beyond each bytes object)
@@ -62,25 +60,25 @@ def group_of(
     raw: bytes,
     spec: Spec,
     key: EntityKey,
-    fasts: Fasts | None,
+    kinds: Kinds | None,
     shape: Shape | None = None,
 ) -> Group:
     """The group of the waiting line ``raw`` (of ``spec`` and ``key``): on the bytes path when
-    there is one (``fasts``) and its shape (given, else scanned) allows it."""
-    if fasts is not None:
+    there is one (``kinds``) and its shape (given, else scanned) allows it."""
+    if kinds is not None:
         if shape is None:
-            shape = update_shape(raw, FIELDS, IDENTS, FIELD_TABLE)
-        fast = fasts.get(shape[0]) if shape is not None else None
-        if shape is not None and fast is not None and fast.spec is spec:
-            group = open_group(raw, shape, fast, key)
+            shape = update_shape(raw, FIELDS, IDENTS, FIELD_TABLE, kinds)
+        if shape is not None and shape[0].spec is spec:
+            group = open_group(raw, shape, key)
             if group is not None:
                 return group
     return Group(raw, spec, key)
 
 
-def open_group(raw: bytes, shape: Shape, fast: FastKind, key: EntityKey) -> Group | None:
+def open_group(raw: bytes, shape: Shape, key: EntityKey) -> Group | None:
     """The group of the waiting line ``raw`` (shape ``shape``) on the bytes path; ``None`` when
     its merges need the parse (the caller makes it a plain ``Group``)."""
+    fast = shape[0]
     mask = shape[3]
     mode = fast.mode
     if mode is not Mode.SNAPSHOT and mask & ~fast.allowed:
@@ -97,11 +95,11 @@ def open_group(raw: bytes, shape: Shape, fast: FastKind, key: EntityKey) -> Grou
     group.parsed = FAST_OVERHEAD
     if mode is Mode.TEXT:
         assert text is not None
-        group.texts.append(text)
-        group.parsed += _sizeof(text) + 8
+        group.texts.append(text)  # type: ignore[arg-type]  # (bytes or str: ``Group.texts``)
+        group.parsed += text.__sizeof__() + 8
         group.ident = shape[2]
     else:
-        group.order = shape[4]
+        group.order = shape[4] or b""
     group.charge += group.parsed
     return group
 
@@ -115,8 +113,8 @@ def merge(group: Group, fast: FastKind, raw: bytes, shape: Shape) -> int | None:
         text = shape[5]
         if text is None or mask != group.mask or shape[2] != group.ident:
             return None
-        size = _sizeof(text) + 8
-        group.texts.append(text)
+        size = text.__sizeof__() + 8
+        group.texts.append(text)  # type: ignore[arg-type]  # (bytes or str: ``Group.texts``)
         group.parsed += size
         last = group.last
         if last is None:
@@ -145,7 +143,7 @@ def merge(group: Group, fast: FastKind, raw: bytes, shape: Shape) -> int | None:
             _carry(group, group.mask & ~mask, mask)
         if mask & ~seen:  # members no earlier line had: last in the merged update's order
             known = group.order
-            group.order = known + bytes(i for i in shape[4] if i not in known)
+            group.order = known + bytes(i for i in shape[4] or b"" if i not in known)
         group.mask = mask
         group.first, group.last = b"", raw
     else:
@@ -186,7 +184,8 @@ def _carry(group: Group, gone: int, mask: int) -> None:
                 name = field if isinstance(field, bytes) else field[0]
                 span = rawsplice.member_span(current, _UPDATE, name)
                 assert span is not None and span[2] >= 0  # the shape said it is there, once
-                encoded = encode_value(orjson.loads(current[span[2] : span[3]]))
+                # (copied to its size: orjson's output keeps a 4 KiB block however short)
+                encoded = bytes(memoryview(encode_value(orjson.loads(current[span[2] : span[3]]))))
                 carried[i] = encoded
                 group.parsed += len(encoded) + FRAME_BYTES_OVERHEAD
     group.kept = (group.kept & ~back) | gone

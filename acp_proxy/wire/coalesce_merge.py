@@ -38,7 +38,7 @@ from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.meta.updates import merge_updates
 from acp_proxy.wire import rawjson, rawscan, rawsplice
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, plain_envelope
-from acp_proxy.wire.coalesce_shape import FIELD_MEMBERS, FIELD_NAMES, FastKind, Mode
+from acp_proxy.wire.coalesce_shape import FIELD_MEMBERS, FIELD_NAMES, FastKind, Mode, text_of
 
 # What a group holds beyond its bytes, per parsed update kept: Python objects take several times
 # the bytes they were parsed from (``test_coalesce_bound.py`` measures it with tracemalloc).
@@ -158,7 +158,9 @@ class Group:
         # Upserts: the encoded size of each member of the last update (a merge measures only
         # the members it takes from the new line, so its work follows the changed members).
         self.sizes: dict[str, int] = {}
-        self.texts: list[str] = []  # text chunks: the texts to join
+        # Text chunks: the texts to join (on the bytes path, a text may be kept as its literal's
+        # bytes: ``coalesce_shape.update_shape``; the merge by parsing holds only str).
+        self.texts: list[str] = []
         # Text chunks: the last line's bytes before and after its text (the literal), when it
         # is known: a later line with exactly these bytes around a text merges without a parse
         # (``text_of``, ``add_text``), and the frame is encoded from them. Its two slices count
@@ -255,7 +257,9 @@ class Group:
         if fast.mode is Mode.TEXT:
             raw = last if last is not None else self.first
             self.head = update_of(orjson.loads(raw))
-            self.parsed += PARSED_FACTOR * len(raw) + PARSED_BASE - FAST_OVERHEAD
+            self.texts = [text_of(t) for t in self.texts]
+            parsed = sum(sys.getsizeof(t) + 8 for t in self.texts)
+            self.parsed = parsed + PARSED_FACTOR * len(raw) + PARSED_BASE
             if last is not None:
                 span = rawsplice.member_span(last, _TEXT_PATH, b"text")
                 assert span is not None  # the shape found the literal: so does this scan
@@ -398,12 +402,12 @@ class Group:
         fast = self.fast
         if fast is not None:
             if fast.mode is Mode.TEXT:
-                joined = "".join(self.texts)
-                if joined == self.texts[-1]:  # the earlier texts were empty: as it came
+                literal = _joined(self.texts)
+                if literal is None:  # the earlier texts were empty: as it came
                     return [last]
                 span = rawsplice.member_span(last, _TEXT_PATH, b"text")
                 assert span is not None  # the shape found the literal: so does this scan
-                return [b"".join((last[: span[2]], orjson.dumps(joined), last[span[3] :]))]
+                return [b"".join((last[: span[2]], literal, last[span[3] :]))]
             carried = self.carried
             if not carried:
                 return [last]
@@ -437,6 +441,21 @@ class Group:
 
 
 _TEXT_PATH = (b"params", b"update", b"content")
+
+
+def _joined(texts: Sequence[bytes | str]) -> bytes | None:
+    """The literal of the texts joined, as orjson spells it (``None``: all but the last are
+    empty, so the last line is written as it came). Literals' bytes kept as orjson spells them
+    (``coalesce_shape.spelled_as_orjson``) join as they are."""
+    if all(type(t) is bytes for t in texts):
+        if sum(map(len, texts)) == len(texts[-1]):
+            return None
+        return b"".join((b'"', *texts, b'"'))  # type: ignore[arg-type]
+    strs = [text_of(t) for t in texts]
+    joined = "".join(strs)
+    return None if joined == strs[-1] else orjson.dumps(joined)
+
+
 _UPDATE_PATH = (b"params", b"update")
 
 

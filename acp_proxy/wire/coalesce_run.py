@@ -22,7 +22,7 @@ from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.coalesce_bytes import group_of, merge
 from acp_proxy.wire.coalesce_keys import Class, EntityKey, Spec, Table, classify
 from acp_proxy.wire.coalesce_merge import Group
-from acp_proxy.wire.coalesce_shape import FIELD_TABLE, FIELDS, IDENTS, Fasts, Shape, update_shape
+from acp_proxy.wire.coalesce_shape import FIELD_TABLE, FIELDS, IDENTS, Kinds, Shape, update_shape
 from acp_proxy.wire.coalesce_take import FRAME_OVERHEAD, Run
 
 _NEEDLE = b'"session/update"'
@@ -85,44 +85,34 @@ class TailRun:
         if target is None or not self._absorb(target, line, message):
             self._append(line, spec, key, None, None)
 
-    def add_lines(self, lines: Sequence[bytes], table: Table, fasts: Fasts | None) -> None:
-        """Each of ``lines`` in order, as ``add``; with ``fasts`` (the bytes path,
+    def add_lines(self, lines: Sequence[bytes], table: Table, kinds: Kinds | None) -> None:
+        """Each of ``lines`` in order, as ``add``; with ``kinds`` (the bytes path,
         ``coalesce_bytes``) a line's shape gives its entity, and its merge when the bytes path
         knows it (else the parse judges); a line without such a shape takes ``add``."""
         add = self.add
-        if fasts is None:
+        if kinds is None:
             for line in lines:
                 add(line, table)
             return
         index, done, base = self.index, self.done, self.base
         merged = change = 0  # (merges on the bytes path, counted once for all)
         for line in lines:
-            shape = update_shape(line, FIELDS, IDENTS, FIELD_TABLE)
-            if shape is None:
+            shape = update_shape(line, FIELDS, IDENTS, FIELD_TABLE, kinds)
+            key = shape[1] if shape is not None else None
+            if key is None:
                 add(line, table)
                 continue
-            fast = fasts.get(shape[0])
-            if fast is None:
-                add(line, table)
-                continue
-            id_bit = fast.id_bit
-            if not id_bit:  # the key ``classify`` gives (``coalesce_shape.fast_key``)
-                key: EntityKey = (fast.entity, shape[1])
-            elif shape[2] is not None and shape[3] & id_bit:
-                key = (fast.entity, shape[1], shape[2])
-            else:
-                add(line, table)
-                continue
-            spec = fast.spec  # (never ``Class.OPAQUE``)
+            assert shape is not None
+            spec = shape[0].spec  # (never ``Class.OPAQUE``)
             hit = index.get(key)
             if hit is not None and hit[1] is spec and hit[0] >= base:
                 pos = hit[0] - base
                 target = done[pos]
                 if type(target) is not Group:
-                    target = self._grouped(pos, spec, key, fasts)
-                tfast = target.fast
-                if tfast is not None:
-                    charge = merge(target, tfast, line, shape)
+                    target = self._grouped(pos, spec, key, kinds)
+                fast = target.fast
+                if fast is not None:
+                    charge = merge(target, fast, line, shape)
                     if charge is not None:
                         change += charge
                         merged += 1
@@ -130,7 +120,7 @@ class TailRun:
                         continue
                 if self._absorb(target, line, orjson.loads(line)):  # (the shape found it valid)
                     continue
-            self._append(line, spec, key, fasts, shape)
+            self._append(line, spec, key, kinds, shape)
         self.bytes += change
         self.merged += merged
         self.count -= merged  # (a group on the bytes path writes one frame)
@@ -145,11 +135,11 @@ class TailRun:
         target = self.done[pos]
         return target if type(target) is Group else self._grouped(pos, spec, key, None)
 
-    def _grouped(self, pos: int, spec: Spec, key: EntityKey, fasts: Fasts | None) -> Group:
-        """The line waiting at ``pos`` made a group (on the bytes path: ``fasts``)."""
+    def _grouped(self, pos: int, spec: Spec, key: EntityKey, kinds: Kinds | None) -> Group:
+        """The line waiting at ``pos`` made a group (on the bytes path: ``kinds``)."""
         line = self.done[pos]
         assert isinstance(line, bytes)  # the index holds lines and groups, never runs
-        group = group_of(line, spec, key, fasts)
+        group = group_of(line, spec, key, kinds)
         self.done[pos] = group
         self.groups += 1
         self.bytes += group.charge - (len(line) + 1 + FRAME_OVERHEAD)
@@ -175,13 +165,13 @@ class TailRun:
         line: bytes,
         spec: Spec,
         key: EntityKey,
-        fasts: Fasts | None,
+        kinds: Kinds | None,
         shape: Shape | None,
     ) -> None:
         """``line`` waits after the others, its entity's last waiting entry."""
         self.index[key] = (self.base + len(self.done), spec)
         if self.interval:  # the rate limit holds entries by entity
-            group = group_of(line, spec, key, fasts, shape)
+            group = group_of(line, spec, key, kinds, shape)
             self.done.append(group)
             self.groups += 1
             self.bytes += group.charge

@@ -1,10 +1,10 @@
 """What a waiting line is to the coalescer's bytes path, from one scan and no parse.
 
-Contract: owns ``update_shape(raw, FIELDS, IDENTS, FIELD_TABLE)``, the shape of a plain
-``session/update`` line (its kind, session, entity id, which update members it has and in which
-order, the text of a bare text chunk and where its literal sits), with two implementations of
-one contract: the C accelerator's (``_scan.update_shape``, used when it is built) and
-``update_shape_py`` here, its reference (the tests hold the C one to it; without the
+Contract: owns ``update_shape(raw, FIELDS, IDENTS, FIELD_TABLE, kinds)``, the shape of a
+plain ``session/update`` line of a kind the bytes path merges (its kind, entity key, which
+update members it has and in which order, the text of a bare text chunk), with two
+implementations of one contract: the C accelerator's (``_scan.update_shape``, used when it is
+built) and ``update_shape_py`` here, its reference (the tests hold the C one to it; without the
 accelerator nothing uses the bytes path, whose point is to cost less than the parse it
 replaces). It also owns ``FastKind``, what the bytes path does with each kind of each version,
 built from the same registry tables as ``coalesce_keys`` (so a line gets the same entity key
@@ -16,18 +16,26 @@ that the coalescer may merge at all (``rawscan.reencodes_exactly``) and that is 
 ``{"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": S, "update": {...}}}``
 (members in any order, whitespace anywhere JSON allows it), with no key spelled with an escape or
 given twice in the envelope or the update, at most ``MAX_MEMBERS`` members in each, nesting at
-most ``MAX_DEPTH`` deep, ``S`` a string and the update's ``sessionUpdate`` a string. Otherwise
-it answers ``(kind, session, ident, mask, order, text, nulls, objects)``:
+most ``MAX_DEPTH`` deep, ``S`` a string, and the update's ``sessionUpdate`` a string spelled
+(without escapes) as the kind of one entry of ``kinds`` (``KIND_TABLES[version]``: ``(kind as
+bytes, FastKind, entity, id bit, ordered)`` each). Otherwise it answers ``(fast, key, ident,
+mask, order, text, nulls, objects)``:
 
+* ``fast``: that entry's ``FastKind``;
 * ``mask``: bit ``i`` set when the update has member ``FIELDS[i]``; bit ``OTHER_BIT`` when it
-  has a member that is not in ``FIELDS``; ``order``: the indexes of its members in ``FIELDS``,
-  in the order they come (members not in ``FIELDS`` left out);
+  has a member that is not in ``FIELDS``; ``order`` (for an ``ordered`` entry, else ``None``):
+  the indexes of its members in ``FIELDS``, in the order they come (the others left out);
 * ``ident``: when exactly one of the first ``IDENTS`` fields is there, its string value (for a
   ``(key, inner)`` field, the string ``inner`` of the object ``key``, if that object has no
   escaped or repeated key); else ``None``;
+* ``key``: the entity key ``classify`` gives the line: ``(entity, S)`` for an entry whose id bit
+  is 0 (the session is the entity), ``(entity, S, ident)`` when the line has the member of the
+  entry's id bit and ``ident`` is its string; else ``None`` (the caller parses the line);
 * ``text``: when the update's ``content`` is an object whose members are exactly ``"type":
   "text"`` (those bytes) and ``"text"``, a string (no escaped or repeated key, at most
-  ``MAX_MEMBERS``), that string; else ``None``;
+  ``MAX_MEMBERS``): its literal's bytes between the quotes when the literal is spelled as orjson
+  spells its text (no escape but ``\\" \\\\ \\b \\f \\n \\r \\t``: ``spelled_as_orjson``), else the
+  string decoded; else ``None``;
 * ``nulls``, ``objects``: bit ``i`` set when member ``FIELDS[i]``'s value is ``null``, an object.
 """
 
@@ -49,15 +57,26 @@ from acp_proxy.meta.registry import (
     MetaRule,
 )
 from acp_proxy.wire import rawscan, scan
-from acp_proxy.wire.coalesce_keys import V1_STREAM, V1_STREAM_KINDS, Class, Spec, table_of
+from acp_proxy.wire.coalesce_keys import (
+    V1_STREAM,
+    V1_STREAM_KINDS,
+    Class,
+    EntityKey,
+    Spec,
+    table_of,
+)
 from acp_proxy.wire.rawjson import Unparseable
 
 MAX_DEPTH: Final = 256
 MAX_MEMBERS: Final = 63
 OTHER_BIT: Final = 62
 
-# kind, session, ident, mask, order, text, nulls, objects
-Shape = tuple[str, str, str | None, int, bytes, str | None, int, int]
+# fast, key, ident, mask, order, text, nulls, objects
+Shape = tuple[
+    "FastKind", "EntityKey | None", str | None, int, bytes | None, bytes | str | None, int, int
+]
+# kind as bytes, FastKind, entity, id bit, ordered
+KindEntry = tuple[bytes, "FastKind", str, int, bool]
 Field = bytes | tuple[bytes, bytes]
 
 
@@ -194,14 +213,17 @@ Fasts = dict[str, FastKind]
 FAST_TABLES: Final[dict[int | None, Fasts]] = {v: _fast_table(v) for v in SUPPORTED_VERSIONS}
 
 
-def fast_key(shape: Shape, fast: FastKind) -> tuple[object, ...] | None:
-    """The entity key ``classify`` gives the line of ``shape`` (None: the line parses)."""
-    if not fast.id_bit:
-        return (fast.entity, shape[1])
-    ident = shape[2]
-    if ident is None or not shape[3] & fast.id_bit:
-        return None
-    return (fast.entity, shape[1], ident)
+def _kinds(version: int) -> tuple[KindEntry, ...]:
+    """The kinds of ``version`` as ``update_shape`` is given them."""
+    return tuple(
+        (kind.encode(), fast, fast.entity, fast.id_bit, fast.mode is Mode.PATCH)
+        for kind, fast in FAST_TABLES[version].items()
+    )
+
+
+# The kinds of a version as the bytes path looks them up.
+Kinds = tuple[KindEntry, ...]
+KIND_TABLES: Final[dict[int | None, Kinds]] = {v: _kinds(v) for v in SUPPORTED_VERSIONS}
 
 
 # -- the reference ------------------------------------------------------------------------------
@@ -251,7 +273,11 @@ def _string(raw: bytes, vs: int, ve: int) -> str | None:
 
 
 def update_shape_py(
-    raw: bytes, fields: tuple[Field, ...], idents: int, table: bytes = b""
+    raw: bytes,
+    fields: tuple[Field, ...],
+    idents: int,
+    table: bytes,
+    kinds: tuple[KindEntry, ...],
 ) -> Shape | None:
     """The reference of ``update_shape`` (the module docstring): a parse, then scans. (``table``
     is ``field_table(fields)``, the C scan's lookup; the reference looks the names up itself.)"""
@@ -261,12 +287,14 @@ def update_shape_py(
         orjson.loads(raw)
         if _depth(raw) > MAX_DEPTH:
             return None
-        return _shape(raw, fields, idents)
+        return _shape(raw, fields, idents, kinds)
     except (orjson.JSONDecodeError, Unparseable):
         return None
 
 
-def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
+def _shape(
+    raw: bytes, fields: tuple[Field, ...], idents: int, kinds: tuple[KindEntry, ...]
+) -> Shape | None:
     top = _plain(raw, rawscan.ws(raw, 0))
     if top is None or sorted(k for k, _, _ in top[0]) != [b"jsonrpc", b"method", b"params"]:
         return None
@@ -284,10 +312,10 @@ def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
     if session is None or update is None:
         return None
     names = [f if isinstance(f, bytes) else f[0] for f in fields]
-    kind: str | None = None
+    kind: bytes | None = None
     mask = nulls = objects = 0
     order, ids = bytearray(), []
-    text: str | None = None
+    text: bytes | str | None = None
     for key, vs, ve in update[0]:
         if key not in names:
             mask |= 1 << OTHER_BIT
@@ -302,13 +330,21 @@ def _shape(raw: bytes, fields: tuple[Field, ...], idents: int) -> Shape | None:
         if index < idents:
             ids.append(_ident(raw, fields[index], vs, ve))
         elif key == b"sessionUpdate":
-            kind = _string(raw, vs, ve)
+            kind = raw[vs + 1 : ve - 1] if raw[vs] == 0x22 else None
         elif key == b"content" and raw[vs] == 0x7B:
             text = _text(raw, vs)
-    if kind is None:
+    entry = next((e for e in kinds if e[0] == kind), None)
+    if kind is None or entry is None:  # (a kind spelled with an escape is never an entry's)
         return None
+    _kind, fast, entity, id_bit, ordered = entry
     ident = ids[0] if len(ids) == 1 else None
-    return (kind, session, ident, mask, bytes(order), text, nulls, objects)
+    entity_key: EntityKey | None = None
+    if not id_bit:
+        entity_key = (entity, session)
+    elif ident is not None and mask & id_bit:
+        entity_key = (entity, session, ident)
+    spelled = bytes(order) if ordered else None
+    return (fast, entity_key, ident, mask, spelled, text, nulls, objects)
 
 
 def _ident(raw: bytes, field: Field, vs: int, ve: int) -> str | None:
@@ -321,19 +357,44 @@ def _ident(raw: bytes, field: Field, vs: int, ve: int) -> str | None:
     return None
 
 
-def _text(raw: bytes, vs: int) -> str | None:
+def _text(raw: bytes, vs: int) -> bytes | str | None:
     content = _plain(raw, vs)
     if content is None or sorted(k for k, _, _ in content[0]) != [b"text", b"type"]:
         return None
     at = {k: (s, e) for k, s, e in content[0]}
     text = _string(raw, *at[b"text"])
-    return text if raw[slice(*at[b"type"])] == b'"text"' else None
+    if raw[slice(*at[b"type"])] != b'"text"' or text is None:
+        return None
+    literal = raw[slice(*at[b"text"])]
+    return literal[1:-1] if spelled_as_orjson(literal) else text
 
 
-ShapeOf = Callable[[bytes, tuple[Field, ...], int, bytes], Shape | None]
+_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)
 
 
-def _no_shape(raw: bytes, fields: tuple[Field, ...], idents: int, table: bytes) -> Shape | None:
+def spelled_as_orjson(literal: bytes) -> bool:
+    """Whether the valid string literal ``literal`` is spelled as orjson spells its text: no
+    escape but the short ones orjson writes (``\\"``, ``\\\\``, ``\\b``, ``\\f``, ``\\n``,
+    ``\\r``, ``\\t``), so that literals joined are orjson's spelling of their texts joined.
+    (Conservative: orjson spells other control characters ``\\u00xx``, refused here too.)"""
+    return all(m.group(1) in b'"\\bfnrt' for m in _ESCAPE.finditer(literal))
+
+
+def text_of(text: bytes | str) -> str:
+    """A kept text as a str (``update_shape`` keeps a literal's bytes when it can)."""
+    if type(text) is str:
+        return text
+    decoded = orjson.loads(b'"' + text + b'"')  # type: ignore[operator]
+    assert isinstance(decoded, str)
+    return decoded
+
+
+ShapeOf = Callable[[bytes, tuple[Field, ...], int, bytes, tuple[KindEntry, ...]], Shape | None]
+
+
+def _no_shape(
+    raw: bytes, fields: tuple[Field, ...], idents: int, table: bytes, kinds: tuple[KindEntry, ...]
+) -> Shape | None:
     return None
 
 
