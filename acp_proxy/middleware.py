@@ -14,9 +14,11 @@ from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.wire.chain import (
     FORWARD,
     BaseMiddleware,
+    Concerns,
     Direction,
     Drop,
     Forward,
+    ForwardWith,
     MessageContext,
     Middleware,
     Replace,
@@ -27,9 +29,11 @@ from acp_proxy.wire.chain import (
 __all__ = [
     "FORWARD",
     "BaseMiddleware",
+    "Concerns",
     "Direction",
     "Drop",
     "Forward",
+    "ForwardWith",
     "JsonObject",
     "JsonValue",
     "MessageContext",

@@ -12,10 +12,12 @@ steps do not depend on timing, bar a read that finds two lines at once, which se
 trips never send); asyncio's loop moves by a few bytecodes per round trip (a pending timer,
 such as the reaper's 5 s one, makes some loop passes longer).
 
-Usage: ``python bench/bytecodes.py [--round-trips N] [--top K]`` prints two Markdown tables: the
-proxy's K busiest functions with their module and bytecodes per round trip, and the totals of
-the proxy and of the minimal asyncio relay (``bench/relay_asyncio.py``, traced the same way),
-each split into asyncio's own loop (what any asyncio program pays per wake-up) and the rest.
+Usage: ``python bench/bytecodes.py [--round-trips N] [--top K] [--config FILE]...`` prints two
+Markdown tables: the proxy's K busiest functions with their module and bytecodes per round trip,
+and the totals of the proxy and of the minimal asyncio relay (``bench/relay_asyncio.py``,
+traced the same way), each split into asyncio's own loop (what any asyncio program pays per
+wake-up) and the rest. Each ``--config`` adds a column: the proxy with that config file (a
+policy beside the rules, say), traced the same way.
 """
 
 from __future__ import annotations
@@ -71,11 +73,14 @@ def _run_traced(out: str, target: str, argv: list[str]) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
-def _counts(target: str, pairs: int, tmp: Path) -> dict[tuple[str, str], int]:
+def _counts(
+    target: str, pairs: int, tmp: Path, config: str | None = None
+) -> dict[tuple[str, str], int]:
     out = tmp / f"counts-{pairs}.tsv"
     agent = [PY, str(BENCH / "echo_agent.py")]
     argv = [PY, __file__, "--run-traced", str(out), target]
-    argv += ["--log-level", "warning", "--", *agent] if target == "acp_proxy" else agent
+    options = ["--log-level", "warning", *(["--config", config] if config else [])]
+    argv += [*options, "--", *agent] if target == "acp_proxy" else agent
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=env)
     rtt_cpu.round_trips(proc, pairs)
@@ -102,33 +107,45 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--round-trips", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--config", action="append", default=[], help="also the proxy with this")
     args = ap.parse_args()
     n = args.round_trips
     rows = _per_round_trip("acp_proxy", n)
     relay = _per_round_trip(str(BENCH / "relay_asyncio.py"), n)
+    configured = {c: _per_round_trip("acp_proxy", n, c) for c in args.config}
     print(f"{n:,} and {3 * n:,} sequential round trips against bench/echo_agent.py")
     print("| module | function | bytecodes / round trip |")
     print("|---|---|---|")
     for v, (filename, func) in rows[: args.top]:
         print(f"| {_module(filename)} | {func} | {v:,.1f} |")
     print()
-    print("| totals per round trip | acp-proxy | minimal asyncio relay (relay_asyncio.py) |")
-    print("|---|---|---|")
-    total, loop = _totals(rows)
-    relay_total, relay_loop = _totals(relay)
-    print(f"| all | **{total:,.0f}** | **{relay_total:,.0f}** |")
-    print(f"| asyncio's loop ({', '.join(STDLIB_LOOP)}) | {loop:,.0f} | {relay_loop:,.0f} |")
+    columns = [("acp-proxy", rows)]
+    columns += [(f"acp-proxy --config {Path(c).name}", r) for c, r in configured.items()]
+    columns.append(("minimal asyncio relay (relay_asyncio.py)", relay))
+    totals = [_totals(r) for _, r in columns]
+    print("| totals per round trip | " + " | ".join(name for name, _ in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    print("| all | " + " | ".join(f"**{t:,.0f}**" for t, _ in totals) + " |")
     print(
-        f"| the rest (the program's own) | {total - loop:,.0f} | {relay_total - relay_loop:,.0f} |"
+        f"| asyncio's loop ({', '.join(STDLIB_LOOP)}) | "
+        + " | ".join(f"{lp:,.0f}" for _, lp in totals)
+        + " |"
+    )
+    print(
+        "| the rest (the program's own) | "
+        + " | ".join(f"{t - lp:,.0f}" for t, lp in totals)
+        + " |"
     )
     return 0
 
 
-def _per_round_trip(target: str, n: int) -> list[tuple[float, tuple[str, str]]]:
+def _per_round_trip(
+    target: str, n: int, config: str | None = None
+) -> list[tuple[float, tuple[str, str]]]:
     """Each function's bytecodes per round trip (those above zero), largest first."""
     with tempfile.TemporaryDirectory() as name:
-        few = _counts(target, n, Path(name))
-        many = _counts(target, 3 * n, Path(name))
+        few = _counts(target, n, Path(name), config)
+        many = _counts(target, 3 * n, Path(name), config)
     per_rt = {k: (many.get(k, 0) - few.get(k, 0)) / (2 * n) for k in set(few) | set(many)}
     return sorted(((v, k) for k, v in per_rt.items() if v > 0), reverse=True)
 

@@ -258,7 +258,7 @@ class _Generator:
     def chunk(self, kind: str, message_id: str, lo: int, hi: int) -> Json:
         """A text chunk notification with ``lo``..``hi`` characters of text.
 
-        The issue asks for 100-200 B chunks; the v2 envelope alone (jsonrpc, method, sessionId,
+        The target is 100-200 B chunks; the v2 envelope alone (jsonrpc, method, sessionId,
         sessionUpdate, messageId, content type) is ~180 B, so the text is kept small (a few LLM
         tokens, as real agents stream) and the lines come out at ~180-280 B.
         """

@@ -59,6 +59,11 @@ class Settings:
     passthrough_config: Path
     example_config: Path | None
     baseline_ref: str | None = None  # scenario 8: also the proxy at this git ref
+    # Scenarios 1 and 2: the profiles (None: all) and the variants (None: all) to run, and
+    # whether to measure each variant's start-up CPU (scenario 2 subtracts it).
+    profiles: tuple[tuple[str, int], ...] | None = None
+    variants: tuple[str, ...] | None = None
+    startup_cpu: bool = True
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -141,12 +146,17 @@ def drain(
         ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             continue
+        readable = time.perf_counter()
         data = os.read(fd, read_size)
         now = time.perf_counter()
         if not data:
             break
         if sink.first is None:
-            sink.first = now
+            sink.first = readable  # (so that an output read at once still takes some time)
+        # The last byte's arrival, not EOF's: a proxy whose agent exited keeps its output open
+        # a while for requests the client may still send (runtime.answer_after_death), which
+        # is no part of the transfer.
+        sink.last = now
         sink.bytes += len(data)
         sink.lines += data.count(b"\n")
         sink.crc = zlib.crc32(data, sink.crc)
@@ -154,7 +164,8 @@ def drain(
             keep.write(data)
         if sleep_s:
             time.sleep(sleep_s)
-    sink.last = time.perf_counter()
+    if sink.last is None:
+        sink.last = time.perf_counter()
     return sink
 
 
@@ -172,7 +183,7 @@ class Run:
 
     ok: bool
     error: str | None = None
-    xfer_s: float = math.nan  # first output byte to EOF
+    xfer_s: float = math.nan  # first output byte to the last one
     wall_s: float = math.nan  # spawn to exit
     cpu_s: float = math.nan  # the relay's own user+sys (agent subtracted for the proxy)
     maxrss_kb: int = 0
@@ -276,11 +287,24 @@ class Harness:
     def proxy_config(self, variant: str) -> Path:
         if variant.endswith("-nc"):
             return self.coalesce_config(self.proxy_config(variant.removesuffix("-nc")), False)
+        if variant.endswith("-policy"):
+            return self.policy_config(self.proxy_config(variant.removesuffix("-policy")))
         return {
             "proxy-passthrough": self.s.passthrough_config,
             "proxy-annotate": self.s.annotate_config,
             "proxy-example": self.s.example_config or self.s.annotate_config,
         }[variant]
+
+    def policy_config(self, base: Path) -> Path:
+        """``base`` plus the team policy of ``bench/policy-team.yaml``, its audit file in the
+        work directory (one per configuration, appended to run after run)."""
+        path = self.s.work_dir / f"{base.stem}-policy.yaml"
+        if not path.exists():
+            audit = self.s.work_dir / f"{base.stem}-audit.jsonl"
+            policy = (BENCH / "policy-team.yaml").read_text()
+            policy = policy.replace("  mode: enforce\n", f"  mode: enforce\n  audit: {audit}\n")
+            path.write_text(base.read_text() + "\n" + policy)
+        return path
 
     def coalesce_config(self, base: Path, enabled: bool) -> Path:
         """``base`` plus an explicit ``coalesce: {enabled: ...}`` section (coalescing on or off)."""

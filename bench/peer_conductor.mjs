@@ -1,5 +1,5 @@
 // The TypeScript conductor (npm @thinkwell/conductor) as a stdio sidecar, for bench/run.py
-// (issue 13, "peers"). Contract: `node bench/peer_conductor.mjs [--annotate] AGENT_CMD [ARG...]`
+// (the peers' rows). Contract: `node bench/peer_conductor.mjs [--annotate] AGENT_CMD [ARG...]`
 // with CONDUCTOR_MODULE naming the package's dist/index.js (installed by bench/setup_peers.py into
 // bench/build/peers). Without --annotate, no proxy components: the conductor alone between the
 // client (our stdin and stdout, newline-delimited JSON) and the agent it spawns. With --annotate,

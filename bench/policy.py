@@ -5,17 +5,21 @@ rules (commands, path globs under ``{cwd}`` and ``**``, kinds, titles, agents; a
 team's rule set, none of which matches the request until the last, so every rule is tried) and
 times ``PolicyMiddleware.__call__`` on a v1 ``session/request_permission`` whose tool call state
 comes from an earlier ``tool_call`` update (the summary, the paths resolved with the identity,
-the decision, the answer), one call at a time with ``time.perf_counter_ns``; prints p50, p99
-and max in microseconds. Then a frame no policy concerns through a connection without and
-with the policy link: the median cost per frame, and whether its bytes leave unchanged.
+the decision, the answer), one call at a time with ``time.perf_counter_ns``, then again with
+the thread's CPU time (``time.thread_time_ns``, which other processes on a busy machine do not
+move; its clock costs more than a microsecond a read here, which that column includes); prints
+p50, p99 and max in microseconds. Then a frame no policy concerns through a connection without
+and with the policy link: the median cost per frame, and whether its bytes leave unchanged.
 
-Usage: ``python bench/policy.py [--rules 200] [--requests 20000]``.
+Usage: ``python bench/policy.py [--rules 200] [--requests 20000] [--json]`` (``bench/run.py``
+reads the ``--json`` form: its scenario 9).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import time
 from typing import cast
@@ -44,21 +48,36 @@ def policy_text(n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rules", type=int, default=200)
-    parser.add_argument("--requests", type=int, default=20000)
-    args = parser.parse_args()
-    config = parse_config(policy_text(args.rules), "bench.yaml", {"HOME": "/home/bench"})
+def _middleware(rules: int, audited: bool = False) -> tuple[Config, PolicyMiddleware]:
+    """The policy link of ``rules`` rules; ``audited``: with an audit sink that writes nothing
+    (each decision builds its entry, as with an audit file, without the file's I/O)."""
+    config = parse_config(policy_text(rules), "bench.yaml", {"HOME": "/home/bench"})
     assert config.policy is not None
-    mw = PolicyMiddleware(config.policy, None, lambda path: path)
+    sink = (lambda entry: None) if audited else None
+    return config, PolicyMiddleware(config.policy, sink, lambda path: path)
+
+
+def _percentiles(samples: list[int]) -> dict[str, float]:
+    samples = sorted(samples)
+    return {
+        "p50_us": statistics.median(samples) / 1000,
+        "p99_us": samples[int(len(samples) * 0.99)] / 1000,
+        "max_us": samples[-1] / 1000,
+    }
+
+
+def decision_cost(rules: int, requests: int, audited: bool = False) -> dict[str, float]:
+    """One permission request at a time through the policy link: per request, the wall time
+    (``perf_counter_ns``) and the thread's CPU time (``thread_time_ns``: what a busy machine's
+    other processes do not add); their p50, p99 and max in microseconds."""
+    _, mw = _middleware(rules, audited)
     c2a = MessageContext(Direction.CLIENT_TO_AGENT, 1)
     a2c = MessageContext(Direction.AGENT_TO_CLIENT, 1)
     mw(
         {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w/p"}},
         c2a,
     )
-    mw({"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s"}}, a2c)
+    mw.on_answer("session/new", {"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s"}})
     update: JsonObject = {
         "sessionUpdate": "tool_call",
         "toolCallId": "t",
@@ -89,25 +108,24 @@ def main() -> None:
     }
     verdict = mw(request, a2c)
     assert "allow" in repr(verdict), verdict
-    samples = []
-    clock = time.perf_counter_ns
-    for _ in range(args.requests):
-        start = clock()
-        mw(request, a2c)
-        samples.append(clock() - start)
-    samples.sort()
-    p50 = statistics.median(samples) / 1000
-    p99 = samples[int(len(samples) * 0.99)] / 1000
-    print("| rules | requests | p50 µs | p99 µs | max µs |")
-    print("|---|---|---|---|---|")
-    print(f"| {args.rules} | {args.requests} | {p50:.1f} | {p99:.1f} | {samples[-1] / 1000:.1f} |")
-    print()
-    passthrough(config, args.requests)
+    wall: list[int] = []
+    cpu: list[int] = []
+    # Two passes, so neither clock's own cost is inside the other's measure.
+    for clock, samples in ((time.perf_counter_ns, wall), (time.thread_time_ns, cpu)):
+        for _ in range(requests):
+            mw.marks.clear()  # (the chain drains them)
+            start = clock()
+            mw(request, a2c)
+            samples.append(clock() - start)
+    out = _percentiles(wall)
+    out.update({f"cpu_{k}": v for k, v in _percentiles(cpu).items()})
+    return out
 
 
-def passthrough(config: Config, n: int) -> None:
+def frame_cost(rules: int, frames: int) -> dict[str, dict[str, float]]:
     """A frame no policy concerns (a 2 KiB message chunk), through a connection without a
-    policy and with one: the bytes out are the bytes in, and what the needles cost."""
+    policy and with one: the median cost per frame, and whether its bytes leave unchanged."""
+    config, _ = _middleware(rules)
     chunk = (
         b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
         b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"'
@@ -116,10 +134,9 @@ def passthrough(config: Config, n: int) -> None:
     )
     init = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2}}'
     ok = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2,"capabilities":{}}}'
-    print("| chain | frames | p50 µs per frame | bytes unchanged |")
-    print("|---|---|---|---|")
     assert config.policy is not None
     factory = functools.partial(PolicyMiddleware, config.policy, None, lambda path: path)
+    out: dict[str, dict[str, float]] = {}
     for name, chain in (
         ("no policy", Chain([])),
         ("policy", Chain([Link(cast(Middleware, factory()))])),
@@ -129,13 +146,50 @@ def passthrough(config: Config, n: int) -> None:
         conn.handle(Direction.AGENT_TO_CLIENT, Line(ok))
         samples = []
         same = True
-        for _ in range(n):
+        for _ in range(frames):
             start = time.perf_counter_ns()
-            out = conn.handle_line(Direction.AGENT_TO_CLIENT, chunk)
+            result = conn.handle_line(Direction.AGENT_TO_CLIENT, chunk)
             samples.append(time.perf_counter_ns() - start)
-            if not isinstance(out, dict):
-                same = same and [f.raw for f in out.forward] == [chunk]
-        print(f"| {name} | {n} | {statistics.median(samples) / 1000:.2f} | {same} |")
+            if not isinstance(result, dict):
+                same = same and [f.raw for f in result.forward] == [chunk]
+        out[name] = {"p50_us": statistics.median(samples) / 1000, "unchanged": float(same)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rules", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--json", action="store_true", help="one JSON object (bench/run.py)")
+    args = parser.parse_args()
+    decision = decision_cost(args.rules, args.requests)
+    audited = decision_cost(args.rules, args.requests, audited=True)
+    frames = frame_cost(args.rules, args.requests)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "rules": args.rules,
+                    "requests": args.requests,
+                    "decision": decision,
+                    "audited": audited,
+                    "frames": frames,
+                }
+            )
+        )
+        return
+    print("| decision | rules | requests | p50 µs | p99 µs | max µs | CPU p50 µs | CPU p99 µs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, d in (("alone", decision), ("with its audit entry", audited)):
+        print(
+            f"| {name} | {args.rules} | {args.requests} | {d['p50_us']:.1f} | {d['p99_us']:.1f} | "
+            f"{d['max_us']:.1f} | {d['cpu_p50_us']:.1f} | {d['cpu_p99_us']:.1f} |"
+        )
+    print()
+    print("| chain | frames | p50 µs per frame | bytes unchanged |")
+    print("|---|---|---|---|")
+    for name, f in frames.items():
+        print(f"| {name} | {args.requests} | {f['p50_us']:.2f} | {bool(f['unchanged'])} |")
 
 
 if __name__ == "__main__":

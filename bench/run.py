@@ -17,7 +17,11 @@ Scenarios:
      against one pass, and with a slow client (coalescing on and off);
   5. TCP and Unix-socket throughput relative to stdio (``--listen``), or an "n/a" row;
   6. start-up wall and CPU time of ``acp-proxy -- true`` against the minimal relay's
-     (``bench/startup.py``).
+     (``bench/startup.py``);
+  9. the permission policy's decision cost with 200 rules, p50 and p99 per request, and a frame
+     it does not concern without and with it (``bench/policy.py``). Scenarios 1 and 2 also run
+     the pass-through and annotation configurations with a team policy beside their rules
+     (``bench/policy-team.yaml``) and compare them with the same rules without one.
 
 The peers (installed by ``bench/setup_peers.py``, skipped with the reason when they
 are not): the TypeScript conductor with no components and with one annotating component, and a
@@ -29,7 +33,9 @@ says what came out (the conductor drops JSON-RPC batches; the SDK's Connection s
 the first one).
 
 Usage: ``python bench/run.py`` (full, ~50 MB per data set) or ``python bench/run.py --quick``
-(seconds; the CI smoke run); ``--out results.json``; ``--help`` for the rest.
+(seconds; the CI smoke run); ``--brief`` prints scenario 1's table alone for mixed-v2 and four
+variants (what ``.ci/run`` shows as information); ``--out results.json``; ``--help`` for the
+rest.
 """
 
 from __future__ import annotations
@@ -52,10 +58,13 @@ import setup_peers
 from generate import DEFAULT_SEED, ensure, parse_size
 from harness import BENCH, ROOT, Harness, Settings
 from rows import Row
-from scenarios import SCENARIOS
+from scenarios import SCENARIOS, throughput
 from variants import PROFILES
 
 SCHEMA = "acp-proxy-bench/1"
+# ``--brief``: what .ci/run prints after the cost guard, as information.
+BRIEF_PROFILES = (("mixed", 2),)
+BRIEF_VARIANTS = ("py-line", "py-inject", "proxy-passthrough", "proxy-annotate")
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -64,7 +73,18 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         description="Run the acp-proxy benchmark suite.",
         epilog="Full run: python bench/run.py --out bench/results/latest.json",
     )
-    ap.add_argument("--quick", action="store_true", help="tiny data, 1 repetition (CI smoke run)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny data, 1 repetition, the first profile only in scenarios 1-2 (CI smoke run)",
+    )
+    ap.add_argument(
+        "--brief",
+        action="store_true",
+        help="the short throughput table .ci/run prints (information, never a failure): "
+        "scenario 1 on mixed-v2 alone, the Python relays and the proxy with the pass-through "
+        "and the annotation rules, quick data, 1 repetition, no start-up CPU; that table only",
+    )
     ap.add_argument("--out", type=Path, help="write the JSON results here")
     ap.add_argument("--reps", type=int, help="interleaved repetitions (default 3, quick 1)")
     ap.add_argument("--size", type=parse_size, help="throughput data set size (default 50M)")
@@ -76,9 +96,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument(
         "--scenarios",
         type=lambda t: {int(x) for x in t.split(",")},
-        default={1, 2, 3, 4, 5, 6, 7},
+        default={1, 2, 3, 4, 5, 6, 7, 9},
         help="comma-separated subset, e.g. 3,4 (default: all but 8; 1 and 2 share their runs; "
-        "6 is start-up; 8 is a client that falls behind, bench/slow_client.py)",
+        "6 is start-up; 8 is a client that falls behind, bench/slow_client.py; 9 is the "
+        "policy's decision cost, bench/policy.py)",
     )
     ap.add_argument(
         "--baseline-ref",
@@ -89,7 +110,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
     ap.add_argument("--annotate-config", type=Path, default=BENCH / "rules-annotate.yaml")
     ap.add_argument("--passthrough-config", type=Path, default=BENCH / "rules-passthrough.yaml")
     a = ap.parse_args(argv)
-    q = bool(a.quick)
+    q = bool(a.quick or a.brief)
     example = ROOT / "config" / "example.yaml"
     work = Path(tempfile.mkdtemp(prefix="acp-bench-"))
     s = Settings(
@@ -110,8 +131,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Settings, Path | None, set[i
         passthrough_config=a.passthrough_config.resolve(),
         example_config=example if example.exists() else None,
         baseline_ref=a.baseline_ref,
+        profiles=BRIEF_PROFILES if a.brief else None,
+        variants=BRIEF_VARIANTS if a.brief else None,
+        startup_cpu=not a.brief,
     )
-    return s, a.out, set(a.scenarios)
+    return s, a.out, {1} if a.brief else set(a.scenarios)
 
 
 # -- output ---------------------------------------------------------------------------------
@@ -185,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if h.proxy_error:
             log(f"proxy rows skipped: {h.proxy_error}")
         log(f"generating data sets (cached in {s.data_dir})")
-        for profile, version in PROFILES:
+        for profile, version in s.profiles or PROFILES:
             ensure(s.data_dir, profile, version, s.size, s.seed)
         rows: list[Row] = []
         for scenario in SCENARIOS:
@@ -226,8 +250,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    print(markdown(result), flush=True)
+    print(brief_markdown(result) if s.variants is not None else markdown(result), flush=True)
     return 0
+
+
+def brief_markdown(result: dict[str, Any]) -> str:
+    """``--brief``: the throughput table alone, under one line saying what it is."""
+    meta = result["meta"]
+    out = [
+        f"Throughput, for information (bench/run.py --brief: {meta['size_bytes'] / 2**20:.2f} "
+        f"MiB, {meta['reps']} repetition; a shared machine moves these figures 2-5 x):",
+        "",
+    ]
+    throughput.markdown_throughput(result["rows"], out)
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

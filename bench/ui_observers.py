@@ -13,7 +13,7 @@ proxy relays 2N frames (half of them through the rules). Three variants:
   they do not, as ``curl -N`` does not.
 
 It prints the median wall time of each variant and the ratios ``ui+50 / ui`` (what observers
-cost a session: the issue's "within 10 % of no observer") and ``ui / off`` (what the view itself
+cost a session; the target is "within 10 % of no observer") and ``ui / off`` (what the view itself
 costs), plus the proxy's peak RSS per variant. Never a timed assertion: the numbers depend on
 the machine (say how loaded it was when you quote them).
 

@@ -17,7 +17,15 @@ PROXY_VARIANTS = (
     "proxy-annotate",
     "proxy-annotate-nc",
     "proxy-example",
+    "proxy-passthrough-policy",
+    "proxy-annotate-policy",
 )
+# The variants with the team policy (bench/policy-team.yaml) beside their rules, and the
+# variant each is compared with in the same run (scenarios 1 and 2, "with a policy").
+POLICY_VARIANTS = {
+    "proxy-passthrough-policy": "proxy-passthrough",
+    "proxy-annotate-policy": "proxy-annotate",
+}
 VARIANT_TITLES = {
     "pipe-cat": "cat between two pipes",
     "c-relay": "C byte relay (bench/relay.c)",
@@ -28,6 +36,8 @@ VARIANT_TITLES = {
     "proxy-annotate": "acp-proxy, annotation rule",
     "proxy-annotate-nc": "acp-proxy, annotation rule, coalescing off",
     "proxy-example": "acp-proxy, config/example.yaml",
+    "proxy-passthrough-policy": "acp-proxy, pass-through rules and a team policy",
+    "proxy-annotate-policy": "acp-proxy, annotation rule and a team policy",
 }
 PROFILES = (("mixed", 2), ("mixed", 1), ("chunks", 2))
 # The peers (installed by bench/setup_peers.py into the build dir). Scenario 3 has the

@@ -4,8 +4,9 @@ Usage: ``policy_agent.py VERSION NAME``. Answers ``initialize`` with protocolVer
 and its name (v1 ``agentInfo``, v2 ``info``), ``session/new`` with ``sessionId`` "sess_1",
 and ``_test/send`` ``{"frames": [...]}`` by writing those frames (its own requests and
 notifications) as they are, waiting for the answer to each request among them, and then
-answering ``{"got": [answer, ...]}`` in the order the requests were sent. Other requests are
-answered ``{"echo": params}``; notifications are ignored.
+answering ``{"got": [answer, ...]}`` in the order the requests were sent. ``_test/notes``
+is answered ``{"notes": [...]}``: the notifications it received so far. Other requests are
+answered ``{"echo": params}``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv: list[str]) -> int:
     waiting: dict[Any, int] = {}  # request id -> place in ``got``
     got: list[Any] = []
     send_id: Any = None
+    notes: list[Any] = []  # the notifications received (session/cancel...)
     for raw in sys.stdin.buffer:
         message = json.loads(raw)
         if "method" not in message:
@@ -36,6 +38,7 @@ def main(argv: list[str]) -> int:
                     send_id, got = None, []
             continue
         if "id" not in message:
+            notes.append(message)
             continue
         method, params = message["method"], message.get("params")
         if method == "initialize":
@@ -47,6 +50,8 @@ def main(argv: list[str]) -> int:
                 result.update(capabilities={}, info=info)
         elif method == "session/new":
             result = {"sessionId": "sess_1"}
+        elif method == "_test/notes":
+            result = {"notes": notes}
         elif method == "_test/send":
             for frame in params["frames"]:
                 if "id" in frame and "method" in frame:

@@ -5,8 +5,13 @@ Every call is bounded by ``anyio.fail_after`` so a broken proxy fails a test ins
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import subprocess
 import sys
+import termios
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,8 +199,111 @@ class MemoryByteStream(anyio.abc.ByteStream):
         await self._receive.aclose()
 
 
+# Every memory stream ``memory_pipe_pair`` made: ``close_memory_pipes`` (an autouse fixture of
+# conftest.py) closes them once the test ended, as a process closes its pipes when it exits.
+_MEMORY_STREAMS: list[anyio.abc.ObjectSendStream[bytes] | anyio.abc.ObjectReceiveStream[bytes]] = []
+
+
 def memory_pipe_pair(buffer: int = 16) -> tuple[MemoryByteStream, MemoryByteStream]:
     """Two connected byte streams; each direction holds at most ``buffer`` chunks."""
     a_send, b_receive = anyio.create_memory_object_stream[bytes](buffer)
     b_send, a_receive = anyio.create_memory_object_stream[bytes](buffer)
+    _MEMORY_STREAMS.extend((a_send, b_receive, b_send, a_receive))
     return MemoryByteStream(a_send, a_receive), MemoryByteStream(b_send, b_receive)
+
+
+def close_memory_pipes() -> None:
+    """Close every stream of the pairs made so far (closing twice is harmless)."""
+    while _MEMORY_STREAMS:
+        stream = _MEMORY_STREAMS.pop()
+        stream.close()  # type: ignore[union-attr]  # the memory streams' synchronous close
+
+
+def close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    """Close our ends of ``proc``'s pipes (what ``with Popen(...)`` does on exit), for a test
+    that keeps a process past a ``with``; ignores a pipe whose last write fails (EPIPE)."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+# -- backpressure, seen from outside -------------------------------------------------------------
+def unread_in_pipe(fd: int) -> tuple[int, int]:
+    """(bytes written to the pipe of ``fd`` and not read yet, its capacity): Linux answers
+    ``FIONREAD`` on either end of a pipe."""
+    raw = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    return int.from_bytes(raw, sys.byteorder), fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+
+
+def pipe_full(fd: int) -> bool:
+    """The pipe of ``fd`` (either end) holds all it can: its reader has stopped reading. Less
+    than 16 KiB free counts as full: the kernel fills a pipe page by page, and a writer that
+    writes whole lines (the proxy) leaves the rest of a page unused."""
+    unread, capacity = unread_in_pipe(fd)
+    return unread > capacity - 16 * 1024
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux: ``/proc/PID/task/*/children``)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(x) for x in (task / "children").read_text().split()]
+    return found
+
+
+def _fd_pipe_full(pid: int, fd: int) -> bool:
+    """Descriptor ``fd`` of process ``pid`` is a pipe that holds all it can. False while it
+    cannot be opened (not there yet, not a pipe)."""
+    try:
+        opened = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return pipe_full(opened)
+    except OSError:
+        return False
+    finally:
+        os.close(opened)
+
+
+# ``write`` in /proc/PID/syscall: x86-64, then arm64 and riscv64 (the generic table).
+_WRITE_SYSCALLS = frozenset((1, 64))
+
+
+def blocked_writing(pid: int, fd: int = 1) -> bool:
+    """A thread of process ``pid`` sleeps in ``write(fd, ...)``: the pipe is full and its reader
+    (the proxy, for an agent's stdout) is not reading it. How full a pipe is cannot tell that:
+    the kernel fills it page by page, and small writes leave part of each page unused."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rpartition(")")[2].split()[0]
+            call = (task / "syscall").read_text().split()
+        except (OSError, IndexError):
+            continue
+        writing = len(call) > 1 and call[0].isdigit() and int(call[0]) in _WRITE_SYSCALLS
+        if state == "S" and writing and int(call[1], 16) == fd:
+            return True
+    return False
+
+
+def stdin_full(pid: int) -> bool:
+    """Process ``pid``'s stdin is a full pipe: ``pid`` is not reading it."""
+    return _fd_pipe_full(pid, 0)
+
+
+async def wait_until(
+    condition: Callable[[], bool], what: str, *, settle: float = 0.2, timeout: float = 30.0
+) -> None:
+    """Poll ``condition`` every 20 ms until it has held at every poll for ``settle`` seconds (a
+    reader that stopped, not one that is between two reads); fail with ``what`` after
+    ``timeout``."""
+    with anyio.move_on_after(timeout):
+        since: float | None = None
+        while since is None or anyio.current_time() - since < settle:
+            held = condition()
+            since = (since if since is not None else anyio.current_time()) if held else None
+            await anyio.sleep(0.02)
+        return
+    raise AssertionError(f"not within {timeout:g} s: {what}")

@@ -19,9 +19,9 @@ from acp_proxy.wire.chain import (
     Replace,
     Reply,
     Verdict,
-    error_response,
     needle_escapes,
 )
+from acp_proxy.wire.errors import error_object
 
 CTX = MessageContext(Direction.AGENT_TO_CLIENT, 2)
 REQ: JsonObject = {"jsonrpc": "2.0", "id": 7, "method": "x/do", "params": {}}
@@ -66,11 +66,32 @@ def test_replace_feeds_every_message_to_the_next_link() -> None:
     assert second.seen == [a, b]
 
 
+def test_replace_with_replies_forwards_and_answers_the_sender() -> None:
+    cancel: JsonObject = {"jsonrpc": "2.0", "method": "session/cancel", "params": {}}
+    second = Fixed(FORWARD)
+    out = Chain([Link(Fixed(Replace((NOTE,), replies=(cancel,)))), Link(second)]).run(NOTE, CTX)
+    assert out == Outcome((NOTE,), (cancel,), True, ("Fixed",))
+    assert second.seen == [NOTE]
+
+
+def test_links_that_want_it_see_the_initialize_request() -> None:
+    class Watcher(BaseMiddleware):
+        def __init__(self) -> None:
+            self.requests: list[JsonObject] = []
+
+        def on_initialize_request(self, request: JsonObject) -> None:
+            self.requests.append(request)
+
+    watcher = Watcher()
+    Chain([Link(Fixed(FORWARD)), Link(watcher)]).initialize_requested(REQ)
+    assert watcher.requests == [REQ]
+
+
 def test_drop_and_reply_stop_the_chain() -> None:
     after = Fixed(FORWARD)
     dropped = Chain([Link(Fixed(Drop("no"))), Link(after)]).run(NOTE, CTX)
     assert dropped == Outcome((), (), True, (), "Fixed", ())
-    answer = error_response(7, -32601, "no")
+    answer = error_object(7, -32601, "no")
     replied = Chain([Link(Fixed(Reply(answer))), Link(after)]).run(REQ, CTX)
     assert replied == Outcome((), (answer,), True, (), "Fixed", ())
     assert after.seen == []
@@ -84,7 +105,7 @@ def test_fail_open_forwards_unchanged_and_reports() -> None:
 def test_fail_closed_drops_and_answers_a_request() -> None:
     out = Chain([Link(Boom(), fail_closed=True)]).run(REQ, CTX)
     assert out.messages == () and out.dropped_by == "Boom"
-    assert out.replies == (error_response(7, -32603, "acp-proxy: middleware Boom failed"),)
+    assert out.replies == (error_object(7, -32603, "acp-proxy: middleware Boom failed"),)
     note = Chain([Link(Boom(), fail_closed=True)]).run(NOTE, CTX)
     assert note.messages == () and note.replies == ()  # a notification gets no answer
 
@@ -100,7 +121,8 @@ def test_changed_by_names_the_parts_that_acted() -> None:
         ([(b'"tool_call_update"',)], (b"\\u",)),
         ([(b'"session/update"',)], (b"\\u", b"\\/")),
         ([None, (b'"a"',)], (b"\\u",)),
-        ([], (b"\\u",)),
+        ([], ()),  # no needle to hide: a link handed its requests by name has none
+        ([()], ()),
     ],
 )
 def test_needle_escapes(

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import pytest
-from proxy_harness import measured_cmd
+from proxy_harness import close_pipes, measured_cmd
 
 from acp_proxy.meta.state import ClientModel
 
@@ -112,6 +112,7 @@ def _run(tmp_path: Path, enabled: bool, updates: int) -> tuple[list[dict[str, An
     proc.stdout.read()
     _, status, _usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
+    close_pipes(proc)
     assert done, "the prompt response never arrived"
     count = sum(1 for m in messages if m.get("method") == "session/update")
     return messages, count, int(rss_file.read_text())

@@ -536,7 +536,8 @@ async def test_chunks_reach_a_parked_reader_through_its_consumer_in_order() -> N
     from acp_proxy.wire.component import Link
 
     ours, _theirs = memory_pipe_pair()
-    side = ConductorMux(ours, Link(), log=get_logger(), max_frame_bytes=1 << 20).client
+    mux = ConductorMux(ours, Link(), log=get_logger(), max_frame_bytes=1 << 20)
+    side = mux.client
     seen: list[bytes] = []
     answers = iter([HANDLED, HANDLED_WAKE, NOT_HANDLED])
 
@@ -579,6 +580,10 @@ async def test_chunks_reach_a_parked_reader_through_its_consumer_in_order() -> N
                 await anyio.wait_all_tasks_blocked()
                 await side.deliver(b"6\n")
         assert [str(e) for e in caught.value.exceptions] == ["boom"]
+    # The mux never ran (it closes its sides' queues when its reading ends): close them here.
+    for each in (mux.client, mux.agent):
+        each.incoming.close()
+        await each.aclose()
 
 
 async def test_traces_cover_the_inner_requests(tmp_path: Path) -> None:

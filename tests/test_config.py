@@ -31,7 +31,7 @@ TOP = (
     "rules, middleware_paths, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
     "max_connections, handshake_timeout, allow_remote, metrics_allow_remote, metrics, tracing, "
-    "record, ui, policy"
+    "record, ui, policy, budgets"
 )
 KINDS = (
     "agent_message, agent_message_chunk, agent_thought, agent_thought_chunk, "

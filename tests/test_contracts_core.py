@@ -1,6 +1,6 @@
 """Contracts of the patch core and of coalescing, one rule per test, exact outputs.
 
-Each test states one rule of the issues or the RFD and asserts the exact result, so that a change
+Each test states one rule of the specs or the RFD and asserts the exact result, so that a change
 of behaviour fails here. Every v2 message built below is validated against the official schema.
 Pure and synchronous: no I/O, no clock, no hypothesis (deterministic and fast).
 """

@@ -27,13 +27,17 @@ from proxy_harness import (
     REPO,
     TESTS,
     Lines,
+    children,
+    close_pipes,
     echo_response,
     error_line,
     init_response,
+    pipe_full,
     proxy_cmd,
     proxy_env,
     request,
     run,
+    stdin_full,
     write_config,
 )
 
@@ -411,6 +415,10 @@ async def test_fail_closed_on_a_response_does_not_leave_the_request_hanging(
 # --- backpressure toward the agent ---------------------------------------------------------------
 
 NOT_READING_AGENT = "import time\nwhile True:\n    time.sleep(60)\n"
+# The pipes found full for this long: the proxy stopped reading (not a pause between reads);
+# then it must go on reading nothing for STILL_STALLED_S.
+SETTLED_S = 0.2
+STILL_STALLED_S = 1.0
 
 
 def _rss_kib(pid: int) -> int:
@@ -463,9 +471,18 @@ def test_agent_that_stops_reading_stops_the_proxy_reading_the_client(tmp_path: P
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        time.sleep(2.0)
+        # The proxy stopped reading its stdin: the agent's stdin pipe is full (it never reads),
+        # and the pipe toward the proxy stays full while the writer waits.
+        deadline = time.monotonic() + TIMEOUT
+        full_since: float | None = None
+        while full_since is None or time.monotonic() - full_since < SETTLED_S:
+            assert time.monotonic() < deadline, f"the proxy still reads after {written[0]} bytes"
+            agents = children(proc.pid)
+            full = len(agents) == 1 and stdin_full(agents[0]) and pipe_full(proc.stdin.fileno())
+            full_since = (full_since or time.monotonic()) if full else None
+            time.sleep(0.02)
         first = written[0]
-        time.sleep(1.5)
+        time.sleep(STILL_STALLED_S)
         second = written[0]
         rss_kib = _rss_kib(proc.pid)
         proc.send_signal(signal.SIGTERM)
@@ -477,6 +494,7 @@ def test_agent_that_stops_reading_stops_the_proxy_reading_the_client(tmp_path: P
             proc.kill()
             proc.wait(timeout=5)
         thread.join(5)
+        close_pipes(proc)
     # Stalled: nothing more was accepted in the second interval, and far less than was offered.
     assert second == first, (first, second)
     assert second < 64 * len(block), f"proxy accepted {second / 2**20:.0f} MiB without a reader"

@@ -18,7 +18,18 @@ from pathlib import Path
 import anyio
 import orjson
 import pytest
-from proxy_harness import REPO, TESTS, error_line, proxy_env, request, write_config
+from proxy_harness import (
+    REPO,
+    TESTS,
+    blocked_writing,
+    children,
+    close_pipes,
+    error_line,
+    proxy_env,
+    request,
+    wait_until,
+    write_config,
+)
 from stream_agent import stream_lines
 
 pytestmark = pytest.mark.anyio
@@ -116,7 +127,7 @@ async def run_with_paused_client(
             if proc.poll() is None:
                 proc.kill()  # SIGKILL also ends a stopped process
                 proc.wait()
-        proxy.stdin.close()
+        close_pipes(proxy)
     events = [orjson.loads(line) for line in log_file.read_bytes().splitlines() if line]
     return proxy.returncode, received.read_bytes(), events
 
@@ -191,8 +202,10 @@ async def test_a_paused_client_stops_the_proxy_reading_the_agent(tmp_path: Path)
     )
     os.close(write_end)
     try:
-        # Unblocked, the agent writes 64 MB in well under a second; give it several.
-        await anyio.sleep(3)
+        # The proxy stops reading the agent: the agent waits in a write to its full stdout.
+        await wait_until(
+            lambda: any(map(blocked_writing, children(proxy.pid))), "the agent blocked"
+        )
         assert not done.exists()
         status = Path(f"/proc/{proxy.pid}/status").read_text()
         rss_kib = int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1])

@@ -14,12 +14,12 @@ from acp_proxy.wire.envelope import (
     NotAnEnvelope,
     accept_proxy,
     detect,
-    error_response,
     replace_method,
     scan,
     unwrap,
     wrap,
 )
+from acp_proxy.wire.errors import error_bytes
 
 INIT_PARAMS = b'{"protocolVersion":1,"clientCapabilities":{"fs":{"readTextFile":true}}}'
 TW_PARAMS = b'{"protocolVersion":1,"_meta":{"proxy":true}}'
@@ -195,12 +195,12 @@ def test_accept_proxy_splices_one_member(response: bytes, accepted: bytes) -> No
     assert accept_proxy(msg(response)) == accepted
 
 
-def test_replace_method_and_error_response() -> None:
+def test_replace_method_and_error_bytes() -> None:
     line = b'{"jsonrpc":"2.0","id":0,"method" : "proxy/initialize","params":{"a":1}}'
     assert replace_method(msg(line), "initialize") == (
         b'{"jsonrpc":"2.0","id":0,"method" : "initialize","params":{"a":1}}'
     )
-    assert error_response(b'"x"', -32600, "no") == (
+    assert error_bytes(b'"x"', -32600, "no") == (
         b'{"jsonrpc":"2.0","id":"x","error":{"code":-32600,"message":"no"}}'
     )
     assert scan(b"[1]") is None and scan(b"{") is None and scan(b"") is None

@@ -158,6 +158,50 @@ def test_any_chunking_gives_the_same_events(stream: bytes, cuts: list[int], limi
     assert run([stream], limit) == expected
 
 
+def reference_text(stream: bytes, limit: int, head: int) -> list[Event]:
+    """The model of a splitter with ``blank_lines`` and ``head_bytes``: every line counts, even
+    an empty one; only the empty rest after the last newline is no line."""
+    pieces = stream.split(b"\n")
+    if pieces[-1] == b"":
+        pieces.pop()
+    return [
+        Oversize(len(line), line[:head], limit) if len(line) > limit else Line(line)
+        for line in pieces
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=_streams,
+    cuts=st.lists(st.integers(min_value=0, max_value=300)),
+    limit=st.integers(1, 40),
+    head=st.integers(1, 50),
+    blocks=st.booleans(),
+)
+def test_blank_lines_and_a_longer_head_under_any_chunking(
+    stream: bytes, cuts: list[int], limit: int, head: int, blocks: bool
+) -> None:
+    """For text that is not a protocol stream (a record file, a stderr): blank lines are lines,
+    an oversize line keeps ``head_bytes`` of its start, and ``feed_blocks`` gives what ``feed``
+    gives."""
+    points = sorted({c for c in cuts if c <= len(stream)} | {0, len(stream)})
+    splitter = LineSplitter(limit, blank_lines=True, head_bytes=head)
+    got: list[object] = []
+    for a, b in itertools.pairwise(points):
+        got.extend((splitter.feed_blocks if blocks else splitter.feed)(stream[a:b]))
+        assert splitter.buffered <= max(limit, head)
+    got.extend(splitter.end())
+    assert got == reference_text(stream, limit, head)
+
+
+def test_blank_lines_table() -> None:
+    splitter = LineSplitter(4, blank_lines=True, head_bytes=6)
+    assert splitter.feed(b"\n \r\nab\n") == [Line(b""), Line(b" \r"), Line(b"ab")]
+    assert splitter.feed(b"abcdefgh") == []
+    assert splitter.feed(b"ij\n  ") == [Oversize(10, b"abcdef", 4)]
+    assert splitter.end() == [Line(b"  ")]
+
+
 # --- reading the id of a truncated request ------------------------------------------------------
 
 ID_CASES: list[tuple[str, bytes, tuple[bool, JsonValue]]] = [

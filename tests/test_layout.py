@@ -15,7 +15,7 @@ import acp_proxy.middleware as public
 from acp_proxy.wire import chain
 
 PACKAGE = Path(__file__).resolve().parent.parent / "acp_proxy"
-PURE = ("base", "meta", "wire", "config", "record", "telemetry", "policy")
+PURE = ("base", "meta", "wire", "config", "record", "telemetry", "policy", "budget")
 MAX_CLASS_LINES = 450
 MAX_MODULE_LINES = 600
 

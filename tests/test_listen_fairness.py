@@ -19,7 +19,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
-from proxy_harness import Lines, request, write_config
+from proxy_harness import Lines, blocked_writing, children, request, wait_until, write_config
 from test_sockets import listening
 
 from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
@@ -56,7 +56,15 @@ async def test_clients_that_never_read_do_not_starve_a_new_client(tmp_path: Path
             hog = await proxy.connect()
             await hog.send(request(0, "initialize", {}) + request(1, "stream", {}))
             hogs.append(hog)
-        await anyio.sleep(2)  # the hogs' queues fill the budget
+        # The hogs' queues fill the budget: the proxy reads none of their agents any more,
+        # each waits in a write to its full stdout.
+        await wait_until(
+            lambda: (
+                len(agents := children(proxy.process.pid)) == len(hogs)
+                and all(map(blocked_writing, agents))
+            ),
+            "every hog's agent blocked",
+        )
         good = await proxy.connect()
         with anyio.fail_after(10):
             times = await _round_trips(good, 20)

@@ -1,6 +1,6 @@
 """No orphans, ever: real proxies, real agents, real signals, Linux /proc.
 
-Each test fails on the code before the issue: the agent outliving ``kill -9`` of the proxy, a
+Each test fails on the code before the fix: the agent outliving ``kill -9`` of the proxy, a
 SIGTERM right after the spawn killing the proxy by the default action, a ``setsid`` grandchild
 surviving its session, zombies piling up under a proxy that is PID 1.
 

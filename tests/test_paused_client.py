@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import pytest
 from acp_schema import validate_v2_message
+from proxy_harness import close_pipes
 from test_coalesce import normalized
 
 from acp_proxy.meta.state import ClientModel
@@ -140,6 +141,7 @@ def run_paused_client(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        close_pipes(proc)
     return bytes(received), err_path.read_text(errors="replace")
 
 

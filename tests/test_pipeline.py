@@ -25,9 +25,9 @@ from acp_proxy.wire.chain import (
     Replace,
     Reply,
     Verdict,
-    error_response,
 )
 from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.errors import error_object
 from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
 from acp_proxy.wire.pipeline import (
     Connection,
@@ -698,7 +698,7 @@ def test_end_to_end_with_the_splitter() -> None:
 
 
 def test_error_response_shape_is_shared() -> None:
-    assert error_response(1, -32603, "m") == {
+    assert error_object(1, -32603, "m") == {
         "jsonrpc": "2.0",
         "id": 1,
         "error": {"code": -32603, "message": "m"},

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shlex
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,9 +12,21 @@ from hypothesis import strategies as st
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.config import ConfigError, parse_config
-from acp_proxy.policy.decide import Decider, answer, decide, matches
+from acp_proxy.policy.decide import answer, decide, matches
+from acp_proxy.policy.explain import explain_policy
+from acp_proxy.policy.fastdecide import Decider
 from acp_proxy.policy.globs import GlobError, Undecidable, compile_glob, glob_matches, normalise
-from acp_proxy.policy.model import Decision, Match, Policy, PolicyRule, Request, Verdict
+from acp_proxy.policy.model import (
+    Decision,
+    Match,
+    OnUnasked,
+    Policy,
+    PolicyRule,
+    Request,
+    Verdict,
+)
+from acp_proxy.policy.requests import split_command
+from acp_proxy.policy.schema import policy_schema
 
 HOME = {"HOME": "/home/u"}
 
@@ -339,49 +353,64 @@ def test_matches_ignores_nothing_it_is_given() -> None:
     assert not matches(m, Request(PERM, "edit", None, ("/a/b",)))
 
 
-_GLOBS = ["{cwd}/**", "{cwd}/src/*.py", "**/.env", "/etc/**", "/w/p/[ab]*"]
+_GLOBS = ["{cwd}/**", "{cwd}/src/*.py", "**/.env", "/etc/**", "/w/p/[ab]*", "{cwd}",
+          "**/*.py", "**/p/**"]  # fmt: skip
 _COMPILED = {g: compile_glob(g, None) for g in _GLOBS}
-_PATHS = ["/w/p/src/a.py", "/w/p/.env", "/etc/passwd", "/w/p/b", "/tmp/x", "/w/pp/a"]
+_LONG = "/w/p/" + "x" * 4100
+_PATHS = ["/w/p/src/a.py", "/w/p/.env", "/etc/passwd", "/w/p/b", "/tmp/x", "/w/pp/a", "/w/p"]
+# Paths the fast path leaves to the reference (too long), or that are odd.
+_ODD_PATHS = ["/w/p/a\nb", _LONG]
+_TITLES = [re.compile("^Deploy"), re.compile("rm")]
 
 
-@st.composite
-def _policy_rules(draw: st.DrawFn) -> list[PolicyRule]:
-    rules = []
-    for i in range(draw(st.integers(1, 10))):
+def _some(items: list[str]) -> st.SearchStrategy[tuple[str, ...] | None]:
+    return st.one_of(st.none(), st.lists(st.sampled_from(items), min_size=1, max_size=2).map(tuple))
 
-        def some(items: list[str]) -> tuple[str, ...] | None:
-            return draw(st.one_of(st.none(), st.lists(st.sampled_from(items), min_size=1,
-                                                      max_size=2).map(tuple)))  # fmt: skip
 
-        paths = some(_GLOBS)
-        outside = some(_GLOBS)
-        commands = draw(st.one_of(st.none(), st.just((("rm", "-rf"),)), st.just((("git",),))))
-        match = Match(
-            methods=some([PERM, READ, "fs/*"]),
-            kinds=some(["read", "edit", "execute"]),
-            commands=commands,
-            paths=None if paths is None else tuple(_COMPILED[g] for g in paths),
-            paths_outside=None if outside is None else tuple(_COMPILED[g] for g in outside),
-            agents=some(["claude*", "gemini"]),
-        )
-        rules.append(PolicyRule(f"r{i}", match, draw(_decisions), priority=draw(st.integers(0, 2))))
-    return rules
+_globs = _some(_GLOBS).map(lambda gs: None if gs is None else tuple(_COMPILED[g] for g in gs))
+_matches = st.builds(
+    Match,
+    methods=_some([PERM, READ, "fs/*"]),
+    kinds=_some(["read", "edit", "execute"]),
+    commands=st.sampled_from([None, (("rm", "-rf"),), (("git",),)]),
+    paths=_globs,
+    paths_outside=_globs,
+    title=st.sampled_from([None, *_TITLES]),
+    agents=_some(["claude*", "gemini"]),
+)
+# Rules whose only conditions are the method, the kind and paths (the fast path's group regex).
+_path_matches = st.builds(
+    Match,
+    methods=_some([PERM, READ, "fs/*"]),
+    kinds=_some(["read", "edit", "execute"]),
+    paths=_globs.filter(lambda gs: gs is not None),
+)
+_rule_lists = st.lists(
+    st.tuples(
+        st.one_of(_matches, _path_matches), st.sampled_from(list(Decision)), st.integers(0, 2)
+    ),
+    min_size=1,
+    max_size=10,
+).map(lambda got: [PolicyRule(f"r{i}", m, d, priority=p) for i, (m, d, p) in enumerate(got)])
 
 
 _requests = st.builds(
     Request,
     st.sampled_from([PERM, READ, "fs/write_text_file"]),
-    st.sampled_from(["read", "edit", "execute", None]),
+    st.sampled_from(["read", "edit", "execute", "think", None]),
     st.sampled_from([("rm", "-rf", "x"), ("git", "push"), None]),
-    st.lists(st.sampled_from(_PATHS), max_size=3).map(tuple),
-    st.none(),
+    st.one_of(
+        st.lists(st.sampled_from(_PATHS), max_size=3),
+        st.lists(st.sampled_from(_PATHS + _ODD_PATHS), max_size=3),
+    ).map(tuple),
+    st.sampled_from([None, "Deploy prod", "rm -rf", "x" * 4100]),
     st.sampled_from(["claude-code", "gemini", None]),
-    st.sampled_from(["/w/p", None]),
+    st.sampled_from(["/w/p", "/", None]),
 )
 
 
-@settings(max_examples=40, deadline=None)
-@given(_policy_rules(), _requests)
+@settings(max_examples=300, deadline=None)
+@given(_rule_lists, _requests)
 def test_the_indexed_decider_decides_as_the_reference(
     rules: list[PolicyRule], request: Request
 ) -> None:
@@ -391,9 +420,106 @@ def test_the_indexed_decider_decides_as_the_reference(
         expected: object = decide(p, request)
     except Undecidable:
         expected = Undecidable
-    for _ in range(2):  # the second time from the candidate table
+    for _ in range(2):  # the second time from the group table
         try:
             got: object = decider.decide(request)
         except Undecidable:
             got = Undecidable
         assert got == expected
+
+
+def test_rules_are_tried_in_precedence_order_and_the_first_match_decides() -> None:
+    # A weaker rule that cannot be decided (a {cwd} glob, no cwd) does not stop a stronger
+    # one that matches: it comes after it, and is never tried.
+    weak = PolicyRule("weak", Match(paths=(compile_glob("{cwd}/**", None),)), Decision.ALLOW)
+    strong = PolicyRule("strong", Match(kinds=("read",)), Decision.DENY)
+    p = Policy((weak, strong))
+    request = Request(PERM, "read", None, ("/w/p/a",), cwd=None)
+    assert decide(p, request) == Verdict(Decision.DENY, "strong")
+    assert Decider(p).decide(request) == Verdict(Decision.DENY, "strong")
+    alone = Policy((weak,))
+    with pytest.raises(Undecidable):
+        decide(alone, request)
+    with pytest.raises(Undecidable):
+        Decider(alone).decide(request)
+
+
+def test_the_fast_path_on_paths_outside_the_cwd_and_on_several_paths() -> None:
+    cwd_itself = PolicyRule("cwd", Match(paths=(compile_glob("{cwd}", None),)), Decision.DENY)
+    etc = PolicyRule("etc", Match(paths=(compile_glob("/etc/**", None),)), Decision.ASK)
+    tmp = PolicyRule("tmp", Match(paths=(compile_glob("/tmp/**", None),)), Decision.ALLOW)
+    p = Policy((tmp, etc, cwd_itself))
+    for paths, expected in [
+        (("/etc/passwd",), "etc"),  # not the cwd: "{cwd}" does not match it
+        (("/w/p",), "cwd"),
+        (("/etc/passwd", "/tmp/x"), "etc"),  # ask beats allow whichever path comes first
+        (("/tmp/x", "/etc/passwd"), "etc"),
+        (("/tmp/x", "/w/p"), "cwd"),
+    ]:
+        request = Request(PERM, "read", None, paths, cwd="/w/p")
+        assert decide(p, request).rule == expected
+        assert Decider(p).decide(request).rule == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="ab -'\"\\\t\n\r\x0b\x0c\u00a0\u3000#", max_size=12))
+def test_a_command_splits_as_shlex_splits_it(command: str) -> None:
+    try:
+        expected: object = tuple(shlex.split(command)) or None
+    except ValueError:
+        expected = None
+    assert split_command(command) == expected
+
+
+def test_on_unasked_is_read_checked_explained_and_in_the_schema() -> None:
+    assert error_lines("policy:\n  on_unasked: kill\n") == [
+        'p.yaml:2: policy.on_unasked: expected one of "audit", "cancel", got "kill"'
+    ]
+    explained = {
+        (mode, on): explain_policy(policy(f"policy:\n  mode: {mode}\n  on_unasked: {on}\n"))[2]
+        for mode in ("enforce", "monitor")
+        for on in ("audit", "cancel")
+    }
+    head = "  a tool call a deny rule matches that ran without asking: "
+    assert explained == {
+        ("enforce", "audit"): head + "audited",
+        ("monitor", "audit"): head + "audited",
+        ("enforce", "cancel"): head + "audited, and its session cancelled (session/cancel)",
+        ("monitor", "cancel"): head + "audited (on_unasked: cancel applies in enforce mode only)",
+    }
+    assert policy("policy: {}\n").on_unasked is OnUnasked.AUDIT
+    schema: Any = policy_schema()
+    assert schema["policy"]["properties"]["on_unasked"]["enum"] == ["audit", "cancel"]
+
+
+_glob_bodies = st.lists(
+    st.sampled_from(["/", "/", "a", "b", ".", "*", "**", "?", "[ab]", "[!a]", "[/]"]),
+    min_size=1,
+    max_size=7,
+).map("".join)
+_abs_paths = st.lists(st.sampled_from(["/", "a", "b", ".", "ab"]), max_size=8).map(
+    lambda parts: "/" + "".join(parts)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_glob_bodies, _abs_paths)
+def test_the_fast_regex_and_its_key_agree_with_the_glob(body: str, path: str) -> None:
+    """A glob's fast regex (backwards for ``**`` globs) matches a path exactly when the glob
+    does, and a path it matches starts (backwards: ends) with the glob's key."""
+    source = body if body.startswith(("/", "**")) else "/" + body
+    for glob in (compile_glob(source, None), compile_glob("{cwd}" + "/" + body, None)):
+        if glob.anchor == "/":
+            text = path[::-1] if glob.reverse else path
+            expected = glob_matches(glob, path, None)
+        else:
+            text = "" if path == "/" else path  # the rest after a cwd of "/"
+            expected = glob_matches(glob, path, "/")
+        fast = re.match(f"(?:{glob.fast})\\Z", text, re.DOTALL) is not None
+        assert fast == expected, (glob.source, path)
+        if expected and glob.key is not None:
+            if glob.reverse:
+                assert text[:1] == glob.key
+            else:
+                cut = text.find("/", 1)
+                assert (text if cut < 0 else text[:cut]) == glob.key, (glob.source, path)

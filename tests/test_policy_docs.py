@@ -42,23 +42,29 @@ SCHEMAS = {
     "fs/read_text_file": "ReadTextFileRequest",
     "fs/write_text_file": "WriteTextFileRequest",
     "session/set_mode": "SetSessionModeRequest",
+    "session/cancel": "CancelNotification",
 }
 
 
-def _recipes() -> dict[str, tuple[str, Direction, list[bytes], str, list[bytes]]]:
+Recipe = tuple[str, Direction, list[bytes], list[tuple[str, list[bytes]]]]
+
+
+def _recipes() -> dict[str, Recipe]:
     found = {}
     for section in re.split(r"\n### ", PAGE):
         yaml = re.search(r"```yaml\n# recipe: (\w+)\n(.*?)```", section, re.S)
         if yaml is None:
             continue
         blocks = re.findall(r"\n(From the \w+|The [\w ]+?):\n\n```json\n(.*?)```", section, re.S)
-        (sender, before), (outcome, after) = blocks
+        (sender, before), *outcomes = blocks
         found[yaml.group(1)] = (
             yaml.group(2),
             A2C if sender == "From the agent" else C2A,
             [line.encode() for line in before.strip().splitlines()],
-            outcome,
-            [line.encode() for line in after.strip().splitlines()],
+            [
+                (what, [line.encode() for line in after.strip().splitlines()])
+                for what, after in outcomes
+            ],
         )
     return found
 
@@ -68,13 +74,13 @@ RECIPES = _recipes()
 
 def test_every_recipe_is_found() -> None:
     assert sorted(RECIPES) == [
-        "delete", "modes", "monitor", "reads", "remember", "secrets", "writes",
+        "cancel", "delete", "modes", "monitor", "reads", "remember", "secrets", "writes",
     ]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_does_what_the_page_says(name: str) -> None:
-    text, direction, before, outcome, after = RECIPES[name]
+    text, direction, before, outcomes = RECIPES[name]
     config = parse_config(text, f"{name}.yaml", {"HOME": "/home/dev"})
     assert config.policy is not None
     factory = functools.partial(PolicyMiddleware, config.policy, None, lambda path: path)
@@ -85,10 +91,14 @@ def test_recipe_does_what_the_page_says(name: str) -> None:
     for frame in before[:-1]:
         conn.handle(direction, Line(frame))
     result = conn.handle(direction, Line(before[-1]))
-    if outcome.startswith("The proxy answers"):
-        assert (result.forward, [f.raw for f in result.reply]) == ((), after)
-    else:
-        assert (result.reply, [f.raw for f in result.forward]) == ((), after)
-    for raw in before:
+    # What goes on to the receiver, and what goes back to the sender: each as the page says
+    # (nothing where it says nothing).
+    sent = {"forward": [f.raw for f in result.forward], "reply": [f.raw for f in result.reply]}
+    said: dict[str, list[bytes]] = {"forward": [], "reply": []}
+    for what, after in outcomes:
+        said["reply" if what.startswith("The proxy") else "forward"] = after
+    assert sent == said
+    for raw in before + [line for _, after in outcomes for line in after]:
         message = orjson.loads(raw)
-        validate_v1(SCHEMAS[message["method"]], message["params"])
+        if "method" in message:
+            validate_v1(SCHEMAS[message["method"]], message["params"])

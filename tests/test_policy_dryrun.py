@@ -1,6 +1,7 @@
-"""The policy beyond one stdio session: ``acp-proxy policy test`` over a session recorded
-without a policy, and ``--listen``, where every connection gets the policy link and all of them
-write one audit chain."""
+"""The policy beyond one stdio session's requests: ``acp-proxy policy test`` over a session
+recorded without a policy, ``--listen``, where every connection gets the policy link and all of
+them write one audit chain, and the tool calls that ran unasked (audited; with ``on_unasked:
+cancel``, the agent process gets a ``session/cancel``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import anyio
 import anyio.abc
 import orjson
 import pytest
+from acp_schema import validate_v2
 from proxy_harness import REPO, proxy_env, write_config
 from test_policy_proxy import (
     AGENT,
@@ -168,3 +170,33 @@ async def test_a_denied_tool_call_that_ran_without_asking_is_audited(tmp_path: P
         ("session/request_permission", "no-recursive-delete", "deny", "reject", False),
     ]
     assert lines[0]["summary"] == {"kind": "execute", "argv": ["rm", "-rf", "build"], "title": "rm"}
+
+
+async def test_on_unasked_cancel_cancels_the_session_at_the_agent(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    text = POLICY.format(mode="enforce", audit=audit).replace(
+        "  forbid_modes:", "  on_unasked: cancel\n  forbid_modes:"
+    )
+    config = write_config(tmp_path / "cancel.yaml", text)
+    process, client, _ = await session(tmp_path, 2, "claude-agent", proxy_args=("--config", config))
+    ran = {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "t9",
+        "title": "rm",
+        "kind": "execute",
+        "status": "in_progress",
+        "rawInput": {"command": "rm -rf /"},
+    }
+    validate_v2("UpdateSessionNotification", notify(ran)["params"])
+    await client.agent_sends(notify(ran), notify({**ran, "status": "completed"}))
+    got = await client.call("n", "_test/notes", {})
+    cancel = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "sess_1"}}
+    assert got["result"]["notes"] == [cancel]  # once, for the call that ran unasked
+    validate_v2("CancelSessionNotification", cancel["params"])
+    await finish(process)
+    (line,) = [orjson.loads(raw) for raw in audit.read_bytes().splitlines()]
+    assert (line["method"], line["rule"], line["cancelled"]) == (
+        "session/update",
+        "no-recursive-delete",
+        True,
+    )

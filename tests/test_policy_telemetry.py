@@ -1,5 +1,6 @@
 """A permission request the policy answers is not a user's wait: the turn is counted, the
-permission-wait histogram is not (the bundled v2 demo agent asks before it reads)."""
+permission-wait histogram counts it under its own outcome (``policy``, at 0 s), and the
+decision is counted by rule and outcome (the bundled v2 demo agent asks before it reads)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,22 @@ def _counts(samples: dict[Any, float], name: str) -> dict[tuple[str, ...], float
         tuple(v for _, v in labels): n
         for (sample, labels), n in samples.items()
         if sample == f"acp_proxy_{name}_count"
+    }
+
+
+def _sum(samples: dict[Any, float], name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(v for _, v in labels): n
+        for (sample, labels), n in samples.items()
+        if sample == f"acp_proxy_{name}_sum"
+    }
+
+
+def _total(samples: dict[Any, float], name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(v for _, v in labels): n
+        for (sample, labels), n in samples.items()
+        if sample == f"acp_proxy_{name}"
     }
 
 
@@ -74,6 +91,9 @@ async def test_a_policy_answered_permission_is_not_a_user_wait(tmp_path: Path) -
     # The agent's request never reached the client: the policy answered it.
     assert [m for m in seen if m.get("method") == "session/request_permission"] == []
     assert _counts(samples, "turn_duration_seconds") == {("end_turn",): 1}
-    assert _counts(samples, "permission_wait_seconds") == {}
+    assert _counts(samples, "permission_wait_seconds") == {("policy",): 1}
+    assert _sum(samples, "permission_wait_seconds") == {("policy",): 0.0}
+    # (labels in name order: decision, outcome, rule)
+    assert _total(samples, "policy_decisions_total") == {("allow", "answered", "reads"): 1}
     (line,) = audit.read_bytes().splitlines()
     assert (orjson.loads(line)["rule"], orjson.loads(line)["option"]) == ("reads", "allow")

@@ -182,7 +182,8 @@ def test_the_lane_takes_requests_and_responses_and_leaves_the_rest() -> None:
 def test_the_initialize_response_negotiates_on_the_general_path(rules: bool) -> None:
     conn = _connection(rules=rules, max_pending=1000, negotiate=False)
     request = b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'
-    assert not isinstance(conn.handle_line(C2A, request), Result)
+    # The request too: its id is kept for its response (``LinkInterest.watch``).
+    assert isinstance(conn.handle_line(C2A, request), Result)
     assert conn.version is None
     response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}'
     assert isinstance(conn.handle_line(A2C, response), Result)  # the negotiation: not the lane's

@@ -20,6 +20,9 @@ from proxy_harness import (
     REPO,
     Lines,
     MemoryByteStream,
+    blocked_writing,
+    children,
+    close_pipes,
     echo_response,
     error_line,
     init_response,
@@ -29,6 +32,7 @@ from proxy_harness import (
     proxy_env,
     request,
     run,
+    wait_until,
     write_config,
 )
 
@@ -248,6 +252,7 @@ def test_huge_oversize_line_keeps_memory_bounded(tmp_path: Path) -> None:
         timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     reader.join(10)
+    close_pipes(proc)
     assert proc.returncode == 0
     total = len(head) + size + 3
     assert out[0] == error_line(
@@ -365,7 +370,10 @@ async def test_slow_client_backpressure_bounds_memory() -> None:
     ) as proc:
         assert proc.stdin is not None and proc.stdout is not None
         with anyio.fail_after(40):
-            await anyio.sleep(1.5)  # the agent fills the pipes and the proxy's queue
+            # The agent fills the pipes and the proxy's queue, and then waits in a write.
+            await wait_until(
+                lambda: any(map(blocked_writing, children(proc.pid))), "the agent blocked"
+            )
             rss_kib = _rss_kib(proc.pid)
             await proc.stdin.aclose()
             received = 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.errors import error_bytes
 from acp_proxy.wire.tracking import (
     ABORT_CHUNK,
     MAX_PENDING_ID_BYTES,
     RequestTracker,
-    error_frame_bytes,
 )
 
 C2A = Direction.CLIENT_TO_AGENT
@@ -50,7 +50,7 @@ def test_abort_detaches_at_once_and_builds_lazily_with_the_ids_bytes() -> None:
     assert last == (b"",)  # nothing left to abort
 
 
-def test_error_frame_bytes_echo_the_id_exactly() -> None:
-    assert error_frame_bytes(b"1E2", -32603, 'a "b"') == (
+def test_error_bytes_echo_the_id_exactly() -> None:
+    assert error_bytes(b"1E2", -32603, 'a "b"') == (
         b'{"jsonrpc":"2.0","id":1E2,"error":{"code":-32603,"message":"a \\"b\\""}}'
     )

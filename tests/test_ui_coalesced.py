@@ -83,8 +83,8 @@ def test_the_hub_publishes_a_coalesced_event() -> None:
         "written": 1,
         "bytes": 321,
     }
-    # Stream version 2 brought this event (3 added a frame's truncated field).
-    assert stream.hello("live", 0)["version"] == 3
+    # Stream version 2 brought this event (3 added a frame's truncated field, 4 its policy).
+    assert stream.hello("live", 0)["version"] == 4
 
 
 def _merges(events: list[Any]) -> list[Any]:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from acp_proxy.base.jsontypes import JsonObject
+from acp_proxy.telemetry.endpoint import parse_head
 from acp_proxy.ui import events, security
 from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.export import record_lines, zed_messages
@@ -251,7 +252,7 @@ def head(target: str = f"/?token={TOKEN}", method: str = "GET", **headers: str) 
     ],
 )
 def test_refusal(raw: bytes, status: int | None) -> None:
-    request = security.parse_head(raw)
+    request = parse_head(raw)
     assert request is not None
     refused = security.refusal(
         request, token=TOKEN, port=8000, names=["127.0.0.1"], allow_remote=False
@@ -260,10 +261,10 @@ def test_refusal(raw: bytes, status: int | None) -> None:
 
 
 def test_remote_hosts_need_allow_remote() -> None:
-    request = security.parse_head(head(Host="10.1.2.3:8000"))
+    request = parse_head(head(Host="10.1.2.3:8000"))
     assert request is not None
     assert security.refusal(request, token=TOKEN, port=8000, names=[], allow_remote=True) is None
-    named = security.parse_head(head(Host="evil.example:8000"))
+    named = parse_head(head(Host="evil.example:8000"))
     assert named is not None
     refused = security.refusal(named, token=TOKEN, port=8000, names=[], allow_remote=True)
     assert refused is not None and refused.status == 421
@@ -273,7 +274,7 @@ def test_remote_hosts_need_allow_remote() -> None:
     "raw", [b"", b"GET /\r\n\r\n", b"GET x HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nbad\r\n\r\n"]
 )
 def test_malformed_heads(raw: bytes) -> None:
-    assert security.parse_head(raw) is None
+    assert parse_head(raw) is None
 
 
 def test_the_ui_section_of_the_config(tmp_path: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import orjson
 import pytest
-from proxy_harness import REPO, proxy_env
+from proxy_harness import REPO, close_pipes, proxy_env
 from test_ui_server import http
 
 TINY = [sys.executable, "-S", str(REPO / "tests" / "tiny_agent.py")]
@@ -43,7 +43,8 @@ def proxy(*options: str) -> Iterator[tuple[subprocess.Popen[bytes], queue.Queue[
         for raw in stderr:
             lines.put(raw.decode())
 
-    threading.Thread(target=pump, daemon=True).start()
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     try:
         yield proc, lines
     finally:
@@ -51,6 +52,8 @@ def proxy(*options: str) -> Iterator[tuple[subprocess.Popen[bytes], queue.Queue[
             proc.stdin.close()
         proc.terminate()
         proc.wait(timeout=20)
+        pumping.join(10)  # the proxy exited: its stderr is at EOF
+        close_pipes(proc)
 
 
 def _wait_for(lines: queue.Queue[str], pattern: str) -> str:
@@ -170,13 +173,15 @@ def test_the_agents_stderr_is_shown_redacted() -> None:
         stderr=subprocess.PIPE,
         env=proxy_env(),
     )
+    draining: threading.Thread | None = None
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()
         while (found := UI_URL.search(line.decode())) is None:
             line = proc.stderr.readline()
             assert line
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        draining = threading.Thread(target=proc.stderr.read, daemon=True)
+        draining.start()
 
         def stderr_events() -> list[Any]:
             return [e for e in _history(found.group(1)) if e.get("event") == "stderr"]
@@ -188,6 +193,9 @@ def test_the_agents_stderr_is_shown_redacted() -> None:
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(timeout=20)
+        if draining is not None:
+            draining.join(10)  # the proxy exited: its stderr is at EOF
+        close_pipes(proc)
 
 
 # An agent that says on its stderr which request it is answering, then answers it.
@@ -221,7 +229,8 @@ def test_each_connections_agent_stderr_is_shown_in_its_session() -> None:
         for raw in stderr:
             lines.put(raw.decode())
 
-    threading.Thread(target=pump, daemon=True).start()
+    pumping = threading.Thread(target=pump, daemon=True)
+    pumping.start()
     clients: list[socket.socket] = []
     try:
         ui = UI_URL.search(_wait_for(lines, "live view at"))
@@ -256,3 +265,5 @@ def test_each_connections_agent_stderr_is_shown_in_its_session() -> None:
             client.close()
         proc.terminate()
         proc.wait(timeout=20)
+        pumping.join(10)  # the proxy exited: its stderr is at EOF
+        close_pipes(proc)

@@ -1,6 +1,7 @@
-"""The live view page's header counts, run by node on the page's own code: "frames" counts the
-frames received, "shown" the frames the filters show, so "shown" is never above "frames" (rows
-that are not frames, such as a session start or the end, count in neither)."""
+"""The live view page's own code, run by node: the header's counts ("frames" counts the frames
+received, "shown" the frames the filters show, so "shown" is never above "frames"; rows that
+are not frames, such as a session start or the end, count in neither), and the marks of the
+policy's decisions on a frame."""
 
 from __future__ import annotations
 
@@ -44,6 +45,31 @@ def test_shown_counts_the_frames_among_the_rows_shown() -> None:
     assert counts(EVENTS, [0, 1, 2, 3, 4, 5]) == {"frames": 2, "shown": 2}  # no filter
     assert counts(EVENTS, [3]) == {"frames": 2, "shown": 1}
     assert counts(EVENTS, [4]) == {"frames": 2, "shown": 0}  # a merge row: not a frame
+
+
+def test_a_frame_is_marked_with_the_policy_s_decisions() -> None:
+    page = PAGE_PATH.read_text(encoding="utf-8")
+    code = page[page.index("// -- policy marks") : page.index("// -- end of policy marks")]
+    decisions = [
+        {"rule": "no-secrets", "decision": "deny", "forwarded": False, "mode": "enforce"},
+        {"rule": None, "decision": "ask", "forwarded": True, "mode": "enforce"},
+        {"rule": "no-rm", "decision": "deny", "forwarded": True, "mode": "monitor"},
+        {"rule": "reads", "decision": "allow", "forwarded": False, "mode": "enforce"},
+        {"rule": "no-rm", "decision": "deny", "unasked": True, "cancelled": True},
+        {"rule": "no-rm", "decision": "deny", "unasked": True},
+    ]
+    script = code + f"\nconsole.log(JSON.stringify({json.dumps(decisions)}.map(policyMark)));\n"
+    node = shutil.which("node")
+    assert node is not None, "node runs the page's code (CI installs it)"
+    done = subprocess.run([node, "-e", script], capture_output=True, timeout=30, check=True)
+    assert json.loads(done.stdout) == [
+        ["policy-deny", "policy deny (no-secrets)"],
+        ["policy-ask", "policy ask (default)"],
+        ["policy-deny", "policy deny (no-rm) · monitor"],
+        ["policy-allow", "policy allow (reads)"],
+        ["policy-unasked", "unasked: no-rm · cancelled"],
+        ["policy-unasked", "unasked: no-rm"],
+    ]
 
 
 def test_the_page_s_scripts_parse() -> None:

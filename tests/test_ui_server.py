@@ -64,7 +64,7 @@ def test_the_page_and_the_stream_with_the_token(served: tuple[str, str]) -> None
     assert datas[0] == {
         "event": "hello",
         "stream": "acp-proxy-events",
-        "version": 3,
+        "version": 4,
         "mode": "records",
         "head": 11,
     }

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from proxy_harness import proxy_env
+from proxy_harness import close_pipes, proxy_env
 from ui_session import URL
 
 CHUNKS = 6000
@@ -82,12 +82,13 @@ def paused_client() -> Iterator[PausedClient]:
         env=proxy_env(),
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    draining = threading.Thread(target=proc.stderr.read, daemon=True)
     try:
         line = proc.stderr.readline()
         while (found := URL.search(line.decode())) is None:
             line = proc.stderr.readline()
             assert line, "the proxy exited before serving the live view"
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        draining.start()
         session = PausedClient(found.group(1))
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
         stream = {"jsonrpc": "2.0", "id": 2, "method": "stream", "params": {}}
@@ -106,3 +107,6 @@ def paused_client() -> Iterator[PausedClient]:
     finally:
         proc.stdin.close()
         proc.wait(timeout=20)
+        if draining.is_alive():
+            draining.join(10)  # the proxy exited: its stderr is at EOF
+        close_pipes(proc)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
+from proxy_harness import close_pipes
 
 URL = re.compile(rb"record\(s\) at (http://\S+)")
 
@@ -56,3 +57,4 @@ def serve_record(*paths: Path, timeout_s: float = 60.0) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        close_pipes(proc)

@@ -2,11 +2,12 @@
 
 Contract: owns the ``acp-proxy`` command surface (which subcommand or mode runs; the order in
 which the config is loaded, logging set up and the agent started) and the process exit code.
-The options are in ``options``, the config subcommands in ``commands``, what runs around the
-event loop in ``launch``. Configuration is validated completely before the agent is spawned
-(style.md habit 5); a bad config exits 2 with every error of the file on stderr. Never writes
-to stdout except for ``--help``, ``--version``, ``check-config``, ``schema`` and ``show`` (no
-protocol is running then), and ``replay``, whose stdout is the protocol of the agent it plays.
+The options are in ``options`` (those several commands share in ``flags``), the config
+subcommands in ``commands``, what runs around the event loop in ``launch``. Configuration is
+validated completely before the agent is spawned (style.md habit 5); a bad config exits 2 with
+every error of the file on stderr. Never writes to stdout except for ``--help``, ``--version``,
+``check-config``, ``schema`` and ``show`` (no protocol is running then), and ``replay``, whose
+stdout is the protocol of the agent it plays.
 """
 
 from __future__ import annotations
@@ -106,6 +107,10 @@ def _main(argv: Sequence[str] | None) -> int:
         from acp_proxy.shell import policytest
 
         return policytest.main(args_in[2:])
+    if args_in[:1] == ["budgets"]:
+        from acp_proxy.shell import budgets_cli
+
+        return budgets_cli.main(args_in[1:])
     if args_in[:1] == ["audit"]:
         from acp_proxy.shell.policyaudit import verify_main
 
@@ -201,7 +206,8 @@ def _prepare(
     if config_path is None and plain_stdio(args):
         # Start-up as users feel it: nothing left can refuse this session (no config
         # file, no option but the log level, format and frames), so the agent starts before the
-        # config model, dataclasses and orjson are imported (about 45 ms sooner than after).
+        # config model, dataclasses and orjson are imported (docs/performance.md, "Figures
+        # behind the code").
         from acp_proxy.shell.spawn import enable_supervision, start_early
 
         enable_supervision()

@@ -148,6 +148,13 @@ def _feature_checks(config: Config, where: Callable[[str], str]) -> list[str]:
             problems.append(
                 f"{where('policy')}: policy.audit {audit}: the directory {target} does not exist"
             )
+    if config.budgets is not None:
+        target = os.path.dirname(config.budgets.state)
+        if not os.path.isdir(target):
+            problems.append(
+                f"{where('budgets')}: budgets.state {config.budgets.state}: the directory "
+                f"{target} does not exist (prompts would be refused)"
+            )
     return problems
 
 

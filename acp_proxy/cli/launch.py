@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Start-up time: what the proxy allocates before its event loop runs (modules, classes,
 # the config, the loop itself) lives as long as the process, so the cyclic garbage collector's
-# passes over it (a few dozen, a tenth of the start-up's CPU) find nothing to free. It is off
+# passes over it (docs/performance.md, "Figures behind the code") find nothing to free. It is off
 # from the command line's parsing until the proxy's first coroutine runs; then those objects
 # are frozen (gc.freeze: no later collection walks them again) and collection resumes.
 COLLECT = {"after_start": False}
@@ -89,6 +89,14 @@ def with_telemetry(
 ) -> tuple[Any, ...]:
     """``(main, config, *rest)``, wrapped in the metrics endpoints and tracing when they are
     enabled; unchanged, nothing imported, when not."""
+    if config.budgets is not None:
+        # The budgets link goes first in every connection's chain, inside the policy's wrapper
+        # (whose audit file its events share).
+        import functools
+
+        from acp_proxy.shell.budgets import run_with_budgets
+
+        main = functools.partial(run_with_budgets, main)
     if config.policy is not None:
         # The policy link goes first in every connection's chain; its audit file opens first.
         import functools

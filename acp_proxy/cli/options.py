@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, NoReturn
 
 from acp_proxy import __version__
+from acp_proxy.cli.flags import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
     import argparse
@@ -59,22 +60,11 @@ the connection is lost (requests in flight get -32603 errors first).
 """
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the main command (options before ``--``)."""
     import argparse
 
+    from acp_proxy.cli import flags
     from acp_proxy.wire.scan import SCANNER
 
     parser = argparse.ArgumentParser(
@@ -100,28 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-V", "--version", action="version", version=f"acp-proxy {__version__}\nscanner: {SCANNER}"
     )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through",
+    flags.add(
+        parser, "--config", f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through"
     )
-    parser.add_argument(
-        "--log-level",
-        type=str.lower,  # DEBUG, Debug and debug alike
-        choices=("debug", "info", "warning", "error"),
-        default=None,
-        help="debug logs one line per frame (default: info; warning when the log is the console "
-        "on stderr of a session whose stdout is the protocol, which editors show)",
-    )
-    parser.add_argument(
-        "--log-format", choices=("json", "console"), default="console", help="(default: console)"
-    )
-    parser.add_argument("--log-file", metavar="FILE", help="append logs here instead of stderr")
-    parser.add_argument(
-        "--log-frames",
-        action="store_true",
-        help="debug lines carry each frame's contents, redacted like a record and cut at "
-        "2000 characters (implies --log-level debug)",
+    flags.add_log_options(
+        parser,
+        level=None,
+        level_help="debug logs one line per frame (default: info; warning when the log is the "
+        "console on stderr of a session whose stdout is the protocol, which editors show)",
     )
     parser.add_argument(
         "--agent-stderr",
@@ -129,20 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the agent's stderr: into the structured log, or to the proxy's stderr as it "
         "is; overrides agent.stderr",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--max-frame-bytes",
-        type=_size,
-        metavar="SIZE",
-        help="longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides "
-        "the config (default 64MiB)",
+        "longest accepted line: bytes, or a size such as 64MiB, 64mb, 64k; overrides the "
+        "config (default 64MiB)",
     )
     # Recording.
-    parser.add_argument(
+    flags.add(
+        parser,
         "--record",
-        metavar="PATH",
-        help="append every frame of the session, both directions, to PATH (JSON Lines, "
-        "secrets redacted); with --listen a directory or a name with {conn}; overrides "
-        "record.path",
+        "append every frame of the session, both directions, to PATH (JSON Lines, secrets "
+        "redacted); with --listen a directory or a name with {conn}; overrides record.path",
     )
     # Socket transports; each overrides the config file's key of the same name.
     sockets = parser.add_argument_group(
@@ -170,36 +144,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sockets.add_argument(
         "--max-connections",
-        type=_positive_int,
+        type=flags.positive_int,
         metavar="N",
         help="with --listen: sessions at once; more are refused (default 64)",
     )
     sockets.add_argument(
         "--connect-timeout",
-        type=_positive_float,
+        type=flags.positive_float,
         metavar="SECONDS",
         help="with --connect: how long to wait for the agent's address (default 10)",
     )
     sockets.add_argument(
         "--handshake-timeout",
-        type=_positive_float,
+        type=flags.positive_float,
         metavar="SECONDS",
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--middleware-path",
-        action="append",
-        metavar="DIR",
-        help="search DIR first for the modules of the config's use: entries (repeatable; "
-        "adds to middleware_paths:); PYTHONPATH does not reach a proxy installed with pipx",
+        "search DIR first for the modules of the config's use: entries (repeatable; adds to "
+        "middleware_paths:); PYTHONPATH does not reach a proxy installed with pipx",
     )
     telemetry = parser.add_argument_group("telemetry")
-    telemetry.add_argument(
+    flags.add(
+        telemetry,
         "--metrics",
-        metavar="URL",
-        help="serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. "
-        "127.0.0.1:9464, http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
+        "serve /metrics (Prometheus), /healthz and /readyz at URL, e.g. 127.0.0.1:9464, "
+        "http://127.0.0.1:9464 or tcp://127.0.0.1:9464 (loopback only unless "
         "--metrics-allow-remote)",
     )
     telemetry.add_argument(
@@ -209,13 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="let --metrics bind a non-loopback address (anyone who can reach it can read the "
         "metrics; --allow-remote does not cover it)",
     )
-    telemetry.add_argument(
+    flags.add(
+        telemetry,
         "--ui",
-        metavar="URL",
-        help="serve the live view (a web page of the session's frames and entities, and its "
-        "event stream) at URL, in the forms of --metrics but TCP only, e.g. 127.0.0.1:0 or "
-        "tcp://127.0.0.1:0 (port 0: a free one); prints its address with an access "
-        "token to stderr (loopback only unless --ui-allow-remote)",
+        "serve the live view (a web page of the session's frames and entities, and its event "
+        "stream) at URL, in the forms of --metrics but TCP only, e.g. 127.0.0.1:0 or "
+        "tcp://127.0.0.1:0 (port 0: a free one); prints its address with an access token to "
+        "stderr (loopback only unless --ui-allow-remote)",
     )
     telemetry.add_argument(
         "--ui-allow-remote",
@@ -225,33 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-remote does not cover it)",
     )
     return parser
-
-
-def _size(text: str) -> int:
-    import argparse
-
-    from acp_proxy.config import parse_size
-
-    value = parse_size(text)
-    if value is None:
-        raise argparse.ArgumentTypeError(
-            f"not a size: {text!r} (a byte count, or a size such as 64MiB, 64mb, 64 MB, 64k)"
-        )
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
 
 
 def socket_options(
@@ -358,8 +304,8 @@ def one_edit_apart(a: str, b: str) -> bool:
 # give the same values.
 _FAST_VALUES: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "--config": ("config", None),
-    "--log-level": ("log_level", ("debug", "info", "warning", "error")),
-    "--log-format": ("log_format", ("json", "console")),
+    "--log-level": ("log_level", LOG_LEVELS),
+    "--log-format": ("log_format", LOG_FORMATS),
     "--log-file": ("log_file", None),
     "--agent-stderr": ("agent_stderr", ("log", "passthrough")),
     "--record": ("record", None),

@@ -17,7 +17,7 @@ A config file is data unless it says otherwise: ``use:`` may name only a middlew
 class, refused before anything is called (``os:system`` is not one); the YAML is bounded (size,
 aliases, nesting) and only the core tags are accepted; the file must be a regular file.
 
-The format (see README.md, "Configuration file", for the user-facing reference)::
+The format (docs/configuration.md is the user-facing reference)::
 
     rules:                      # the built-in annotation rules, in file order (config.rules)
       - name: STR               # optional, unique; shown in logs (default "rules[I]")
@@ -61,9 +61,10 @@ String values may use ``${VAR}``, ``${VAR:-default}`` (default when VAR is unset
 ``$$`` (a literal ``$``), expanded once at load time.
 
 The rooms of this package: ``model`` (the values: ``Config`` and its sections, ``ConfigError``),
-``schema`` (the declarative ``SETTINGS`` table, the JSON Schema, the README table), ``reading``
-(the file and the YAML, safely), ``parser`` (validation, every error at once), ``explain``
-(``check-config``'s text) and ``rules`` (the built-in rules middleware). Import from here.
+``schema`` (the declarative ``SETTINGS`` table), ``reference`` (what is generated from it: the
+JSON Schema, the docs' settings table), ``reading`` (the file and the YAML, safely), ``parser``
+(validation, every error at once), ``explain`` (``check-config``'s text) and ``rules`` (the
+built-in rules middleware). Import from here.
 """
 
 from __future__ import annotations

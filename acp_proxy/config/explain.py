@@ -113,6 +113,10 @@ def explain_config(config: Config) -> str:
         from acp_proxy.policy.explain import explain_policy
 
         lines += explain_policy(config.policy)
+    if config.budgets is not None:
+        from acp_proxy.budget.explain import explain_budgets
+
+        lines += explain_budgets(config.budgets)
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from acp_proxy.record.settings import RecordConfig
 from acp_proxy.wire.chain import Chain, Link, MessageContext, Middleware, Verdict
 
 if TYPE_CHECKING:
+    from acp_proxy.budget.model import Budgets
     from acp_proxy.config.rules import Rule
     from acp_proxy.policy.model import Policy
 
@@ -145,6 +146,8 @@ class Config:
     rules: tuple[Rule, ...] = ()  # the validated rules, in file order
     # The permission policy (docs/policy.md); None: no ``policy:`` section, no policy link.
     policy: Policy | None = None
+    # The budgets (docs/budgets.md); None: no ``budgets:`` section, no budgets link.
+    budgets: Budgets | None = None
     # The line of each top-level key the file sets (for check-config's run checks).
     lines: Mapping[str, int] = field(default_factory=dict, compare=False)
 

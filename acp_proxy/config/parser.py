@@ -367,6 +367,8 @@ class _Parser(NodeReader):
                         chain = self.middleware(node, key)
                 elif setting.kind is Kind.POLICY:
                     changes["policy"] = self.policy(node, key)
+                elif setting.kind is Kind.BUDGETS:
+                    changes["budgets"] = self.budgets(node, key)
                 elif setting.kind is Kind.SECTION:
                     given = self.section(node, key, setting)
                     if setting.attr is None:  # v1: its settings are Config's own fields
@@ -437,6 +439,16 @@ class _Parser(NodeReader):
         home = self.environ.get("HOME")
         # ``~`` in a glob is the proxy user's home, links resolved as request paths are.
         return PolicyReader(self, os.path.realpath(home) if home else None).policy(node, path)
+
+    def budgets(self, node: Node, path: str) -> Any:
+        """The ``budgets:`` section (``acp_proxy.budget.parse``; imported only when present);
+        a relative state file is taken from the config file's directory."""
+        import os
+
+        from acp_proxy.budget.parse import BudgetsReader
+
+        base = os.path.dirname(os.path.abspath(self.source)) if self.source else os.getcwd()
+        return BudgetsReader(self, base).budgets(node, path)
 
     def _buffer_bound(self, top: Any, changes: dict[str, Any], d: Config) -> None:
         """``max_buffer_bytes`` leaves room for one whole frame and a few reads (bounded

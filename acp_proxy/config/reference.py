@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.budget.schema import budgets_schema
 from acp_proxy.config.checks import MIDDLEWARE_CHECKS, RULE_CHECKS, Check
 from acp_proxy.config.model import Config, MiddlewareSpec, _json_text, _RulesFactory, _size_text
 from acp_proxy.config.rules import W3C_TRACE_KEYS, Rule
@@ -98,6 +99,8 @@ def _setting_schema(setting: Setting, defaults: Mapping[str, object]) -> JsonObj
         out.update(type=["array", "null"], items={"$ref": "#/$defs/middleware"})
     elif kind is Kind.POLICY:
         out["anyOf"] = [{"$ref": "#/$defs/policy"}, {"type": "null"}]
+    elif kind is Kind.BUDGETS:
+        out["anyOf"] = [{"$ref": "#/$defs/budgets"}, {"type": "null"}]
     elif kind is Kind.STRING:
         out.update(type="string", minLength=1)
     elif kind is Kind.UPDATE:
@@ -170,11 +173,11 @@ def json_schema() -> JsonObject:
         "title": "acp-proxy configuration file",
         **top,
         "type": ["object", "null"],
-        "$defs": {"rule": rule, "middleware": middleware, **policy_schema()},
+        "$defs": {"rule": rule, "middleware": middleware, **policy_schema(), **budgets_schema()},
     }
 
 
-def _readme_default(setting: Setting, section: Setting | None) -> str:
+def _documented_default(setting: Setting, section: Setting | None) -> str:
     if setting.default_doc is not None:
         return setting.default_doc
     defaults = _defaults(Config())
@@ -199,17 +202,19 @@ def _readme_default(setting: Setting, section: Setting | None) -> str:
 
 
 def settings_table() -> str:
-    """The README's Settings table (a test keeps the README equal to it)."""
+    """The Settings table of docs/configuration.md (a test keeps the page equal to it)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for setting in SETTINGS:
-        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE, Kind.POLICY):
+        if setting.kind in (Kind.RULES, Kind.MIDDLEWARE, Kind.POLICY, Kind.BUDGETS):
             continue
         if setting.kind is Kind.SECTION:
             for child in setting.children:
                 rows.append(
-                    f"| `{setting.key}.{child.key}` | {_readme_default(child, setting)} "
+                    f"| `{setting.key}.{child.key}` | {_documented_default(child, setting)} "
                     f"| {child.doc} |"
                 )
         else:
-            rows.append(f"| `{setting.key}` | {_readme_default(setting, None)} | {setting.doc} |")
+            rows.append(
+                f"| `{setting.key}` | {_documented_default(setting, None)} | {setting.doc} |"
+            )
     return "\n".join(rows)

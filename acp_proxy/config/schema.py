@@ -29,7 +29,7 @@ from acp_proxy.meta.annotate import V1Mode
 
 
 class Kind(enum.Enum):
-    """What a setting holds; picks its validation, its JSON schema and its README default."""
+    """What a setting holds; picks its validation, its JSON schema and its documented default."""
 
     BOOL = "bool"
     INT = "int"
@@ -42,6 +42,7 @@ class Kind(enum.Enum):
     RULES = "rules"  # the rules list (validated by _Parser.rules)
     MIDDLEWARE = "middleware"  # the middleware list (validated by _Parser.middleware)
     POLICY = "policy"  # the permission policy (validated by acp_proxy.policy.parse)
+    BUDGETS = "budgets"  # the budgets (validated by acp_proxy.budget.parse)
     # Inside a rule or a middleware entry (validated by _Parser.rule / _Parser.middleware_entry):
     STRING = "string"  # a non-empty string
     UPDATE = "update"  # a sessionUpdate kind, "upserts", or a list of them
@@ -61,7 +62,7 @@ class Setting:
 
     key: str
     kind: Kind
-    doc: str  # the README's "meaning" column and the schema's description
+    doc: str  # the settings table's "meaning" column and the schema's description
     # The dataclass field it fills: on Config, or on the section's dataclass (a section with no
     # attr, like v1, fills Config's fields directly).
     attr: str | None = None
@@ -73,7 +74,7 @@ class Setting:
     # the forms of telemetry.endpoint, one syntax for both.
     http: bool = False
     children: tuple[Setting, ...] = ()  # SECTION
-    default_doc: str | None = None  # README default where the value itself says little
+    default_doc: str | None = None  # the documented default where the value says little
     required: str | None = None  # a rule or middleware field that must be given: the error
 
 
@@ -408,6 +409,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "terminals and mode switches are allowed, refused or left to the editor, and the "
         "audit file of the decisions (docs/policy.md).",
         attr="policy",
+    ),
+    Setting(
+        "budgets",
+        Kind.BUDGETS,
+        "Limits on what sessions spend (cost, tokens, turns, tool calls, turn seconds, identical "
+        "tool calls in a row): warnings, then the next prompt refused or the running turn "
+        "cancelled; never a session killed (docs/budgets.md).",
+        attr="budgets",
     ),
 )
 _BY_KEY: Final = {s.key: s for s in SETTINGS}

@@ -31,6 +31,7 @@ use to see a permission wait inside a turn. The default script is unchanged.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Final
@@ -39,6 +40,14 @@ import orjson
 
 from acp_proxy import __version__
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire.errors import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+    error_object,
+)
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 PROTOCOL_VERSION: Final = 2
 SESSION_ID: Final = "sess_demo_001"
@@ -48,10 +57,6 @@ TOOL_CALL_ID: Final = "call_001"
 TERMINAL_ID: Final = "term_001"
 PLAN_ID: Final = "plan_001"
 PERMISSION_REQUEST_ID: Final = "perm_001"
-
-METHOD_NOT_FOUND: Final = -32601
-INVALID_PARAMS: Final = -32602
-RESOURCE_NOT_FOUND: Final = -32002
 
 
 def _text(text: str) -> JsonObject:
@@ -149,10 +154,6 @@ def _result(request_id: JsonValue, result: JsonObject) -> JsonObject:
     return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
-def _error(request_id: JsonValue, code: int, message: str) -> JsonObject:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-
-
 class DemoAgent:
     """The agent's state machine: one message in, the messages to write out (pure)."""
 
@@ -204,14 +205,14 @@ class DemoAgent:
             return [_result(request_id, {})]
         if method == "session/prompt":
             return self._prompt(request_id, params)
-        return [_error(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")]
+        return [error_object(request_id, METHOD_NOT_FOUND, f"Method not found: {method}")]
 
     def _prompt(self, request_id: JsonValue, params: JsonObject) -> list[JsonObject]:
         if params.get("sessionId") != SESSION_ID or self.cwd is None:
-            return [_error(request_id, RESOURCE_NOT_FOUND, "Resource not found: session")]
+            return [error_object(request_id, RESOURCE_NOT_FOUND, "Resource not found: session")]
         prompt = params.get("prompt")
         if not isinstance(prompt, list) or not prompt:
-            return [_error(request_id, INVALID_PARAMS, "prompt must be a non-empty array")]
+            return [error_object(request_id, INVALID_PARAMS, "prompt must be a non-empty array")]
         out = [
             _notification({"sessionUpdate": "state_update", "state": "running"}),
             # The user message echo carries the id the prompt response names.
@@ -250,6 +251,18 @@ def _permission_request() -> JsonObject:
     }
 
 
+def _replies(agent: DemoAgent, event: Line | Oversize) -> list[JsonObject]:
+    """What the agent writes for one line read (one over the bound does not parse)."""
+    parse_error = [error_object(None, PARSE_ERROR, "Parse error")]
+    if isinstance(event, Oversize):
+        return parse_error
+    try:
+        message = orjson.loads(event.raw)
+    except orjson.JSONDecodeError:
+        return parse_error
+    return agent.handle(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve stdin/stdout until EOF. Malformed lines get a JSON-RPC parse error (id null).
 
@@ -262,23 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ask-permission", action="store_true")
     args = parser.parse_args(argv)
     agent = DemoAgent(ask_permission=args.ask_permission)
-    stdin = sys.stdin.buffer
     stdout = sys.stdout.buffer
-    # readline() returns as soon as one line is in: it does not wait for a full buffer.
-    for line in iter(stdin.readline, b""):
-        if not line.strip():
-            continue
-        try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            replies = [_error(None, -32700, "Parse error")]
-        else:
-            replies = agent.handle(message)
-        for reply in replies:
-            stdout.write(orjson.dumps(reply) + b"\n")
-            stdout.flush()  # one write per frame: the proxy sees each as it is produced
-            if args.pace_ms > 0 and len(replies) > 1:
-                time.sleep(args.pace_ms / 1000)
+    splitter = LineSplitter()  # a line over its bound is answered as one that does not parse
+
+    def answer(events: list[Line | Oversize]) -> None:
+        for event in events:
+            replies = _replies(agent, event)
+            for reply in replies:
+                stdout.write(orjson.dumps(reply) + b"\n")
+                stdout.flush()  # one write per frame: the proxy sees each as it is produced
+                if args.pace_ms > 0 and len(replies) > 1:
+                    time.sleep(args.pace_ms / 1000)
+
+    # os.read returns as soon as something is in: it does not wait for a full buffer.
+    for chunk in iter(lambda: os.read(0, 65536), b""):
+        answer(splitter.feed(chunk))
+    answer(splitter.end())
     return 0
 
 

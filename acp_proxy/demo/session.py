@@ -22,6 +22,7 @@ import orjson
 
 from acp_proxy import __version__
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.wire.framing import Line, LineSplitter
 
 PROTOCOL_VERSION: Final = 2
 CLIENT_INFO: Final[JsonObject] = {
@@ -93,8 +94,14 @@ class _Child:
             thread.start()
 
     def _read_stdout(self, stream: IO[bytes]) -> None:
-        for line in iter(stream.readline, b""):
-            self._lines.put(line)
+        # Split as the proxy splits (a line over the limit comes as its head, which no parser
+        # reads); os.read returns what is there.
+        splitter = LineSplitter()
+        for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+            for event in splitter.feed(chunk):
+                self._lines.put(event.raw if isinstance(event, Line) else event.head)
+        for event in splitter.end():
+            self._lines.put(event.raw if isinstance(event, Line) else event.head)
         self._lines.put(None)
 
     def _read_stderr(self, stream: IO[bytes]) -> None:
@@ -152,6 +159,11 @@ class _Child:
         finally:
             for thread in self._threads:
                 thread.join(timeout=1.0)
+            # Its output is at EOF and read (or its readers gave up): our ends close now, not
+            # whenever the garbage collector finds them (a ResourceWarning then).
+            for stream in (self._proc.stdout, self._proc.stderr):
+                if stream is not None and not any(t.is_alive() for t in self._threads):
+                    stream.close()
 
     def kill(self) -> None:
         if self._proc.poll() is None:

@@ -34,6 +34,7 @@ turns from ``MessageTurns.see``, called with the messages of both directions.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,21 +120,35 @@ class MessageTurns:
         return (key[0], session, None, f"#{number}")
 
 
+def _plain_list(base: list[JsonValue], value: JsonValue) -> list[JsonValue]:
+    return [*base, value]
+
+
 class ClientModel:
     """The state an ACP client holds after receiving messages, for protocol ``version`` 1 or 2.
     ``turns``: where chunks without an id learn their message (shared with a caller that
-    labels them too)."""
+    labels them too). ``chunk_list(base, value)`` makes the list chunks append to (``base``,
+    then ``value``; the model then appends to it in place) and ``events`` is the list events
+    are appended to: a caller that holds a long state compactly passes lists of its own."""
 
-    __slots__ = ("_entities", "_events", "_snapshots", "turns", "version")
+    __slots__ = ("_chunk_list", "_entities", "_events", "_snapshots", "turns", "version")
 
-    def __init__(self, version: int, turns: MessageTurns | None = None) -> None:
+    def __init__(
+        self,
+        version: int,
+        turns: MessageTurns | None = None,
+        *,
+        chunk_list: Callable[[list[JsonValue], JsonValue], list[JsonValue]] | None = None,
+        events: list[JsonObject] | None = None,
+    ) -> None:
         if version not in UPSERT_KINDS:
             raise ValueError(f"unsupported protocol version {version!r}; expected 1 or 2")
         self.version = version
         self.turns = turns if turns is not None else MessageTurns()
         self._entities: dict[EntityKey, _Entity] = {}
         self._snapshots: dict[EntityKey, JsonObject] = {}
-        self._events: list[JsonObject] = []
+        self._events: list[JsonObject] = events if events is not None else []
+        self._chunk_list = chunk_list or _plain_list
 
     def apply(self, message: JsonObject) -> EntityKey | None:
         """Apply one received JSON-RPC message (see the module docstring for the rules); the
@@ -161,14 +176,19 @@ class ClientModel:
             entity = self._entities.setdefault(key, _Entity())
             value = update.get(chunk.value_field)
             if chunk.target == "output":
-                entity.appended.setdefault("output", []).append(value)
+                output = entity.appended.get("output")
+                if output is None:
+                    entity.appended["output"] = self._chunk_list([], value)
+                else:
+                    output.append(value)
             else:
                 current = entity.fields.get(chunk.target)
                 if current is not None and current is entity.chunks.get(chunk.target):
                     current.append(value)  # its own list: appended in place, never copied
                 else:
                     base = current if isinstance(current, list) else []
-                    entity.fields[chunk.target] = entity.chunks[chunk.target] = [*base, value]
+                    new = self._chunk_list(base, value)
+                    entity.fields[chunk.target] = entity.chunks[chunk.target] = new
         elif snapshot is not None:
             stored: JsonObject = {k: v for k, v in update.items() if k != "sessionUpdate"}
             previous: JsonObject = self._snapshots.get(key, {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 
-from acp_proxy.policy.model import Match, Policy, PolicyMode
+from acp_proxy.policy.model import Match, OnUnasked, Policy, PolicyMode
 
 
 def _conditions(match: Match) -> str:
@@ -37,9 +37,16 @@ def explain_policy(policy: Policy) -> list[str]:
         else "monitor (decisions are audited; everything is forwarded)"
     )
     forbid = ", ".join(sorted(policy.forbid_modes)) or "none"
+    if policy.on_unasked is OnUnasked.AUDIT:
+        unasked = "audited"
+    elif policy.mode is PolicyMode.ENFORCE:
+        unasked = "audited, and its session cancelled (session/cancel)"
+    else:
+        unasked = "audited (on_unasked: cancel applies in enforce mode only)"
     lines = [
         f"policy: {mode}; default {policy.default.value}; forbidden modes: {forbid}",
         f"  audit: {policy.audit or 'off'}; policy hash {policy.digest[:16]}",
+        f"  a tool call a deny rule matches that ran without asking: {unasked}",
     ]
     if not policy.rules:
         lines.append("  rules: none (the default decides)")

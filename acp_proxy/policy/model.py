@@ -21,6 +21,14 @@ class PolicyMode(enum.StrEnum):
     MONITOR = "monitor"
 
 
+class OnUnasked(enum.StrEnum):
+    """What a tool call that ran unasked, and that a deny rule matches, gets: an audit line
+    (``audit``), or also a ``session/cancel`` for its session (``cancel``, enforce mode)."""
+
+    AUDIT = "audit"
+    CANCEL = "cancel"
+
+
 class Decision(enum.StrEnum):
     """What a rule (or the default) says about a request."""
 
@@ -37,13 +45,20 @@ STRENGTH: dict[Decision, int] = {Decision.DENY: 2, Decision.ASK: 1, Decision.ALL
 class Glob:
     """One path pattern, compiled. ``anchor`` says what its regex is matched against: the
     whole absolute path (``"/"``), or the rest of the path after the session's cwd
-    (``"{cwd}"``: the pattern started with ``{cwd}``)."""
+    (``"{cwd}"``: the pattern started with ``{cwd}``). ``fast``: the same pattern for the
+    decision's fast path, written for the path read backwards when ``reverse`` (see
+    ``policy.globs``)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     source: str
     regex: re.Pattern[str] = field(compare=False)
     anchor: str = "/"
+    fast: str = field(default="", compare=False)
+    reverse: bool = field(default=False, compare=False)
+    # What a text must start with for ``fast`` to match (``None``: anything; see
+    # ``policy.globs._key``): the fast path looks only at the rules that can match.
+    key: str | None = field(default=None, compare=False)
 
 
 @value
@@ -87,6 +102,7 @@ class Policy:
     mode: PolicyMode = PolicyMode.ENFORCE
     forbid_modes: frozenset[str] = frozenset()
     audit: str | None = None  # the audit file's path
+    on_unasked: OnUnasked = OnUnasked.AUDIT
     # SHA-256 of the section as the file wrote it (after ${VAR} expansion): which policy decided.
     digest: str = ""
 

@@ -23,11 +23,20 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from acp_proxy.config.nodes import NodeReader, _join
 from acp_proxy.policy.decide import matches
 from acp_proxy.policy.globs import GlobError, Undecidable, compile_glob, normalise
-from acp_proxy.policy.model import Decision, Glob, Match, Policy, PolicyMode, PolicyRule, Request
+from acp_proxy.policy.model import (
+    Decision,
+    Glob,
+    Match,
+    OnUnasked,
+    Policy,
+    PolicyMode,
+    PolicyRule,
+    Request,
+)
 from acp_proxy.policy.requests import split_command
 from acp_proxy.record.patterns import backtracking_risk
 
-POLICY_KEYS = ("mode", "audit", "default", "forbid_modes", "rules")
+POLICY_KEYS = ("mode", "audit", "default", "forbid_modes", "on_unasked", "rules")
 RULE_KEYS = ("name", "match", "decision", "remember", "priority", "examples")
 MATCH_KEYS = ("method", "kind", "command", "paths", "paths_outside", "title", "agent")
 EXAMPLE_KEYS = ("method", "kind", "command", "paths", "title", "agent", "cwd")
@@ -71,6 +80,11 @@ class PolicyReader:
         if "default" in entries:
             with r.collecting():
                 out["default"] = r.choice(entries["default"][1], _join(path, "default"), Decision)
+        if "on_unasked" in entries:
+            with r.collecting():
+                out["on_unasked"] = r.choice(
+                    entries["on_unasked"][1], _join(path, "on_unasked"), OnUnasked
+                )
         if "audit" in entries:
             with r.collecting():
                 out["audit"] = r.optional_string(

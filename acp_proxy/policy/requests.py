@@ -11,6 +11,7 @@ cannot be summarised gives ``None``: it is forwarded (``ask``), never dropped.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 
@@ -24,17 +25,22 @@ WRITE = "fs/write_text_file"
 TERMINAL = "terminal/create"
 # The tool kind each client method stands for, so ``kind:`` rules guard them too.
 METHOD_KINDS = {READ: "read", WRITE: "edit", TERMINAL: "execute"}
-# Bounds (README "Bounds"): sessions with a known cwd, and tool calls whose state is kept.
+# Bounds on what peers can make the policy keep: sessions with a known cwd, and tool calls
+# whose state is kept.
 MAX_SESSIONS = 1024
 MAX_TOOL_CALLS = 4096
 # ``rawInput`` keys that name a file (Claude's ``file_path``, Gemini's ``absolute_path``...).
 PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "abs_path", "notebook_path")
 COMMAND_KEYS = ("command", "cmd")
 _TRACKED_FIELDS = ("kind", "title", "rawInput", "locations")
+_TRACKED = frozenset(_TRACKED_FIELDS)
 # A tool call update with one of these statuses shows that the call ran.
 RAN = frozenset({"in_progress", "completed", "failed"})
 
 Resolve = Callable[[str], str]
+# What only shlex splits right: quotes, a backslash, and the whitespace it does not split on
+# (``str.split`` splits on every Unicode space, shlex on " \t\r\n" only).
+_SHELL_SYNTAX = re.compile(r"['\"\\]|[^\S \t\r\n]")
 
 
 def split_command(command: JsonValue) -> tuple[str, ...] | None:
@@ -45,10 +51,13 @@ def split_command(command: JsonValue) -> tuple[str, ...] | None:
             return tuple(command)  # type: ignore[arg-type]
         return None
     if isinstance(command, str):
-        try:
-            argv = tuple(shlex.split(command))
-        except ValueError:
-            return None
+        if _SHELL_SYNTAX.search(command) is None:
+            argv = tuple(command.split())  # no quote, backslash or odd space: as shlex splits
+        else:
+            try:
+                argv = tuple(shlex.split(command))
+            except ValueError:
+                return None
         return argv or None
     return None
 
@@ -111,11 +120,14 @@ class Summaries:
         if isinstance(sid, str):
             _put(self._sessions, sid, cwd, MAX_SESSIONS)
 
-    def tool_update(self, params: JsonObject) -> Request | None:
+    def tool_update(
+        self, params: JsonObject, may_deny: Callable[[str | None], bool]
+    ) -> Request | None:
         """A ``tool_call`` / ``tool_call_update``: its fields merged into the call's state.
         Returns the call's summary (as a permission request) when this update shows it running
-        or done (``status`` ``in_progress``, ``completed`` or ``failed``) and the agent never
-        asked about it; once per call."""
+        or done (``status`` ``in_progress``, ``completed`` or ``failed``), the agent never
+        asked about it and a deny rule may decide a call of its kind (``may_deny``: else no
+        summary is built, its paths are not resolved); once per call."""
         sid, update = params.get("sessionId"), params.get("update")
         if not isinstance(sid, str) or not isinstance(update, dict):
             return None
@@ -126,11 +138,14 @@ class Summaries:
         if (sid, tid) in self._asked:
             return None
         _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
+        kind = state.get("kind")
+        if not may_deny(kind if type(kind) is str else None):
+            return None
         return self._tool_call(PERMISSION, sid, state, self._sessions.get(sid), False)
 
     def asked(self, sid: str, tid: JsonValue) -> None:
         """The agent asked about the tool call ``tid``."""
-        if isinstance(tid, str):
+        if type(tid) is str:
             _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
 
     def _merge(self, sid: str, update: JsonObject) -> JsonObject:
@@ -139,12 +154,21 @@ class Summaries:
             return update
         key = (sid, tid)
         state = self._calls.pop(key, None)
-        merged: JsonObject = dict(state) if state is not None else {}
-        for name in _TRACKED_FIELDS:
-            if name in update and update[name] is not None:
+        changes = (
+            [n for n in _TRACKED_FIELDS if n in update and update[n] is not None]
+            if update.keys() & _TRACKED  # (a request naming the call by its id only: none)
+            else ()
+        )
+        if changes or state is None:  # a new state (a stored one is never changed in place)
+            merged: JsonObject = dict(state) if state is not None else {}
+            for name in changes:
                 merged[name] = update[name]
-        _put(self._calls, key, merged, MAX_TOOL_CALLS)
-        return merged
+            state = merged
+        calls = self._calls  # ``_put``, inline (the key was popped above)
+        calls[key] = state
+        if len(calls) > MAX_TOOL_CALLS:
+            del calls[next(iter(calls))]
+        return state
 
     def session_cwd(self, sid: JsonValue) -> str | None:
         return self._sessions.get(sid) if isinstance(sid, str) else None
@@ -152,6 +176,9 @@ class Summaries:
     # -- summaries
 
     def _paths(self, raw: list[str], cwd: str | None) -> tuple[str, ...]:
+        if len(raw) == 1:  # the usual request: one path
+            normal = normalise(raw[0], cwd)
+            return () if normal is None else (self._resolve(normal),)
         out: list[str] = []
         for path in raw:
             normal = normalise(path, cwd)
@@ -203,6 +230,12 @@ class Summaries:
             return None
         cwd = self._sessions.get(sid)
         if method == PERMISSION:
+            if "subject" not in params:  # v1: the tool call
+                call = params.get("toolCall")
+                if type(call) is not dict:
+                    return None
+                self.asked(sid, call.get("toolCallId"))
+                return self._tool_call(PERMISSION, sid, call, cwd, True)
             return self._permission(params, sid, cwd)
         if method in (READ, WRITE):
             path = params.get("path")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import cast
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
-from acp_proxy.policy.model import Decision, PolicyMode
+from acp_proxy.policy.model import Decision, OnUnasked, PolicyMode
 
 _NAMES: JsonObject = {
     "anyOf": [
@@ -94,6 +94,13 @@ def policy_schema() -> JsonObject:
             "audit": {"type": ["string", "null"], "description": "The audit file (JSON lines)."},
             "default": {"enum": decisions, "default": "ask"},
             "forbid_modes": {"type": ["array", "null"], "items": {"type": "string"}},
+            "on_unasked": {
+                "enum": cast(JsonValue, [o.value for o in OnUnasked]),
+                "default": "audit",
+                "description": "A tool call that ran unasked and that a deny rule matches: "
+                "audited (audit), or also its session cancelled with session/cancel (cancel; "
+                "enforce mode only).",
+            },
             "rules": {"type": ["array", "null"], "items": {"$ref": "#/$defs/policy_rule"}},
         },
     }

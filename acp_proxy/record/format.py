@@ -297,10 +297,12 @@ def entry_problem(entry: Mapping[str, JsonValue]) -> str | None:
 
 def read_line(line: bytes) -> JsonObject | str:
     """A frame or event line's object, or why it cannot be used (not JSON, not an object, a
-    field of the wrong type: see ``entry_problem``). A header is returned as it is."""
+    field of the wrong type: see ``entry_problem``). A header is returned as it is.
+    ``MemoryError`` when the line does not fit in memory."""
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
+        _out_of_memory(exc)
         if not line.strip():
             return "an empty line"
         try:
@@ -320,9 +322,17 @@ def parse_line(line: bytes | str) -> JsonObject | None:
     """A frame or event line's object; ``None`` for a torn last line (a crash mid-write)."""
     try:
         obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        _out_of_memory(exc)
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _out_of_memory(exc: orjson.JSONDecodeError) -> None:
+    """Raise ``MemoryError`` for the parser's failure to allocate: a line that did not fit in
+    memory is no malformed line (orjson says so only in its message)."""
+    if "memory" in exc.msg.lower():
+        raise MemoryError(exc.msg) from None
 
 
 def frame_bytes(entry: Mapping[str, JsonValue]) -> bytes:

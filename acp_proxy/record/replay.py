@@ -21,13 +21,8 @@ from typing import Generic, TypeVar, cast
 
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
+from acp_proxy.wire.errors import INTERNAL_ERROR, INVALID_REQUEST, error_bytes, error_object
 from acp_proxy.wire.framing import Oversize, read_request_id, scan_head
-from acp_proxy.wire.tracking import error_frame_bytes
-
-# JSON-RPC "Internal error": the request is well-formed, the replayed agent cannot answer it.
-DIVERGED_CODE = -32603
-# JSON-RPC "Invalid Request": a line over the frame size limit, answered as the proxy does.
-INVALID_REQUEST = -32600
 
 
 def _loads(raw: bytes) -> JsonValue | None:
@@ -260,15 +255,12 @@ class Replayer:
                 self._match(message)
             if self.diverged is not None and "method" in message and "id" in message:
                 replies.append(
+                    # "Internal error": the request is well-formed, the replayed agent cannot
+                    # answer it.
                     _dumps(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": message["id"],
-                            "error": {
-                                "code": DIVERGED_CODE,
-                                "message": f"acp-proxy replay: {self.diverged}",
-                            },
-                        }
+                        error_object(
+                            message["id"], INTERNAL_ERROR, f"acp-proxy replay: {self.diverged}"
+                        )
                     )
                 )
         return replies
@@ -289,7 +281,7 @@ class Replayer:
         is_request, _ = read_request_id(event.head)
         if not is_request:
             return []
-        return [error_frame_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)]
+        return [error_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)]
 
     def _match(self, message: dict[str, JsonValue]) -> None:
         position = self.matched + 1

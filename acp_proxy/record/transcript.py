@@ -8,8 +8,9 @@ generated). ``render`` turns a row into text (colours only when asked), every st
 from the record made visible (``escape.visible``: a control sequence in an agent's method name
 is printed, never executed). ``final_state`` is what a client stores from what it received
 (``ClientModel``, fed as the lines come: memory holds the state, not the record; fed each
-line's offset, it keeps a reference per chunk instead of its value, ``record.chunkrefs``). A
-frame nested too deeply to read is summarised, never an error. No I/O, no clock.
+line's offset, it keeps a reference per chunk and per event instead of its value, 8 bytes
+each, ``record.chunkrefs``). A frame nested too deeply to read is summarised, never an error.
+No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import orjson
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.meta.registry import entity_key, session_update_kind
 from acp_proxy.meta.state import ClientModel, MessageTurns
-from acp_proxy.record.chunkrefs import Where, referenced
+from acp_proxy.record.chunkrefs import EventList, RefList, Where, referenced
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, delivered, frame_bytes
 
@@ -262,6 +263,7 @@ class Transcript:
     _offset: int = -1  # where the line being fed starts in its file (-1: not known)
     # Which message a v1 chunk without an id belongs to (shared with the model): one per turn.
     _turns: MessageTurns = field(default_factory=MessageTurns)
+    _events: EventList = field(default_factory=EventList)  # the model's events
 
     def feed(self, entry: Mapping[str, JsonValue], offset: int = -1) -> Row | None:
         """The row for one record line (``None`` for the header); the line was checked by
@@ -339,10 +341,20 @@ class Transcript:
         assert self._model is not None
         if place is not None:
             message = referenced(message, self._model.version, place)
-        self._model.apply(message)
+        self._events.place = place
+        try:
+            self._model.apply(message)
+        finally:
+            self._events.place = None
 
     def _start_model(self) -> None:
-        self._model = ClientModel(self.version if self.version in (1, 2) else 2, self._turns)
+        # Chunks and events as 8-byte references where the line's offset is known.
+        self._model = ClientModel(
+            self.version if self.version in (1, 2) else 2,
+            self._turns,
+            chunk_list=RefList.of,
+            events=self._events,
+        )
         early, self._early = self._early, []
         for message, place in early:
             self._apply(message, place)

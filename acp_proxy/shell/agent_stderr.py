@@ -22,7 +22,8 @@ import anyio
 import orjson
 
 from acp_proxy.shell import hooks
-from acp_proxy.shell.transports import FdStream
+from acp_proxy.shell.transports import STREAM_ERRORS, FdStream
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 # Longest agent stderr line kept whole in a log event; the rest of the line is dropped (and
 # counted) so a binary blob on stderr cannot grow memory.
@@ -104,21 +105,24 @@ async def drain_stderr(
     copy).
     """
     stream = FdStream(fd, None)  # owns (and closes) the read end
-    pending = bytearray()
-    dropping = False
+    # Every line, blank ones too; a longer one comes as its first MAX_STDERR_LINE bytes.
+    splitter = LineSplitter(MAX_STDERR_LINE, blank_lines=True, head_bytes=MAX_STDERR_LINE)
     unwritten = b""  # copied bytes after the last newline, written with their line
 
-    def line_done(line: bytes, truncated: bool) -> None:
-        if copy_to is None:
-            _log_stderr_line(log, line, truncated, session, redact)
-        if tail is not None:
-            tail.add(line)
+    def lines_done(events: list[Line | Oversize]) -> None:
+        for event in events:
+            truncated = isinstance(event, Oversize)
+            line = event.head if isinstance(event, Oversize) else event.raw
+            if copy_to is None:
+                _log_stderr_line(log, line, truncated, session, redact)
+            if tail is not None:
+                tail.add(line)
 
     try:
         while True:
             try:
                 chunk = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
+            except STREAM_ERRORS:
                 break
             if copy_to is not None:
                 data = unwritten + chunk
@@ -128,24 +132,8 @@ async def drain_stderr(
                 unwritten = data[cut:]
                 if cut:
                     await copy_out(copy_to, data[:cut])
-            start = 0
-            while True:
-                nl = chunk.find(b"\n", start)
-                if nl < 0:
-                    room = MAX_STDERR_LINE - len(pending)
-                    if not dropping:
-                        pending += chunk[start : start + max(room, 0)]
-                        if len(chunk) - start > room:
-                            dropping = True
-                    break
-                if not dropping:
-                    pending += chunk[start : min(nl, start + MAX_STDERR_LINE - len(pending))]
-                line_done(bytes(pending), dropping)
-                pending.clear()
-                dropping = False
-                start = nl + 1
-        if pending:
-            line_done(bytes(pending), dropping)
+            lines_done(splitter.feed(chunk))
+        lines_done(splitter.end())
         if copy_to is not None and unwritten:
             await copy_out(copy_to, unwritten)
     finally:

@@ -55,7 +55,7 @@ class Watched(Protocol):
 
 
 class BufferBudget:
-    """The process-wide bound on bytes held by all sessions' buffers (README "Bounds": partial
+    """The process-wide bound on bytes held by all sessions' buffers (docs/bounds.md: partial
     lines, queues and one reserved read per reader, summed, stay within ``max_buffer_bytes``).
 
     Counts what every session holds in its ``LineSplitter`` partial lines and its outbound

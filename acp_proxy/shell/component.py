@@ -35,9 +35,10 @@ import orjson
 from acp_proxy.config import Config
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.repeats import Repeats
-from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE
-from acp_proxy.wire.component import INVALID_REQUEST, Link, Side
-from acp_proxy.wire.envelope import Dialect, error_response
+from acp_proxy.shell.transports import HANDLED, HANDLED_WAKE, STREAM_ERRORS
+from acp_proxy.wire.component import Link, Side
+from acp_proxy.wire.envelope import Dialect
+from acp_proxy.wire.errors import INVALID_REQUEST, error_bytes
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize, read_request_id, scan_head
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 READ_SIZE = 256 * 1024
 SIDE_CHUNKS = 8
-_STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
 
 class _SideStream(anyio.abc.ByteStream):
@@ -179,7 +179,7 @@ class ConductorMux:
             while True:
                 try:
                     chunk = await self.stream.receive(READ_SIZE)
-                except _STREAM_ERRORS:
+                except STREAM_ERRORS:
                     break
                 await self._take(splitter.feed(chunk))
             await self._take(splitter.end())
@@ -211,7 +211,7 @@ class ConductorMux:
                     f"acp-proxy: message of {event.size} bytes exceeds the {event.limit}-byte "
                     "limit; not forwarded"
                 )
-                reply = error_response(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
+                reply = error_bytes(scan_head(event.head).id_bytes, INVALID_REQUEST, text)
                 await self._send(reply + b"\n")
         if lines:
             await self._route(lines)
@@ -276,7 +276,7 @@ class ConductorMux:
         if side is Side.CLIENT or side is Side.AGENT:
             target = self.client if side is Side.CLIENT else self.agent
             # (Broken or closed: the session stopped reading that side, shutting down.)
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            with contextlib.suppress(*STREAM_ERRORS):
                 await target.deliver(b"\n".join(lines) + b"\n")
         elif side is Side.CONDUCTOR:
             await self._send(b"\n".join(lines) + b"\n")
@@ -354,7 +354,7 @@ class ConductorMux:
             while self._replies:
                 lines = list(self._replies)
                 self._replies.clear()
-                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                with contextlib.suppress(*STREAM_ERRORS):
                     await self.agent.deliver(b"\n".join(lines) + b"\n")
 
     async def _send(self, data: bytes) -> None:
@@ -436,6 +436,9 @@ async def run_component(
 
 def build_parser() -> argparse.ArgumentParser:
     """``acp-proxy component``'s options: the main command's, less the agent's and sockets'."""
+    from acp_proxy.cli import flags
+    from acp_proxy.cli.options import CONFIG_ENV
+
     parser = argparse.ArgumentParser(
         prog="acp-proxy component",
         description="Run as a proxy component of an ACP conductor (proxy chains): one stdio "
@@ -443,24 +446,18 @@ def build_parser() -> argparse.ArgumentParser:
         "conductor's dialect (proxy/initialize, _proxy/initialize, or initialize with "
         "_meta.proxy) is detected from its first message.",
     )
-    parser.add_argument("--config", metavar="FILE", help="rules file (YAML)")
-    parser.add_argument(
-        "--log-level", type=str.lower, choices=("debug", "info", "warning", "error"), default="info"
+    flags.add(
+        parser, "--config", f"rules file (YAML); default ${CONFIG_ENV}, else pure pass-through"
     )
-    parser.add_argument("--log-format", choices=("json", "console"), default="console")
-    parser.add_argument("--log-file", metavar="PATH")
-    parser.add_argument("--log-frames", action="store_true", help="log each frame's contents")
-    parser.add_argument("--record", metavar="PATH", help="record the inner messages to PATH")
-    parser.add_argument("--metrics", metavar="URL", help="serve Prometheus metrics at URL")
-    parser.add_argument(
-        "--ui", metavar="URL", help="serve the live view at URL (e.g. tcp://127.0.0.1:0)"
-    )
-    parser.add_argument("--max-frame-bytes", type=int, metavar="N")
-    parser.add_argument(
+    flags.add_log_options(parser, level="info", level_help="debug logs one line per frame")
+    flags.add(parser, "--record", "record the inner messages to PATH")
+    flags.add(parser, "--metrics", "serve Prometheus metrics at URL")
+    flags.add(parser, "--ui", "serve the live view at URL (e.g. tcp://127.0.0.1:0)")
+    flags.add(parser, "--max-frame-bytes", "longest accepted line (default: the config's, 64MiB)")
+    flags.add(
+        parser,
         "--middleware-path",
-        action="append",
-        metavar="DIR",
-        help="search DIR first for the modules of the config's use: entries (repeatable)",
+        "search DIR first for the modules of the config's use: entries (repeatable)",
     )
     return parser
 

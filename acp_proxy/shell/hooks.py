@@ -97,6 +97,11 @@ def uninstall(observer: ProcessObserver) -> None:
         _INSTALLED.remove(observer)
 
 
+def process_observers() -> tuple[ProcessObserver, ...]:
+    """The installed process observers (the budgets add their metrics to theirs)."""
+    return tuple(_INSTALLED)
+
+
 def session_observers(session: Any) -> tuple[SessionObserver, ...]:
     """The observers the installed process observers want on ``session``."""
     if not _INSTALLED:

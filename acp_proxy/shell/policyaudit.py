@@ -26,7 +26,7 @@ import orjson
 
 from acp_proxy.config import Config, MiddlewareSpec
 from acp_proxy.policy.audit import audit_line, last_hash, line_hash, verify
-from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
+from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware, audit_fields
 from acp_proxy.policy.model import Policy
 from acp_proxy.record.redact import Redactor
 from acp_proxy.shell.logsetup import get_logger
@@ -87,9 +87,13 @@ class AuditWriter:
         self.lines = 0
 
     def write(self, entry: AuditEntry) -> None:
-        fields = dataclasses.asdict(entry)
+        fields = audit_fields(entry)
         summary, _ = self._redactor.frame(orjson.dumps(fields["summary"]))
         fields["summary"] = orjson.loads(summary)
+        self.write_fields(fields)
+
+    def write_fields(self, fields: dict[str, Any]) -> None:
+        """One line of ``fields`` in the chain (the budgets' events share the file)."""
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
         line = audit_line(fields, time=now, policy=self._policy, prev=self._prev)
         if self._fd is None:
@@ -112,6 +116,10 @@ class AuditWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+# The audit files open now (the budgets write their lines into the policy's: one chain a file).
+OPEN_WRITERS: list[AuditWriter] = []
 
 
 def with_policy(config: Config, sink: Callable[[AuditEntry], None] | None) -> Config:
@@ -151,10 +159,13 @@ async def run_with_policy(main: Callable[..., Awaitable[int]], config: Config, *
         audit=policy.audit,
         policy_hash=policy.digest,
     )
+    if writer is not None:
+        OPEN_WRITERS.append(writer)
     try:
         return await main(with_policy(config, writer.write if writer else None), *rest)
     finally:
         if writer is not None:
+            OPEN_WRITERS.remove(writer)
             writer.close()
 
 

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 
 import orjson
 
-from acp_proxy.config import ConfigError, MiddlewareSpec, load_config
-from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
+from acp_proxy.cli import flags
+from acp_proxy.cli.options import load_or_report
+from acp_proxy.config import MiddlewareSpec
+from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware, audit_fields
 from acp_proxy.policy.model import PolicyMode
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, frame_bytes, is_header
@@ -58,15 +60,12 @@ def main(argv: Sequence[str]) -> int:
         description="Replay recorded sessions (--record files) through a config's policy and "
         "print what each request would have got, and which rule decided.",
     )
-    parser.add_argument("--config", required=True, help="the config file with the policy")
+    flags.add(parser, "--config", "the config file with the policy", required=True)
     parser.add_argument("records", nargs="+", metavar="RECORD")
     parser.add_argument("--json", action="store_true", help="one JSON object per decision")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config, os.environ, instantiate=False)
-    except ConfigError as exc:
-        for message in exc.messages():
-            print(f"acp-proxy: {message}", file=sys.stderr)
+    config = load_or_report(args.config, instantiate=False)
+    if config is None:
         return 2
     if config.policy is None:
         print(f"{PROG}: {visible(args.config)} has no policy: section", file=sys.stderr)
@@ -110,7 +109,7 @@ def main(argv: Sequence[str]) -> int:
                             "record": path,
                             "record_session": info.number,
                             "t": t,
-                            **dataclasses.asdict(decided),
+                            **audit_fields(decided),
                         }
                         del fields["mode"], fields["forwarded"]
                         out.write(orjson.dumps(fields).decode() + "\n")

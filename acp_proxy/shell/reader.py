@@ -88,7 +88,7 @@ class Reader:
             # forwarded whole). Backlog or not: a joined run that has to wait in the outbound
             # queue is split into its lines there, so coalescing still merges them
             # (the queue's merge pass). Going line by line under backlog made a proxy that fell
-            # behind slower still (0.27x the line relay on small chunks).
+            # behind slower still (docs/performance.md, "Figures behind the code").
             events: list[Any] | bool
             if line is not None:  # the interactive case, one line a read: fewer steps
                 events = True

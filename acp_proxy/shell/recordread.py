@@ -1,17 +1,20 @@
 """Reading a record file back: its sessions, line by line, in bounded memory.
 
-Contract: owns reading a record file for ``show`` and ``replay``: one line at a time (at most
-``MAX_LINE_BYTES`` held; a longer line is skipped as it is read), each header starting a
-session (a file written by ``--record`` twice holds two), each line that cannot be used
-reported once as ``FILE:LINE: why`` on stderr (the first ``MAX_REPORTED``, then a count) and
-skipped, never an exception. With ``follow``, it waits for the file to exist and to grow. What a
-line means is ``acp_proxy.record.format``'s job.
+Contract: owns reading a record file for ``show``, ``replay`` and ``ui``: one line at a time,
+split by the proxy's ``LineSplitter`` (at most ``MAX_LINE_BYTES`` of a line held; a longer line
+is skipped as it is read; blank lines count, so a line's number is its number in the file), each
+header starting a session (a file written by ``--record`` twice holds two), each line that cannot
+be used reported once as ``FILE:LINE: why`` on stderr (the first ``MAX_REPORTED``, then a count)
+and skipped, never an exception. With ``follow``, it waits for the file to exist and to grow.
+What a line means is ``acp_proxy.record.format``'s job.
 """
 
 from __future__ import annotations
 
+import io
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -19,6 +22,7 @@ from typing import IO
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import RecordError, is_header, parse_header, read_line
+from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 # A header is small (a command line, a few names): a first line longer than this is not one
 # (``/dev/zero`` is refused after reading 1 MiB, not read until memory runs out).
@@ -65,7 +69,7 @@ class Problems:
             )
 
 
-def open_record(path: str, *, follow: bool, prog: str) -> IO[bytes] | str:
+def open_record(path: str, *, follow: bool, prog: str) -> io.BufferedIOBase | str:
     """The record file opened for reading, or why it cannot be (with ``follow``, a file that
     does not exist yet is waited for: a live view starts before the session does)."""
     told = False
@@ -92,54 +96,64 @@ EOF = EndOfFile()
 
 class RecordLines:
     """The lines of a record stream, numbered from 1, each without its newline; ``None`` for a
-    line longer than its limit (read through, not kept); ``EOF`` at the end (with ``follow``,
-    never: it waits for more)."""
+    line longer than ``max_line`` (read through, not kept); ``EOF`` at the end (with
+    ``follow``, never: it waits for more). A torn last line (no newline at the end) is a line:
+    the format decides what it is."""
 
-    def __init__(self, stream: IO[bytes], *, follow: bool = False) -> None:
+    def __init__(
+        self, stream: io.BufferedIOBase, *, follow: bool = False, max_line: int = MAX_LINE_BYTES
+    ) -> None:
         self._stream = stream
         self._follow = follow
+        self._max_line = max_line
+        self._splitter = LineSplitter(max_line, blank_lines=True)
+        self._ready: deque[Line | Oversize] = deque()  # split, not yet returned
+        self._given_up = False  # a line over a smaller ``limit`` ended the reading
         self.number = 0  # of the line last returned
-        self._seekable = stream.seekable()
+        # Where the next line starts in the file (-1: not seekable).
+        self._next = stream.tell() if stream.seekable() else -1
         self.offset = -1  # where the line last returned starts in the file (-1: not seekable)
 
-    def read(self, limit: int = MAX_LINE_BYTES, *, skip: bool = True) -> bytes | EndOfFile | None:
-        """The next line; ``None`` when it is longer than ``limit`` (read through to its end
-        with ``skip``, else left where it stands)."""
-        self.offset = self._stream.tell() if self._seekable else -1
-        pending = b""
-        while True:
-            chunk = self._stream.readline(limit + 1 - len(pending))
-            pending += chunk
-            if pending.endswith(b"\n"):
+    def read(self, limit: int | None = None) -> bytes | EndOfFile | None:
+        """The next line; ``None`` when it is longer than ``limit`` (default: ``max_line``). A
+        line longer than a smaller ``limit`` (a header's) ends the reading as soon as more than
+        ``limit`` bytes of it are in: it is not read through (``/dev/zero`` has no newline), and
+        every later read gives ``EOF``."""
+        if limit is None:
+            limit = self._max_line
+        while not self._ready:
+            if self._given_up:
+                return EOF
+            if self._splitter.buffered > limit:
+                self._given_up = True
                 self.number += 1
-                return pending[:-1]
-            if len(pending) > limit:
-                if skip:
-                    self._skip_rest()
-                self.number += 1
+                self.offset = self._next
                 return None
-            if not chunk:
-                if not self._follow:
-                    if not pending:
-                        return EOF
-                    self.number += 1
-                    return pending  # a torn last line: the format decides
+            chunk = self._stream.read1(_CHUNK)  # what is there: a pipe never waits for more
+            if chunk:
+                self._ready.extend(self._splitter.feed(chunk))
+            elif self._follow:
                 time.sleep(FOLLOW_POLL_S)
-
-    def _skip_rest(self) -> None:
-        while True:
-            chunk = self._stream.readline(_CHUNK)
-            if chunk.endswith(b"\n"):
-                return
-            if not chunk:
-                if not self._follow:
-                    return
-                time.sleep(FOLLOW_POLL_S)
+            else:
+                self._ready.extend(self._splitter.end())
+                if not self._ready:
+                    return EOF
+        event = self._ready.popleft()
+        self.number += 1
+        self.offset = self._next
+        size = event.size if isinstance(event, Oversize) else len(event.raw)
+        if self._next >= 0:
+            self._next += size + 1
+        if size <= limit and isinstance(event, Line):
+            return event.raw
+        if limit < self._max_line:
+            self._given_up = True
+        return None
 
 
 def first_header(lines: RecordLines) -> JsonObject | str:
     """The first line as a header, or why the file is not a record."""
-    line = lines.read(MAX_HEADER_BYTES, skip=False)
+    line = lines.read(MAX_HEADER_BYTES)
     if line is None:
         return "not a record: the first line is longer than a header can be"
     if isinstance(line, EndOfFile) or not line.strip():
@@ -196,7 +210,7 @@ def placed_entries(
 
 
 def read_record(
-    stream: IO[bytes], *, follow: bool, problems: Problems
+    stream: io.BufferedIOBase, *, follow: bool, problems: Problems
 ) -> Iterator[tuple[SessionInfo, JsonObject]] | str:
     """An iterator over the record's usable lines (see ``entries``), or why the file is not a
     record (its first line is not a header)."""
@@ -208,7 +222,7 @@ def read_record(
 
 
 def read_placed_record(
-    stream: IO[bytes], *, follow: bool, problems: Problems
+    stream: io.BufferedIOBase, *, follow: bool, problems: Problems
 ) -> Iterator[tuple[SessionInfo, JsonObject, int]] | str:
     """``read_record`` with where each line starts (see ``placed_entries``)."""
     lines = RecordLines(stream, follow=follow)
@@ -218,7 +232,7 @@ def read_placed_record(
     return placed_entries(lines, header, problems)
 
 
-def line_at(stream: IO[bytes], offset: int) -> bytes:
+def line_at(stream: io.BufferedIOBase, offset: int) -> bytes:
     """The line that starts at ``offset`` of a seekable record file, without its newline (at
     most ``MAX_LINE_BYTES``: the lines read back are ones read before, within it)."""
     stream.seek(offset)

@@ -21,12 +21,13 @@ import time
 from collections.abc import Iterator, Sequence
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.cli.options import _size
+from acp_proxy.cli import flags
 from acp_proxy.config import DEFAULT_MAX_FRAME_BYTES
 from acp_proxy.record.escape import visible
 from acp_proxy.record.format import is_header
 from acp_proxy.record.replay import AgentStep, ClientPlayer, Replayer
 from acp_proxy.shell.recordread import Problems, open_record, read_record
+from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire.framing import Line, LineSplitter, Oversize
 
 PROG = "acp-proxy replay"
@@ -47,12 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         "status: 0 matched, 1 diverged or stopped early, 2 usage.",
     )
     parser.add_argument("file", metavar="FILE")
-    parser.add_argument(
+    flags.add(
+        parser,
         "--session",
-        metavar="N",
-        type=int,
-        help="the Nth session of the file (from 1; `acp-proxy show --list FILE` lists them); "
-        "needed when the file holds more than one",
+        "the Nth session of the file (from 1; `acp-proxy show --list FILE` lists them); needed "
+        "when the file holds more than one",
     )
     parser.add_argument(
         "--as-client",
@@ -76,14 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="recorded timing divided by X (default 1; 0: as fast as possible)",
     )
-    parser.add_argument(
+    flags.add(
+        parser,
         "--max-frame-bytes",
-        type=_size,
+        "longest line read from the other side, as the proxy's option (default 64MiB): a "
+        "longer line is not read; a request in it gets a -32600 error and the replay counts "
+        "as diverged",
         default=DEFAULT_MAX_FRAME_BYTES,
-        metavar="SIZE",
-        help="longest line read from the other side, as the proxy's option (default 64MiB): "
-        "a longer line is not read; a request in it gets a -32600 error and the replay "
-        "counts as diverged",
     )
     return parser
 
@@ -302,7 +301,7 @@ async def _as_client(player: ClientPlayer, agent_argv: list[str], args: argparse
                 take(splitter.feed(chunk))
                 progress.set()
                 progress = anyio.Event()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        except STREAM_ERRORS:
             pass
         take(splitter.end())
         ended.set()

@@ -10,7 +10,7 @@ message becomes (the core does), and it knows nothing of processes or sockets: `
 works on any anyio byte streams (pipes, stdio, TCP, Unix); the agent's lifecycle is plugged in
 by ``runtime`` through two callbacks.
 
-Bounds (README "Bounds"): backpressure in one direction stops reading *from the sender of that
+Bounds (docs/bounds.md): backpressure in one direction stops reading *from the sender of that
 direction* only; replies the proxy owes a sender wait in that sender's own small reply queue,
 written first, so an agent that streams without reading its stdin (or a client that reads only
 after it sent everything) works as it does without the proxy. Errors owed for requests in flight

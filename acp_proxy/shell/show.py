@@ -5,7 +5,8 @@ Contract: owns the ``show`` command line and writing the transcript to stdout; r
 job, what each line says ``acp_proxy.record.transcript``'s. Every string taken from the record
 is printed visible (control characters escaped), in every output mode. Memory holds one line and
 the state being built, never the record; with ``--state`` the value of each chunk (a long message
-is many of them) stays in the file, read back as the state is printed.
+is many of them) and each event stays in the file (8 bytes of memory each), read back as the
+state is printed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.record.chunkrefs import ChunkRef, chunk_value
+from acp_proxy.cli import flags
+from acp_proxy.record.chunkrefs import ChunkRef, EventRef, chunk_value, event_value
 from acp_proxy.record.escape import safe_json, safe_json_chunks, visible
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT
 from acp_proxy.record.transcript import Filters, Row, Transcript, render
@@ -54,12 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--list", action="store_true", help="list the sessions of the file, one per line"
     )
-    parser.add_argument(
-        "--session",
-        metavar="N",
-        type=int,
-        help="only the Nth session of the file (from 1; see --list)",
-    )
+    flags.add(parser, "--session", "only the Nth session of the file (from 1; see --list)")
     parser.add_argument("--method", metavar="GLOB", help="only these methods (session/*)")
     parser.add_argument("--session-id", metavar="ID", help="only this ACP sessionId")
     parser.add_argument("--dir", choices=(CLIENT_TO_AGENT, AGENT_TO_CLIENT), help="one direction")
@@ -126,6 +123,21 @@ def _list(sessions: list[tuple[SessionInfo, int, str]], out: IO[str]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _show(args)
+    except MemoryError:
+        pass  # out of the handler first: its traceback holds what filled the memory
+    sys.stdout.flush()
+    print(
+        f"{PROG}: {visible(args.file)}: out of memory; stopped (--state holds 8 bytes per "
+        "chunk and per event, the latest fields of each entity, and one line of the record "
+        "at a time)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _show(args: argparse.Namespace) -> int:
     out = sys.stdout
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
@@ -215,6 +227,8 @@ def main(argv: Sequence[str]) -> int:
         if args.state:
 
             def read_back(value: object) -> object:
+                if isinstance(value, EventRef):
+                    return event_value(line_at(stream, value.where[0]), value)
                 if isinstance(value, ChunkRef):
                     line = line_at(stream, value.where[0])
                     return chunk_value(line, value, transcript.state_version())

@@ -10,8 +10,9 @@ command line starts the agent from here before it imports anyio and the runtime.
 
 The early start (start-up as users feel it): for a plain stdio session the CLI starts
 the agent as soon as the command line and the config are known, and only then imports anyio,
-asyncio and the runtime (about 100 ms), so the agent's own start-up (a Node agent: several
-hundred milliseconds) runs while the proxy gets ready instead of after it. Without a config file
+asyncio and the runtime, so the agent's own start-up (a Node agent's is longer than those
+imports: docs/performance.md, "Figures behind the code") runs while the proxy gets ready instead
+of after it. Without a config file
 the config is known from the command line alone, and the agent starts before the config model
 is even imported: this module imports neither the config nor ``dataclasses`` (the agent's
 settings come as ``AgentSettings``). Until the runtime installs its signal handlers, SIGINT,

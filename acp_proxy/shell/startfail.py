@@ -22,10 +22,12 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_proxy.shell.transports import STREAM_ERRORS
 from acp_proxy.wire import rawscan
-from acp_proxy.wire.chain import INTERNAL_ERROR
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
+from acp_proxy.wire.framing import Line, LineSplitter
 from acp_proxy.wire.rawjson import Unparseable
-from acp_proxy.wire.tracking import error_frame_bytes, is_id
+from acp_proxy.wire.tracking import is_id
 
 # The longest wait for the client's first request (an editor sends ``initialize`` at once).
 FIRST_WAIT_S = 5.0
@@ -81,8 +83,7 @@ async def answer_requests(
     ``: DETAIL``; ``data`` as ``error.data``), waiting at most ``first_wait_s`` for the first;
     returns how many were answered."""
     answered = 0
-    pending = bytearray()
-    skipping = False
+    splitter = LineSplitter(MAX_LINE)  # a longer line is dropped up to its newline
     deadline = time.monotonic() + first_wait_s
     while True:
         left = deadline - time.monotonic()
@@ -92,31 +93,21 @@ async def answer_requests(
         with anyio.move_on_after(left):
             try:
                 chunk = await client.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            except STREAM_ERRORS:
                 break
         if not chunk:
             continue  # timed out: the deadline check ends the loop
-        lines = chunk.split(b"\n")
-        for i, piece in enumerate(lines):
-            last = i == len(lines) - 1
-            if not skipping:
-                pending += piece
-            if len(pending) > MAX_LINE:
-                pending.clear()
-                skipping = True
-            if last:
-                break
-            if not skipping:
-                frame = _error_for(bytes(pending), message, detail, data)
-                if frame is not None:
-                    try:
-                        await client.send(frame + b"\n")
-                    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        return answered
-                    answered += 1
-                    deadline = time.monotonic() + LINGER_S
-            pending.clear()
-            skipping = False
+        for event in splitter.feed(chunk):
+            if not isinstance(event, Line):
+                continue
+            frame = _error_for(event.raw, message, detail, data)
+            if frame is not None:
+                try:
+                    await client.send(frame + b"\n")
+                except STREAM_ERRORS:
+                    return answered
+                answered += 1
+                deadline = time.monotonic() + LINGER_S
     return answered
 
 
@@ -136,4 +127,4 @@ def _error_for(raw: bytes, failure: str, detail: str | None, data: bytes | None)
     except Unparseable:
         return None
     text = f"{failure} during {method}: {detail}" if detail else f"{failure} during {method}"
-    return error_frame_bytes(id_bytes, INTERNAL_ERROR, text, data)
+    return error_bytes(id_bytes, INTERNAL_ERROR, text, data)

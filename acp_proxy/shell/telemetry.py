@@ -12,28 +12,27 @@ writes them (our counters are lock-free dicts, safe only on the loop's thread); 
 address it is given (our loopback rule would have to be checked beside it), and it starts a
 thread at start-up. Three GET paths need 100 lines: bind through ``open_listener`` (same URL
 syntax, loopback rule and Unix socket handling as ``--listen``), read the request line
-(bounded: 8 KiB, ``HEAD_TIMEOUT_S``), answer, close. A slow scraper holds one task, never a
-session, and never a probe's turn: accepting never waits, and beyond ``MAX_CONNECTIONS`` the
-oldest connection is closed.
+(``shell.sockets.serving``, as the live view does; bounded: 8 KiB, ``HEAD_TIMEOUT_S``), answer,
+close. A slow scraper holds one task, never a session, and never a probe's turn: accepting
+never waits, and beyond ``MAX_CONNECTIONS`` the oldest connection is closed.
 """
 
 from __future__ import annotations
 
-import errno
+import functools
 import socket
-import sys
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
 
 from acp_proxy import __version__
 from acp_proxy.shell import hooks
-from acp_proxy.shell.logsetup import get_logger, say_fatal
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
-from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.sockets import serving
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.telemetry.endpoint import parse_head
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
@@ -44,6 +43,7 @@ METRICS_EXPOSURE = (
     "anyone who can reach it can read the metrics and the health of the proxy",
     "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
 )
+METRICS = serving.Endpoint("metrics", "metrics", browser=False, exposure=METRICS_EXPOSURE)
 # Connections open at once (each holds at most MAX_HEAD bytes); beyond it, the oldest one is
 # closed to make room: a probe or a scrape is answered as soon as its request line is in, so
 # the oldest is one that is slow to send its request or to read its answer.
@@ -92,8 +92,7 @@ class Telemetry:
     # -- HTTP ------------------------------------------------------------------------------------
 
     def respond(self, method: str, path: str) -> tuple[str, str, bytes]:
-        """(status line text, content type, body) for one request."""
-        path = path.split("?", 1)[0]
+        """(status line text, content type, body) for one request (``path`` without its query)."""
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain; charset=utf-8", b"GET only\n"
         if path == "/metrics":
@@ -118,19 +117,15 @@ class Telemetry:
         stream = SocketStream(client)
         try:
             with scope:
-                head = b""
-                with anyio.move_on_after(HEAD_TIMEOUT_S):
-                    # Answered as soon as the request line is in (a probe never waits for the
-                    # rest of a slow head); the rest is not needed for three GET paths.
-                    while b"\n" not in head and len(head) < MAX_HEAD:
-                        try:
-                            head += await stream.receive(MAX_HEAD - len(head))
-                        except (anyio.EndOfStream, anyio.BrokenResourceError):
-                            break
-                parts = head.split(b"\n", 1)[0].rstrip(b"\r").split()
-                if len(parts) == 3 and parts[2].startswith(b"HTTP/"):
-                    method, path = parts[0].decode("latin-1"), parts[1].decode("latin-1")
-                    status, ctype, body = self.respond(method, path)
+                # Answered as soon as the request line is in (a probe never waits for the rest
+                # of a slow head); the rest is not needed for three GET paths.
+                head = await serving.read_head(
+                    stream, max_bytes=MAX_HEAD, timeout_s=HEAD_TIMEOUT_S, line_only=True
+                )
+                request = parse_head(head) if head is not None else None
+                if request is not None:
+                    method = request.method
+                    status, ctype, body = self.respond(method, request.path)
                 else:
                     method = "GET"
                     status, ctype, body = "400 Bad Request", "text/plain", b"bad request\n"
@@ -160,25 +155,16 @@ class Telemetry:
     async def serve(self, sock: socket.socket) -> None:
         """Accept and answer on ``sock`` (non-blocking, listening) until cancelled. Never
         waits for a slot: a new connection (a probe) always gets in (see ``MAX_CONNECTIONS``)."""
-        async with anyio.create_task_group() as tg:
-            while True:
-                try:
-                    client, _ = sock.accept()
-                except BlockingIOError:
-                    await anyio.wait_readable(sock)
-                    continue
-                except OSError as exc:
-                    if exc.errno not in (errno.ECONNABORTED, errno.EINTR):
-                        # Out of descriptors or similar: back off, the sessions come first.
-                        await anyio.sleep(0.1)
-                    continue
-                if not self._make_room():
-                    client.close()  # every open connection is being answered: try again
-                    continue
-                scope = anyio.CancelScope()
-                self._conns[id(scope)] = scope
-                self._open += 1
-                tg.start_soon(self._client, client, scope)
+
+        def start(client: socket.socket) -> Callable[[], Coroutine[Any, Any, None]] | None:
+            if not self._make_room():
+                return None  # every open connection is being answered: closed, try again
+            scope = anyio.CancelScope()
+            self._conns[id(scope)] = scope
+            self._open += 1
+            return functools.partial(self._client, client, scope)
+
+        await serving.serve(sock, start)
 
 
 async def run_with_metrics(
@@ -196,17 +182,9 @@ async def run_with_metrics(
     ``allow_remote``) before spawning anything.
     """
     log = get_logger()
-    try:
-        address = parse_endpoint(url, browser=False)
-        listener = await open_listener(
-            address, allow_remote=allow_remote, log=log, exposure=METRICS_EXPOSURE
-        )
-    except AddressError as exc:
-        print(f"acp-proxy: --metrics: {exc}", file=sys.stderr)
-        return 2
-    except ListenError as exc:
-        say_fatal(log, "cannot serve metrics", f"--metrics: {exc}")
-        return exc.exit_code
+    listener = await serving.open_endpoint(url, METRICS, allow_remote=allow_remote, log=log)
+    if isinstance(listener, int):
+        return listener
     telemetry = Telemetry(Metrics(max_pending=max_pending, ready_on_initialize=ready_on_initialize))
     log.info(
         "serving metrics",

@@ -8,10 +8,11 @@ enabled; the SDK is the ``otel`` extra, and its absence is a clear error that sa
 it for the way acp-proxy was installed.
 
 Off the hot path: spans are handed to a ``BatchSpanProcessor``, whose own thread exports them;
-its queue is bounded in spans (``OTEL_BSP_MAX_QUEUE_SIZE``) and, in front of it, in bytes
-(``trace_bounds.MAX_EXPORT_BYTES``), so a dead or slow collector never blocks the session's
-task nor grows the proxy's memory. At exit the proxy waits at most ``FLUSH_S`` for the last
-spans (a daemon thread exports them).
+in front of it, spans awaiting export are bounded in number (its queue's size,
+``OTEL_BSP_MAX_QUEUE_SIZE``) and in bytes (``trace_bounds.MAX_EXPORT_BYTES``), so a dead or slow
+collector never blocks the session's task nor grows the proxy's memory. At exit the proxy waits
+at most ``FLUSH_S`` for the last spans (a daemon thread exports them), and not at all for a
+collector that is not answering (``trace_bounds.ByteBudget.shutdown``).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from acp_proxy.shell import hooks
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.session_spans import SessionTracing
 from acp_proxy.shell.trace_bounds import (
+    FLUSH_S,
     ByteBudget,
+    ExportWatch,
     install_log_bridge,
+    max_queue_spans,
     span_limits,
 )
 from acp_proxy.telemetry.propagation import NAME, TraceContext
 
-FLUSH_S = 2.0  # at exit: the longest the proxy waits for the exporter
 OTEL_PACKAGES = "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
 
 
@@ -172,8 +175,15 @@ class Tracing:
         )
         exporter = _exporter(environ)
         self.budget: ByteBudget | None = None
+        self.watch: ExportWatch | None = None
         if exporter is not None:
-            self.budget = ByteBudget(BatchSpanProcessor(exporter))
+            # The same queue size for the processor and the budget in front of it, so that the
+            # processor's queue never overflows (each overflow logs, and costs, on the session's
+            # task): the budget drops the span first, at the cost of a comparison.
+            queue = max_queue_spans(environ)
+            self.watch = ExportWatch(exporter)
+            processor = BatchSpanProcessor(self.watch, max_queue_size=queue)  # type: ignore[arg-type]
+            self.budget = ByteBudget(processor, max_spans=queue, watch=self.watch)
             self.provider.add_span_processor(self.budget)  # type: ignore[arg-type]
         self.tracer = self.provider.get_tracer("acp_proxy", __version__)
 
@@ -182,6 +192,10 @@ class Tracing:
     def session_observer(self, session: Any) -> SessionTracing:
         return SessionTracing(self, session)
 
+    def admit(self) -> bool:
+        """Whether an ended span can still be queued for export (see ``ByteBudget.admit``)."""
+        return self.budget is None or self.budget.admit()
+
     def agent_exited(self, returncode: int) -> None:
         pass
 
@@ -189,8 +203,9 @@ class Tracing:
         pass
 
     def flush(self) -> None:
-        """Export what is left and shut the exporter down, with a deadline of ``FLUSH_S``
-        (blocking: see ``run_with_tracing``)."""
+        """Export what is left and shut the exporter down, with a deadline of ``FLUSH_S``, and
+        none of it spent on a collector that is not answering (blocking: see
+        ``run_with_tracing``)."""
         if self.budget is not None:
             self.budget.shutdown(int(FLUSH_S * 1000))
 
@@ -230,16 +245,10 @@ async def run_with_tracing(
         return await main(*args)
     finally:
         hooks.uninstall(tracing)
-        if tracing.budget is not None and tracing.budget.dropped:
-            log.warning(
-                "spans dropped: the export queue was full",
-                dropped=tracing.budget.dropped,
-                limit_bytes=tracing.budget.budget,
-            )
-        # The exporter's shutdown exports what is queued, with the exporter's own retries and
-        # timeout (10 s by default) until its deadline: run it in a daemon thread and wait at
-        # most FLUSH_S, so a dead collector never holds the proxy's exit (a worker thread of
-        # anyio's would: the interpreter joins those at exit).
+        # The exporter's shutdown exports what is queued, until its deadline or until the
+        # collector proves not to answer: run it in a daemon thread and wait at most FLUSH_S, so
+        # a dead collector never holds the proxy's exit (a worker thread of anyio's would: the
+        # interpreter joins those at exit).
         done = threading.Event()
 
         def flush() -> None:
@@ -252,3 +261,13 @@ async def run_with_tracing(
         with anyio.CancelScope(shield=True), anyio.move_on_after(FLUSH_S):
             while not done.is_set():
                 await anyio.sleep(0.02)
+        budget, watch = tracing.budget, tracing.watch
+        if budget is not None and watch is not None and (budget.dropped or watch.lost):
+            log.warning(
+                "spans dropped: the export queue was full, or the collector was not answering "
+                "at exit",
+                dropped=budget.dropped,
+                limit_spans=budget.max_spans,
+                limit_bytes=budget.budget,
+                lost_at_exit=watch.lost,
+            )

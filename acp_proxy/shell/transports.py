@@ -5,7 +5,8 @@ for a session (``session.PumpSession``). Only moves bytes; knows nothing about f
 JSON-RPC.
 
 Why not anyio's file streams: ``anyio.wrap_file`` / ``FileReadStream`` hop to a worker thread per
-read (a thread hop per message is ~50x slower than chunked reads), and asyncio's pipe
+read (a thread hop per message costs far more than chunked reads: docs/performance.md,
+"Figures behind the code"), and asyncio's pipe
 transports refuse a regular file or ``/dev/null`` as stdout. ``FdStream`` reads and writes the
 fd directly in non-blocking mode and only parks on the event loop's selector (``wait_readable``
 / ``wait_writable``) when the kernel says ``EAGAIN``. A regular file or ``/dev/null`` never says
@@ -38,8 +39,19 @@ HANDLED = 1  # handled, and the next read may follow: the receive stays parked
 HANDLED_WAKE = 2  # handled, but the reader must run before the next read: the receive returns None
 
 # What an anyio stream raises when its peer is gone (closed, reset, at EOF): the session treats
-# each as the end of that direction, never as a crash.
+# each as the end of that direction, never as a crash. The one such tuple: every reader and
+# writer of a stream (sessions, the conductor, the HTTP servers, replay) catches this.
 STREAM_ERRORS = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+def gone(exc: OSError) -> anyio.BrokenResourceError:
+    """The stream boundary's one mapping of an OS error: an error reading or writing a stream's
+    descriptor or socket (``EPIPE``, ``ECONNRESET``, ...) is the peer gone, raised as
+    ``anyio.BrokenResourceError`` caused by ``exc``, so that callers catch ``STREAM_ERRORS``
+    and never an ``OSError`` of a stream."""
+    err = anyio.BrokenResourceError()
+    err.__cause__ = exc
+    return err
 
 
 class FdStream(anyio.abc.ByteStream):
@@ -136,7 +148,7 @@ class FdStream(anyio.abc.ByteStream):
             except BlockingIOError:
                 pass
             except OSError as exc:
-                raise anyio.BrokenResourceError from exc
+                raise gone(exc) from exc
             else:
                 return self._result(data, size)
         # Interactive traffic: park until the fd is readable; the readiness callback reads the
@@ -165,9 +177,9 @@ class FdStream(anyio.abc.ByteStream):
         (``b""`` at EOF) or the error to raise.
 
         ``anyio.wait_readable`` registers the fd with epoll and unregisters it on every call:
-        two ``epoll_ctl`` calls and a few objects per message, about a third of the proxy's CPU
-        per round trip on interactive traffic (measured: a minimal anyio relay costs
-        ~100 us CPU per request/response, a persistent reader ~60 us). Here the fd stays
+        two ``epoll_ctl`` calls and a few objects per message, a large part of the proxy's CPU
+        per round trip on interactive traffic (docs/performance.md, "Figures behind the code").
+        Here the fd stays
         registered while the reader keeps coming back to wait; the callback drops the
         registration when it fires with nobody waiting (the reader is busy or held by
         backpressure), so a readable fd can never spin the loop, and nothing is read that no
@@ -212,9 +224,7 @@ class FdStream(anyio.abc.ByteStream):
         except BlockingIOError:
             return  # a stale event (another reader of the same file took it): keep waiting
         except OSError as exc:
-            err: BaseException = anyio.BrokenResourceError()
-            err.__cause__ = exc
-            waiter.set_result(err)
+            waiter.set_result(gone(exc))
             return
         consumer = self._consumer
         if data and consumer is not None and self._consumer_on:
@@ -251,7 +261,7 @@ class FdStream(anyio.abc.ByteStream):
         except BlockingIOError:
             return 0
         except OSError as exc:
-            raise anyio.BrokenResourceError from exc
+            raise gone(exc) from exc
 
     def unread(self) -> int | None:
         """Bytes written that the peer has not read yet, when the kernel says (a pipe:
@@ -282,7 +292,7 @@ class FdStream(anyio.abc.ByteStream):
         except BlockingIOError:
             return 0
         except OSError as exc:
-            raise anyio.BrokenResourceError from exc
+            raise gone(exc) from exc
 
     async def send(self, item: bytes) -> None:
         """Write all of ``item``, parking on the selector while the peer's buffer is full.
@@ -303,7 +313,7 @@ class FdStream(anyio.abc.ByteStream):
             except BlockingIOError:
                 await anyio.wait_writable(fd)
             except OSError as exc:  # EPIPE, ECONNRESET, ...
-                raise anyio.BrokenResourceError from exc
+                raise gone(exc) from exc
 
     async def send_eof(self) -> None:
         """Close the write side (the peer reads EOF)."""

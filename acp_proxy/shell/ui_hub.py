@@ -46,7 +46,7 @@ from acp_proxy.record.format import (
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.ui.display import shown
 from acp_proxy.ui.entities import EntityView
-from acp_proxy.ui.events import StreamBuilder
+from acp_proxy.ui.events import StreamBuilder, policy_marks
 from acp_proxy.ui.history import History
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce_take import Coalesced
@@ -445,7 +445,7 @@ class UiHub:
     def _publish_item(self, item: tuple[Any, ...], screened: Redactor | None) -> None:
         conn, t, what = item[0], item[1], item[2]
         if what == "frame":
-            _, _, _, direction, raw, sent, changed_by, kind, generated, cut, _ = item
+            _, _, _, direction, raw, sent, changed_by, kind, generated, cut, policy, _ = item
             if cut:
                 # Only the first FRAME_SHOWN bytes are kept: not JSON, so not redactable key by
                 # key. A part that may hold anything to redact is not shown at all.
@@ -464,6 +464,8 @@ class UiHub:
             )
             if cut:
                 line["truncated"] = cut
+            if policy:
+                line["policy"] = policy
             self.add_line(conn, line, cleaned)
         elif what == "stderr":
             cleaned, _ = self.redactor.frame(item[3])
@@ -499,9 +501,12 @@ class UiTap:
         for note in notes:
             if type(note) is Observed:
                 changed_by: list[str] = []
+                policy: list[JsonObject] | None = None
                 for info in note.messages:
                     if info.changed_by:
                         changed_by.extend(n for n in info.changed_by if n not in changed_by)
+                    if info.marks:
+                        policy = (policy or []) + policy_marks(info.marks)
                 raw, sent = note.raw, note.sent
                 size = len(raw)
                 if sent:
@@ -523,6 +528,7 @@ class UiTap:
                         note.kind,
                         False,
                         cut,
+                        policy,
                         size,
                     ),
                     size,
@@ -543,7 +549,7 @@ class UiTap:
         if size > FRAME_SHOWN:
             frame, _, cut = _shown(frame, None, size)
         size += ITEM_BYTES - cut
-        item = (self.conn, t, "frame", direction, frame, None, (), "message", True, cut, size)
+        item = (self.conn, t, "frame", direction, frame, None, (), "message", True, cut, None, size)
         self.hub.ingest(item, size)
 
     def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:

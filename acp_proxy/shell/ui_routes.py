@@ -22,7 +22,8 @@ import orjson
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.shell.ui_hub import UiHub
-from acp_proxy.ui import deepjson, display, events, export, security
+from acp_proxy.telemetry.endpoint import Request
+from acp_proxy.ui import deepjson, display, events, export
 from acp_proxy.ui.history import datas
 
 PIECE_BYTES: Final = 256 * 1024  # events read from the history per piece of a body
@@ -73,7 +74,7 @@ def parse_int(value: str | None) -> int | None:
     return int(value)
 
 
-async def respond(hub: UiHub, page: bytes, request: security.Request) -> Body:
+async def respond(hub: UiHub, page: bytes, request: Request) -> Body:
     """The answer to a request that is not a subscription (its checks passed)."""
     path = request.path
     if path in ("/", "/index.html"):

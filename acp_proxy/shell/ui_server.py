@@ -22,6 +22,8 @@ and there is no framing, masking or upgrade to implement.
 from __future__ import annotations
 
 import errno
+import functools
+import io
 import os
 import secrets
 import signal
@@ -29,9 +31,9 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
-from typing import Any, BinaryIO, Final
+from typing import Any, Final
 
 import anyio
 import orjson
@@ -40,12 +42,13 @@ from acp_proxy.config.model import UiConfig
 from acp_proxy.record.escape import visible
 from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell import hooks, ui_routes
-from acp_proxy.shell.logsetup import get_logger, say_fatal
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
-from acp_proxy.shell.sockets.listening import ListenError, open_listener
+from acp_proxy.shell.logsetup import get_logger
+from acp_proxy.shell.sockets import serving
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
+from acp_proxy.shell.transports import STREAM_ERRORS, gone
 from acp_proxy.shell.ui_hub import DRAIN_SLICE, HubLimits, Observer, UiHub, sse_chunk
 from acp_proxy.shell.ui_routes import SECURITY_HEADERS, text
+from acp_proxy.telemetry.endpoint import Request, parse_head
 from acp_proxy.ui import events, security
 from acp_proxy.ui.history import GZIP_HEADER, deflated
 
@@ -114,26 +117,18 @@ class UiServer:
         of which is closed when a new one comes. Connections that never send a whole request
         (or never one with the token) therefore cannot keep a request with the token waiting."""
         slots = anyio.Semaphore(self.max_clients)
-        async with anyio.create_task_group() as tg:
-            while True:
-                while True:
-                    try:
-                        client, _ = sock.accept()
-                        break
-                    except BlockingIOError:
-                        await anyio.wait_readable(sock)
-                    except OSError as exc:
-                        if exc.errno in (errno.ECONNABORTED, errno.EINTR):
-                            continue
-                        await anyio.sleep(0.1)  # out of descriptors: the sessions come first
-                while len(self._waiting) >= self.max_heads:
-                    oldest = next(iter(self._waiting))
-                    del self._waiting[oldest]
-                    oldest.cancel()
-                    self.evicted += 1
-                scope = anyio.CancelScope()
-                self._waiting[scope] = None
-                tg.start_soon(self._client, client, slots, scope)
+
+        def start(client: socket.socket) -> Callable[[], Coroutine[Any, Any, None]]:
+            while len(self._waiting) >= self.max_heads:
+                oldest = next(iter(self._waiting))
+                del self._waiting[oldest]
+                oldest.cancel()
+                self.evicted += 1
+            scope = anyio.CancelScope()
+            self._waiting[scope] = None
+            return functools.partial(self._client, client, slots, scope)
+
+        await serving.serve(sock, start)
 
     async def _client(
         self, client: socket.socket, slots: anyio.Semaphore, waiting: anyio.CancelScope
@@ -160,7 +155,7 @@ class UiServer:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    def _failed(self, request: security.Request | None, exc: Exception) -> None:
+    def _failed(self, request: Request | None, exc: Exception) -> None:
         self.failed += 1
         get_logger().error(
             "the live view failed to answer a request",
@@ -168,16 +163,10 @@ class UiServer:
             error=f"{type(exc).__name__}: {exc}",
         )
 
-    async def _admit(self, stream: SocketStream) -> security.Request | None:
+    async def _admit(self, stream: SocketStream) -> Request | None:
         """The request of a connection, once it passed the checks (else refused: ``None``)."""
-        head = b""
-        with anyio.move_on_after(HEAD_TIMEOUT_S):
-            while b"\r\n\r\n" not in head and b"\n\n" not in head and len(head) < MAX_HEAD:
-                try:
-                    head += await stream.receive(MAX_HEAD)
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    break
-        request = security.parse_head(head)
+        head = await serving.read_head(stream, max_bytes=MAX_HEAD, timeout_s=HEAD_TIMEOUT_S)
+        request = parse_head(head) if head is not None else None
         if request is None:
             await close_with(stream, text(400, "bad request"))
             return None
@@ -194,7 +183,7 @@ class UiServer:
             return None
         return request
 
-    async def _answer(self, stream: SocketStream, request: security.Request) -> None:
+    async def _answer(self, stream: SocketStream, request: Request) -> None:
         self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
         if request.path == "/events" and request.method == "GET":
             try:
@@ -214,7 +203,7 @@ class UiServer:
             if request.method != "HEAD":
                 async for piece in pieces:
                     await _send_all(stream, [piece])
-        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (TimeoutError, *STREAM_ERRORS):
             return  # the reader went away or stopped reading
         except Exception as exc:  # part of the body went out: the connection just ends
             self._failed(request, exc)
@@ -223,7 +212,7 @@ class UiServer:
             await pieces.aclose()
         await close_with(stream, b"")
 
-    async def respond(self, request: security.Request) -> ui_routes.Body:
+    async def respond(self, request: Request) -> ui_routes.Body:
         """The answer to a request that is not a subscription (``acp_proxy.shell.ui_routes``)."""
         return await ui_routes.respond(self.hub, self.page, request)
 
@@ -253,7 +242,7 @@ class UiServer:
                 # (what an observer costs the session is then its bytes, not its wake-ups).
                 await anyio.sleep(FLUSH_INTERVAL_S)
 
-    async def _events(self, stream: SocketStream, request: security.Request) -> None:
+    async def _events(self, stream: SocketStream, request: Request) -> None:
         hub = self.hub
         since_text = request.query.get("since") or request.headers.get("last-event-id") or "0"
         since = hub.builder.head if since_text == "now" else (ui_routes.parse_int(since_text) or 0)
@@ -295,7 +284,7 @@ class UiServer:
                 if not (gzip and observer.writing):
                     with anyio.move_on_after(CUTOFF_SEND_S):
                         await stream.send(last)
-        except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (TimeoutError, *STREAM_ERRORS):
             pass
         finally:
             hub.unsubscribe(observer)
@@ -303,7 +292,8 @@ class UiServer:
 
 async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> None:
     """Write ``chunks`` in order (scatter-gather, at most ``IOV_SLICE`` buffers a call);
-    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``."""
+    ``TimeoutError`` when the socket takes nothing for ``SEND_TIMEOUT_S``,
+    ``anyio.BrokenResourceError`` when the reader is gone."""
     sock = stream.sock
     first = 0  # chunks[:first] are sent
     head: memoryview | None = None  # what is left of chunks[first] after a partial write
@@ -316,6 +306,8 @@ async def _send_all(stream: SocketStream, chunks: list[bytes | memoryview]) -> N
             with anyio.fail_after(SEND_TIMEOUT_S):
                 await anyio.wait_writable(sock)
             continue
+        except OSError as exc:  # the reader went away (EPIPE, ECONNRESET)
+            raise gone(exc) from exc
         for buffer in buffers:
             if sent < len(buffer):
                 head = memoryview(buffer)[sent:]
@@ -357,17 +349,10 @@ async def _serving(
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
-    try:
-        address = parse_endpoint(url, browser=True)
-        listener = await open_listener(
-            address, allow_remote=allow_remote, log=log, exposure=exposure
-        )
-    except AddressError as exc:
-        print(f"acp-proxy: --ui: {exc}", file=sys.stderr)
-        return 2
-    except ListenError as exc:
-        say_fatal(log, "cannot serve the live view", f"--ui: {exc}")
-        return exc.exit_code
+    endpoint = serving.Endpoint("ui", "the live view", browser=True, exposure=exposure)
+    listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
+    if isinstance(listener, int):
+        return listener
     token = secrets.token_urlsafe(32)
     host = listener.address.host
     names = [host]
@@ -431,7 +416,7 @@ async def run_with_ui(
     return code
 
 
-def open_record(path: str) -> BinaryIO:
+def open_record(path: str) -> io.BufferedReader:
     """``path`` opened for reading, when it is a regular file: a FIFO, a device or a
     directory is refused (``OSError``) before it is opened, so that ``acp-proxy ui`` never
     waits for a writer that may not come, nor reads a device without end."""

@@ -11,6 +11,15 @@ from __future__ import annotations
 import signal
 from typing import Final
 
+from acp_proxy.wire.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    REQUEST_CANCELLED,
+)
+
 OTHER: Final = "other"
 
 # Every method the ACP schemas name (v1 and v2, stable and unstable: the ``x-method`` values of
@@ -66,7 +75,15 @@ ACP_METHODS: Final = frozenset(
 # (-32000..-32099, where ACP puts auth_required -32000 and resource_not_found -32002) and ACP's
 # request_cancelled (-32800). Any other code is ``other``.
 _KNOWN_CODES: Final = frozenset(
-    {-32700, -32600, -32601, -32602, -32603, -32800, *range(-32099, -31999)}
+    {
+        PARSE_ERROR,
+        INVALID_REQUEST,
+        METHOD_NOT_FOUND,
+        INVALID_PARAMS,
+        INTERNAL_ERROR,
+        REQUEST_CANCELLED,
+        *range(-32099, -31999),
+    }
 )
 
 # The protocol versions ACP defines (``initialize``'s ``protocolVersion``).
@@ -113,6 +130,11 @@ TOKEN_FIELDS: Final = (
     ("cachedWriteTokens", "cached_write"),
 )
 MAX_CURRENCIES: Final = 16  # distinct ``cost.currency`` values kept per process, then ``other``
+# A permission request the proxy's policy answered: no user waited (``permission_wait_seconds``).
+POLICY: Final = "policy"
+# Policy rule names with a label of their own (they come from the config file), then ``other``.
+MAX_RULES: Final = 100
+DEFAULT_RULE: Final = "default"  # no rule matched: the policy's default decided
 
 
 def method_label(method: str | None) -> str:
@@ -178,3 +200,16 @@ def currency_label(currency: object, seen: set[str]) -> str:
         return OTHER
     seen.add(currency)
     return currency
+
+
+def rule_label(rule: str | None, seen: set[str]) -> str:
+    """A policy rule's label: its name among the first ``MAX_RULES`` distinct names seen by
+    this process (``seen`` grows), ``default`` for the default, else ``other``."""
+    if rule is None:
+        return DEFAULT_RULE
+    if rule in seen:
+        return rule
+    if len(seen) >= MAX_RULES:
+        return OTHER
+    seen.add(rule)
+    return rule

@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from acp_proxy.base.jsontypes import JsonValue
+from acp_proxy.policy.middleware import AuditEntry
 from acp_proxy.telemetry import turns
 from acp_proxy.telemetry.families import (
     Histogram,
@@ -44,6 +45,7 @@ from acp_proxy.telemetry.labels import (
     not_parsed_label,
     version_label,
 )
+from acp_proxy.telemetry.policy_metrics import PERMISSION, PolicyStats
 from acp_proxy.telemetry.turn_metrics import TurnStats
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.pipeline import (
@@ -129,6 +131,7 @@ class Metrics:
         self.durations: dict[tuple[str, ...], Histogram] = {}  # (direction, method, outcome)
         self.errors = _counter()  # (direction, method, error_code)
         self.turns = TurnStats()
+        self.policy = PolicyStats()
         self.totals = _Totals()
 
     # -- fed by the observers and the shell -----------------------------------------------------
@@ -300,6 +303,7 @@ class Metrics:
             self.durations,
         )
         yield from self.turns.collect()
+        yield from self.policy.collect()
 
         yield gauge("open_sessions", "Sessions (connections) open now.", [], {(): len(live)})
         yield gauge(
@@ -434,6 +438,8 @@ class SessionMetrics:
         codes: dict[Any, object] | None = None
         starts = self._starts[direction]
         for info in note.messages:
+            if info.marks:
+                self._marks(info.marks, info.id, now)
             if info.changed_by:
                 for rule in info.changed_by:
                     bump(m.rewritten, (rule,))
@@ -466,6 +472,16 @@ class SessionMetrics:
             m.observe_duration(other, started[1], outcome, code, now - started[0])
             if info.answers == "initialize" and other is _C2A and m.ready_on_initialize:
                 m.ready = True
+
+    def _marks(self, marks: tuple[object, ...], rid: JsonValue, now: float) -> None:
+        """The policy's decisions on a message; a permission request it answered is no user's
+        wait (``permission_wait_seconds``, outcome ``policy``)."""
+        m = self._metrics
+        for mark in marks:
+            if type(mark) is AuditEntry:
+                m.policy.record(mark)
+                if mark.method == PERMISSION and not mark.forwarded and mark.session is not None:
+                    m.turns.record(self._turns.answered_by_policy(mark.session, rid, now))
 
     def _feed_turns(self, direction: Direction, raw: bytes, now: float) -> None:
         """Decode a frame that matters to the turns (few do) and record what it ends."""

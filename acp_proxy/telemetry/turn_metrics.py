@@ -96,7 +96,8 @@ class TurnStats:
         yield histogram_family(
             "permission_wait_seconds",
             "Time the agent waited for the user's answer to session/request_permission, by "
-            "outcome (the selected option's kind, cancelled, error, no_answer, other).",
+            "outcome (the selected option's kind, cancelled, error, no_answer, other; policy: "
+            "the proxy's policy answered, no user waited, counted at 0 s).",
             ["outcome"],
             self.permissions,
         )

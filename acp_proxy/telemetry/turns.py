@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from acp_proxy.telemetry import labels as L
+from acp_proxy.wire.errors import REQUEST_CANCELLED
 
 MAX_OPEN: Final = 10_000  # open turns, tool calls and permission waits per connection (each)
 
@@ -257,6 +258,12 @@ class TurnTracker:
                 self._end_turn(turn, now, L.SESSION_END, None, out)
         return out
 
+    def answered_by_policy(self, session_id: str, rid: Any, now: float) -> list[TurnEvent]:
+        """The proxy's policy answered the agent's permission request ``rid``: no user waited
+        (outcome ``policy``, no time)."""
+        turn = self.turns.get(session_id)
+        return [PermissionAnswered(Permission(session_id, rid, now, turn, None, {}), now, L.POLICY)]
+
     def end(self, now: float) -> list[TurnEvent]:
         """The connection ended: every open wait, tool call and turn ends here."""
         out: list[TurnEvent] = []
@@ -427,7 +434,7 @@ def _has_content(kind: str, update: dict[str, Any]) -> bool:
 def _outcome(message: dict[str, Any], options: dict[str, str]) -> str:
     if "error" in message:
         code = message["error"].get("code") if isinstance(message["error"], dict) else None
-        return L.CANCELLED if code == -32800 else L.ERROR
+        return L.CANCELLED if code == REQUEST_CANCELLED else L.ERROR
     result = message.get("result")
     outcome = result.get("outcome") if isinstance(result, dict) else None
     if not isinstance(outcome, dict):

@@ -12,7 +12,8 @@ The stream (documented in docs/live-view.md; change it only with ``STREAM_VERSIO
   "head": seq}``: the first event of every subscription;
 - ``{"seq", "conn", "event": "session", "header": {...}}``: a session starts (its record header);
 - a frame: the record's frame line plus ``seq``, ``conn`` and ``info`` (since version 3, with
-  ``truncated``: N when the view kept only the frame's first bytes, N the bytes it left out);
+  ``truncated``: N when the view kept only the frame's first bytes, N the bytes it left out;
+  since version 4, with ``policy``: the permission policy's decisions on it, ``ui_hub``);
 - the record's events (``version``, ``end``, ``stopped``, ``lost``) plus ``seq`` and ``conn``;
 - ``{"seq", "conn", "t", "event": "stderr", "line"}``: a line of the agent's stderr;
 - ``{"seq", "conn", "t", "event": "coalesced", "direction", "update", "entity", "frames",
@@ -31,11 +32,12 @@ from typing import Final
 import orjson
 
 from acp_proxy.base.jsontypes import JsonObject, JsonValue
+from acp_proxy.policy.middleware import UNASKED, AuditEntry
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 from acp_proxy.ui.display import shown
 
 STREAM_NAME: Final = "acp-proxy-events"
-STREAM_VERSION: Final = 3  # 2: the ``coalesced`` event; 3: a frame's ``truncated``
+STREAM_VERSION: Final = 4  # 2: ``coalesced``; 3: a frame's ``truncated``; 4: its ``policy``
 # Requests awaiting their response, per session and direction: past this the oldest is
 # forgotten (its response is then shown unjoined), so a peer that never answers costs nothing.
 MAX_PENDING: Final = 4096
@@ -189,3 +191,27 @@ class StreamBuilder:
                 info[name] = shown(text)  # what the timeline shows: controls visible
         event["info"] = info
         return event
+
+
+def policy_marks(marks: tuple[object, ...]) -> list[JsonObject]:
+    """What a frame's event says of the policy's decisions on it (its ``policy``): the rule
+    (``null``: the default), the decision, the option answered, whether the message went on;
+    for a tool call that ran without asking, ``"unasked": true`` (and ``"cancelled": true``
+    when its session was cancelled)."""
+    out: list[JsonObject] = []
+    for mark in marks:
+        if type(mark) is not AuditEntry:
+            continue
+        shown: JsonObject = {
+            "rule": mark.rule,
+            "decision": mark.decision,
+            "option": mark.option,
+            "forwarded": mark.forwarded,
+            "mode": mark.mode,
+        }
+        if mark.method == UNASKED:
+            shown["unasked"] = True
+            if mark.cancelled:
+                shown["cancelled"] = True
+        out.append(shown)
+    return out

@@ -22,53 +22,17 @@ import hmac
 import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Final
-from urllib.parse import parse_qs, urlsplit
 
 from acp_proxy.base.values import value
+from acp_proxy.telemetry.endpoint import Request
 
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
-
-
-@value
-class Request:
-    """The parts of a request head the checks and the router read."""
-
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]  # lower-case names; the last of repeated headers
 
 
 @value
 class Refusal:
     status: int
     reason: str
-
-
-def parse_head(head: bytes) -> Request | None:
-    """The request of an HTTP/1.x head (up to the blank line), or ``None`` if malformed."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-        return None
-    lines = text.replace("\r\n", "\n").split("\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        return None
-    method, target = parts[0], parts[1]
-    if not target.startswith("/"):
-        return None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            break
-        name, colon, rest = line.partition(":")
-        if not colon or not name or name != name.strip():
-            return None
-        headers[name.lower()] = rest.strip()
-    split = urlsplit(target)
-    query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-    return Request(method, split.path, query, headers)
 
 
 def _host_port(host: str) -> tuple[str, str]:

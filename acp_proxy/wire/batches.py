@@ -54,7 +54,8 @@ class Batches:
         stats = host.stats
         inspect_all = host._inspect_all
         full = would_overflow(host._tracker, direction, entries)
-        if interested is None and not full:
+        routed = host._routed and host._chain_on and routes_any(host, direction, entries)
+        if interested is None and not full and not routed:
             for entry in entries:
                 if isinstance(entry, dict):
                     host._track(direction, entry, acc.notes, None)
@@ -76,7 +77,12 @@ class Batches:
             return self._budget.forward(direction, raw, why)
         # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
         kept: list[bytes | None] = []
-        fused = host._fused is not None and version == 2 and not inspect_all
+        fused = (
+            host._fused is not None
+            and version == 2
+            and not inspect_all
+            and interested == host._fused_interest
+        )
         follow: list[OutFrame] = []
         replies: list[bytes] = []
         changed = False
@@ -101,14 +107,24 @@ class Batches:
                     kept.append(data)
                     changed = changed or data is not entry_raw
                     continue
-            outcome = rewriter.chain.run(entry, ctx, interested)
+            wanted: tuple[bool, ...] | None = interested
+            if routed and "id" in entry and "method" in entry:
+                wanted = host._route(direction, entry, interested)
+            outcome = rewriter.chain.run(entry, ctx, wanted)
             rewriter.report(entry, outcome, acc.notes, inspect_all)
             for r in outcome.replies:
-                replies.append(reply_bytes(r, entry_raw, entry))
+                replies.append(reply_bytes(r, entry_raw if "id" in r else None, entry))
                 stats.errors_replied += "error" in r
             if inspect_all:
                 acc.notes.append(
-                    frame_info(direction, entry, len(raw), outcome.changed_by, host._answers)
+                    frame_info(
+                        direction,
+                        entry,
+                        len(raw),
+                        outcome.changed_by,
+                        host._answers,
+                        marks=outcome.marks,
+                    )
                 )
             encoded = (
                 rewriter.encode_outcome(entry_raw, entry, outcome, acc.notes)
@@ -140,6 +156,12 @@ class Batches:
             acc.reply.append(OutFrame(b"[" + b",".join(replies) + b"]", None, version))
         host._count_out(direction, len(acc.forward))
         return acc.result()
+
+
+def routes_any(host: Host, direction: Direction, entries: list[JsonValue]) -> bool:
+    """Whether a link is handed one of the requests among ``entries`` by name."""
+    names = host.chain.routes[direction]
+    return any(isinstance(e, dict) and "id" in e and e.get("method") in names for e in entries)
 
 
 def would_overflow(tracker: RequestTracker, direction: Direction, entries: list[JsonValue]) -> bool:

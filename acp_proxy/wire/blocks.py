@@ -6,8 +6,9 @@ without a ``Result`` each; in a block (several complete lines read together), on
 lines something may need (a needle of an interested link, an ``"id"`` for the request tables, an
 escape that could hide either, anything that does not start like ``{"``), which take the
 per-line path, and the runs between them are forwarded as they arrived, unsplit and unparsed.
-On a v2 connection whose chain is one fusable middleware, a notification in a block goes through
-the fused lane (``Rewriter.lane``). Pure, no I/O.
+On a v2 connection with one fusable middleware (beside links that declared their concerns), a
+notification in a block that no other link may want goes through the fused lane
+(``Rewriter.lane``). Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -159,6 +160,10 @@ class Blocks:
         # straight from here to ``Rewriter.fused_bytes``, skipping the per-line path's steps
         # that cannot change its outcome there (see ``Rewriter.lane``).
         lane = host._fused is not None and host.version == 2 and host._chain_on
+        # A line another link may want is not the lane's (``Connection._lane_blockers``).
+        blockers = host._lane_blockers
+        # The read lane: a notification only links that read it (the policy) want.
+        reading = host._link_interest.reading and host._chain_on
         if specials and self._pass_as_is(direction, raw, specials, lane):
             # Every line the scan picked passes untouched too (a batch of notifications in a
             # stream of them): the block is one run, forwarded without cutting runs out of it
@@ -176,13 +181,28 @@ class Blocks:
             index = line_index + 1
             pos = stop + 1
             line = raw[start:stop]
-            if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
+            if (
+                lane
+                and line[:2] == b'{"'
+                and not contains(line, ID_KEY)
+                and not (blockers and any(contains(line, b) for b in blockers))
+            ):
                 out = self._rw.lane(direction, line, self._max_parse)
                 if out is not None:
                     if special:
                         acc.extend(self.many(direction, special, join))
                         special = []
                     acc.forward.append(out)
+                    continue
+            if reading and line[:2] == b'{"' and not contains(line, ID_KEY):
+                # The lines before it first: a reader keeps state (the policy's tool calls, a
+                # permission request that asked about one), so it sees them in order.
+                if special:
+                    acc.extend(self.many(direction, special, join))
+                    special = []
+                read = self._rw.read_lane(direction, line, self._max_parse)
+                if read is not None:
+                    acc.extend(read)
                     continue
             if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
                 special.append(Line(line))

@@ -27,7 +27,8 @@ Rules of the interface:
 * It returns a ``Verdict``: ``FORWARD`` (unchanged; the original bytes leave the proxy),
   ``Replace(messages)`` (send these instead: the first takes the original's place, inside its batch
   if it was in one; the others follow as separate frames right after, never wrapped into a batch
-  the sender did not send), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
+  the sender did not send; ``Replace(messages, replies=...)`` also sends ``replies`` back to the
+  sender), ``Drop(reason)``, or ``Reply(message)`` (answer the sender instead of
   forwarding, e.g. a JSON-RPC error response).
 * ``needles`` (optional): byte strings of which at least one must occur in the raw frame for the
   middleware to be called. ``None`` (the default) means "call me for every message". It lets the
@@ -38,6 +39,17 @@ Rules of the interface:
   reports ``"NAME:PART"`` instead of ``NAME`` in ``Outcome.changed_by`` (debug logs).
 * ``on_initialize`` (optional): a method called with the ``initialize`` response, which the
   chain itself never sees (it runs once that response fixed the version); it must not raise.
+* ``concerns`` (optional): a ``Concerns`` value saying which requests the middleware acts on,
+  by their method: the pipeline, which parses every request anyway to track it, hands it those
+  (whatever its needles say) and no other request, so its ``needles`` are only for the
+  notifications it reads; and which client requests' responses it must be told of
+  (``on_answer(method, response)``, called as the response passes; it must not raise). A
+  middleware that declares ``concerns`` never changes a notification (it may answer its
+  sender, ``ForwardWith``), so the fused annotation path stays on beside it.
+* ``marks`` (optional): a list the middleware appends values to while it handles a message
+  (the policy: its decisions); the chain takes them into ``Outcome.marks`` after each call, for
+  the observers (metrics, the live view), who read them when ``ctx.observed``.
+* ``on_initialize_request`` (optional): the same for the client's ``initialize`` request.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
 
@@ -50,6 +62,7 @@ from typing import Any, ClassVar, Protocol, TypeAlias, runtime_checkable
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 
 
 class Direction(enum.StrEnum):
@@ -78,6 +91,9 @@ class MessageContext:
     protocol_version: int | None
     # True when the message is an entry of a JSON-RPC batch (a JSON array frame).
     in_batch: bool = False
+    # True when observers (metrics, the live view, tracing) read this connection's frames:
+    # a middleware's ``marks`` are read only then.
+    observed: bool = False
 
 
 @value
@@ -91,12 +107,25 @@ FORWARD = Forward()
 
 
 @value
+class ForwardWith:
+    """Forward the message unchanged, and send ``replies`` back to its sender too (a
+    notification the sender must act on, such as ``session/cancel``)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    replies: tuple[JsonObject, ...]
+
+
+@value
 class Replace:
-    """Send ``messages`` instead of the original, in order (see the module docstring)."""
+    """Send ``messages`` instead of the original, in order (see the module docstring), and
+    ``replies`` back to the original's sender (a notification of the proxy's own, such as the
+    ``session/cancel`` a budget sends while the agent's update goes on to the client)."""
 
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
 
     messages: tuple[JsonObject, ...]
+    replies: tuple[JsonObject, ...] = ()
 
 
 @value
@@ -117,7 +146,18 @@ class Reply:
     message: JsonObject
 
 
-Verdict: TypeAlias = Forward | Replace | Drop | Reply
+Verdict: TypeAlias = Forward | ForwardWith | Replace | Drop | Reply
+
+
+@value
+class Concerns:
+    """What a middleware acts on beyond its needles (see the module docstring): requests by
+    method and direction, and the client requests whose responses it is told of."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass to mypy, too
+
+    requests: frozenset[tuple[Direction, str]] = frozenset()
+    answers: frozenset[str] = frozenset()
 
 
 @runtime_checkable
@@ -179,18 +219,8 @@ class Outcome:
     # Parts of middleware that matched but chose not to act, with their reason (the rules
     # middleware's v1 ``safe`` skips: ``("rules:edge-route", ...)``), for the debug log.
     skipped: tuple[str, ...] = ()
-
-
-INTERNAL_ERROR = -32603
-
-
-def error_response(request_id: object, code: int, message: str) -> JsonObject:
-    """A JSON-RPC 2.0 error response for ``request_id``."""
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,  # type: ignore[dict-item]
-        "error": {"code": code, "message": message},
-    }
+    # What the links marked the message with (their ``marks``), for the observers.
+    marks: tuple[object, ...] = ()
 
 
 def _needles_of(middleware: Middleware) -> tuple[bytes, ...] | None:
@@ -207,6 +237,8 @@ def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, 
     matters when a needle contains a ``/`` (a method name; ``sessionUpdate`` kinds have none).
     Scanning for an escape that cannot hide anything would cost a pass over every frame.
     """
+    if not any(group is None or group for group in needles):
+        return ()  # no needle to hide
     slash = any(b"/" in needle for group in needles if group for needle in group)
     return (b"\\u", b"\\/") if slash else (b"\\u",)
 
@@ -214,7 +246,18 @@ def needle_escapes(needles: Sequence[tuple[bytes, ...] | None]) -> tuple[bytes, 
 class Chain:
     """An ordered list of links, built once per connection and run per message."""
 
-    __slots__ = ("_escapes", "_init_watchers", "_links", "_needles")
+    __slots__ = (
+        "_answer_watchers",
+        "_escapes",
+        "_init_watchers",
+        "_links",
+        "_marking",
+        "_needles",
+        "_request_watchers",
+        "answers",
+        "concerned",
+        "routes",
+    )
 
     def __init__(self, links: Sequence[Link]) -> None:
         self._links = tuple(links)
@@ -227,12 +270,55 @@ class Chain:
             for link in self._links
             if callable(watcher := getattr(link.middleware, "on_initialize", None))
         )
+        # Per link, whether it marks messages (its ``marks`` list is drained after each call).
+        self._marking = tuple(
+            isinstance(getattr(link.middleware, "marks", None), list) for link in self._links
+        )
+        concerns = [getattr(link.middleware, "concerns", None) for link in self._links]
+        # Per link, whether it declares its concerns (see the module docstring).
+        self.concerned = tuple(isinstance(c, Concerns) for c in concerns)
+        # Per direction, the request methods some link is handed by name: method -> the links.
+        self.routes: dict[Direction, dict[str, tuple[bool, ...]]] = {d: {} for d in Direction}
+        for direction in Direction:
+            names = {m for c in concerns if isinstance(c, Concerns) for d, m in c.requests
+                     if d is direction}  # fmt: skip
+            for name in names:
+                self.routes[direction][name] = tuple(
+                    isinstance(c, Concerns) and (direction, name) in c.requests for c in concerns
+                )
+        # The client requests whose responses links are told of, and who is told.
+        self.answers = frozenset(m for c in concerns if isinstance(c, Concerns) for m in c.answers)
+        self._answer_watchers = tuple(
+            (c.answers, link.middleware.on_answer)  # type: ignore[attr-defined]
+            for c, link in zip(concerns, self._links, strict=True)
+            if isinstance(c, Concerns) and c.answers
+        )
+        # The links with an ``on_initialize_request`` method (the budgets: whether the client
+        # shows notices).
+        self._request_watchers = tuple(
+            watcher
+            for link in self._links
+            if callable(watcher := getattr(link.middleware, "on_initialize_request", None))
+        )
+
+    def initialize_requested(self, request: JsonObject) -> None:
+        """Tell the links that want it the client's ``initialize`` request (which ``run``
+        never sees: it comes before the version is known)."""
+        for watcher in self._request_watchers:
+            watcher(request)
 
     def initialized(self, response: JsonObject) -> None:
         """Tell the links that want it the ``initialize`` response (which ``run`` never sees:
         the chain runs once that response fixed the version)."""
         for watcher in self._init_watchers:
             watcher(response)
+
+    def answered(self, method: str, response: JsonObject) -> None:
+        """Tell the links that asked (``Concerns.answers``) the response to a ``method``
+        request of the client."""
+        for methods, watcher in self._answer_watchers:
+            if method in methods:
+                watcher(method, response)
 
     @property
     def links(self) -> tuple[Link, ...]:
@@ -245,7 +331,8 @@ class Chain:
         """For each link, whether it may act on the frame ``raw`` (its needle prefilter)."""
         escaped = any(e in raw for e in self._escapes)
         return tuple(
-            n is None or escaped or any(needle in raw for needle in n) for n in self._needles
+            n is None or (bool(n) and (escaped or any(needle in raw for needle in n)))
+            for n in self._needles
         )
 
     def wants(self, raw: bytes) -> bool:
@@ -275,7 +362,8 @@ class Chain:
         changed = False
         dropped_by: str | None = None
         skipped: list[str] = []
-        for link, wanted in zip(self._links, interested, strict=True):
+        marks: list[object] = []
+        for link, wanted, marking in zip(self._links, interested, self._marking, strict=True):
             if not wanted:
                 continue
             mw = link.middleware
@@ -286,6 +374,8 @@ class Chain:
                 try:
                     verdict = mw(msg, ctx)
                 except Exception as exc:  # isolate the failure; the shell logs it
+                    if marking:
+                        mw.marks.clear()  # type: ignore[attr-defined]  # (of a call that failed)
                     failures.append(
                         MiddlewareFailure(mw.name, f"{type(exc).__name__}: {exc}", link.fail_closed)
                     )
@@ -296,21 +386,31 @@ class Chain:
                     dropped_by = dropped_by or mw.name
                     error = f"acp-proxy: middleware {mw.name} failed"
                     if "id" in msg and "method" in msg:  # a request: answer its sender
-                        replies.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        replies.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     elif "id" in msg and ("result" in msg or "error" in msg):
                         # A response: its request must not hang; the receiver gets an error for
                         # the same id instead of the response the middleware choked on.
-                        following.append(error_response(msg["id"], INTERNAL_ERROR, error))
+                        following.append(error_object(msg["id"], INTERNAL_ERROR, error))
                     continue
                 passed = getattr(mw, "last_skipped_v1", None)
                 if passed:
                     skipped.extend(f"{mw.name}:{p}" for p in passed)
+                if marking:
+                    made = mw.marks  # type: ignore[attr-defined]
+                    if made:
+                        marks.extend(made)
+                        made.clear()
                 if isinstance(verdict, Forward):
                     following.append(msg)
+                    continue
+                if isinstance(verdict, ForwardWith):
+                    following.append(msg)
+                    replies.extend(verdict.replies)
                     continue
                 changed = True
                 if isinstance(verdict, Replace):
                     following.extend(verdict.messages)
+                    replies.extend(verdict.replies)
                     # A middleware may name the parts of it that acted (the rules middleware
                     # names its rules) in ``last_changed_by``; logs then show "rules:edge-route".
                     parts = getattr(mw, "last_changed_by", None) or ()
@@ -330,4 +430,5 @@ class Chain:
             dropped_by,
             tuple(failures),
             tuple(dict.fromkeys(skipped)),
+            tuple(marks),
         )

@@ -90,15 +90,14 @@ PAUSE_INPUT_FACTOR = 2
 _HOT = 4  # text groups tried before a line is parsed
 _ROOM_PASS = 256  # lines merged at most when the bound is reached (a few ms; looks do the rest)
 # What a merge pass costs the proxy per line it looks at (parse, classify, index, merge), as the
-# queue reckons it: a pass over the bench's notify stream measures about 5 µs a line (2 µs for
-# a streamed reply's chunks, 6 µs for a 2 KB tool call update), 15 µs is kept as the margin on
-# slower machines. A pass pays when the lines it merges away would have taken the consumer
-# longer to read than the pass takes.
+# queue reckons it: about three times what a pass measured on the bench's notify stream, a
+# margin for slower machines (docs/performance.md, "Figures behind the code"). A pass pays when
+# the lines it merges away would have taken the consumer longer to read than the pass takes.
 MERGE_COST_S = 15e-6
 # What encoding a merged group for the write costs, as the queue reckons it (splice the merged
 # members into its last line with the parse the merge kept, or join a text chunk's texts into
-# its bytes: about 17 µs a group on the bench's notify stream): a look with nothing to merge
-# encodes about its wait's worth ahead of the write.
+# its bytes; with a margin over what the bench's notify stream measured, as above): a look with
+# nothing to merge encodes about its wait's worth ahead of the write.
 ENCODE_COST_S = 30e-6
 
 

@@ -30,17 +30,16 @@ from acp_proxy.wire.envelope import (
     NotAnEnvelope,
     accept_proxy,
     detect,
-    error_response,
     replace_method,
     scan,
     unwrap,
 )
 from acp_proxy.wire.envelope import wrap as wrap_envelope
+from acp_proxy.wire.errors import INVALID_REQUEST, error_bytes
 from acp_proxy.wire.framing import HEAD_BYTES, read_request_id, scan_head
 from acp_proxy.wire.rawjson import Unparseable
 from acp_proxy.wire.rawscan import array_elements
 
-INVALID_REQUEST = -32600
 CANCEL = "$/cancel_request"
 # Ids in flight kept per table when the caller names no bound (the pipeline's own default).
 DEFAULT_MAX_IN_FLIGHT = 1024
@@ -145,7 +144,7 @@ class Link:
             kind = "the conductor's first message is not a proxy initialize"
             if msg.is_request:
                 text = f"acp-proxy component: expected {EXPECTED}; got {got}"
-                reply = error_response(msg.bytes_of("id"), INVALID_REQUEST, text)
+                reply = error_bytes(msg.bytes_of("id"), INVALID_REQUEST, text)
                 return Routed(Side.CONDUCTOR, reply, note=note, kind=kind)
             return Routed(Side.NOWHERE, msg.raw, note=note, kind=kind)
         self.dialect = dialect
@@ -178,7 +177,7 @@ class Link:
             note = f"envelope refused: {exc} (batches are not supported inside a proxy chain)"
             kind = "envelope refused"
             if msg.is_request:
-                reply = error_response(msg.bytes_of("id"), INVALID_REQUEST, str(exc))
+                reply = error_bytes(msg.bytes_of("id"), INVALID_REQUEST, str(exc))
                 return Routed(Side.CONDUCTOR, reply, envelope=method, note=note, kind=kind)
             return Routed(Side.NOWHERE, msg.raw, envelope=method, note=note, kind=kind)
         if msg.is_request:
@@ -258,17 +257,17 @@ def _refusals(raw: bytes, text: str) -> tuple[int, list[bytes]]:
             for s, e in elements:
                 item = scan(raw[s:e])
                 if item is not None and item.is_request:
-                    replies.append(error_response(item.bytes_of("id"), INVALID_REQUEST, text))
+                    replies.append(error_bytes(item.bytes_of("id"), INVALID_REQUEST, text))
             return len(elements), replies
     msg = scan(raw)
     if msg is not None:
         if not msg.is_request:
             return 1, []
-        return 1, [error_response(msg.bytes_of("id"), INVALID_REQUEST, text)]
+        return 1, [error_bytes(msg.bytes_of("id"), INVALID_REQUEST, text)]
     head = raw[:HEAD_BYTES]
     if not read_request_id(head)[0]:
         return 1, []
-    return 1, [error_response(scan_head(head).id_bytes, INVALID_REQUEST, text)]
+    return 1, [error_bytes(scan_head(head).id_bytes, INVALID_REQUEST, text)]
 
 
 def _cancelled_id(msg: Message) -> JsonValue:

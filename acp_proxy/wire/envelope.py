@@ -332,13 +332,6 @@ def _add_member(raw: bytes, where: Span, member: bytes) -> bytes:
     return raw[:close] + (b"" if empty else b",") + member + raw[close:]
 
 
-def error_response(ident: bytes | None, code: int, message: str) -> bytes:
-    """A JSON-RPC error response line (no newline) for the request whose id bytes are
-    ``ident`` (``null`` when it has none)."""
-    error = orjson.dumps({"code": code, "message": message})
-    return b'{"jsonrpc":"2.0","id":' + (ident or b"null") + b',"error":' + error + b"}"
-
-
 __all__ = [
     "ENVELOPE_METHODS",
     "EXPECTED",
@@ -348,7 +341,6 @@ __all__ = [
     "Unwrapped",
     "accept_proxy",
     "detect",
-    "error_response",
     "replace_method",
     "scan",
     "unwrap",

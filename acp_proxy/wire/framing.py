@@ -3,17 +3,23 @@
 Contract: this module owns how a byte stream becomes frames (ACP digest §1.1: "Messages are
 delimited by newlines (`\\n`), and MUST NOT contain embedded newlines") and nothing else. It never
 parses JSON on the hot path, never does I/O and never logs (style.md habit 1; h11's "bytes in,
-events out"). "Need more input" is an empty list.
+events out"). "Need more input" is an empty list. ``LineSplitter`` is the proxy's one line
+splitter: every reader of lines uses it (the session's readers, the conductor connection,
+``replay`` and the record files it and ``show`` and ``ui`` read, the start-failure answerer, the
+agent's stderr), each with its own bound.
 
 Rules:
 
 * A frame is everything between two ``\\n`` bytes, byte for byte: a trailing ``\\r`` (CRLF
   writers), invalid UTF-8 and whitespace inside the line are kept, because a frame no middleware
   touches must leave the proxy as the exact bytes that came in (byte-exact pass-through).
-* Lines that are empty or whitespace only carry no message and are dropped.
+* Lines that are empty or whitespace only carry no message and are dropped (with
+  ``blank_lines``, for text that is not a protocol stream, a record file or a stderr, they are
+  lines like any other: a reader that numbers its lines counts them).
 * Bounded (style.md habit 6): a line longer than ``max_frame_bytes`` is never held whole. Once
   it crosses the limit its bytes are discarded up to the next ``\\n`` and one ``Oversize`` event
-  reports its total size and its first ``HEAD_BYTES`` bytes (enough to read a request ``id``).
+  reports its total size and its first ``head_bytes`` bytes (by default ``HEAD_BYTES``, enough to
+  read a request ``id``; a reader that shows a line cut short keeps more).
   At most ``max_frame_bytes`` of a pending line, plus the chunk being fed, are in memory.
 """
 
@@ -42,7 +48,7 @@ class Oversize:
     """A line longer than the frame limit; its bytes were discarded.
 
     ``size`` is the line's total length without the ``\\n`` (at EOF: up to the end of the stream),
-    ``head`` its first ``HEAD_BYTES`` bytes at most, ``limit`` the limit it exceeded (0: unknown).
+    ``head`` its first ``head_bytes`` bytes at most, ``limit`` the limit it exceeded (0: unknown).
     """
 
     size: int
@@ -64,7 +70,8 @@ class Block:
     @property
     def count(self) -> int:
         # Computed on demand: the pipeline's block scan counts the lines in its own pass, and a
-        # ``bytes.count`` per 64 KiB read cost 0.3 us per message of pass-through.
+        # ``bytes.count`` per read was a measurable part of pass-through (docs/performance.md,
+        # "Figures behind the code").
         return self.raw.count(b"\n") + 1
 
     def lines(self) -> list[Line]:
@@ -80,18 +87,38 @@ class LineSplitter:
     costs linear, not quadratic, time.
     """
 
-    __slots__ = ("_cut", "_discard_size", "_discarding", "_head", "_max", "_parts", "_size")
+    __slots__ = (
+        "_blank",
+        "_cut",
+        "_discard_size",
+        "_discarding",
+        "_head",
+        "_head_max",
+        "_max",
+        "_parts",
+        "_size",
+    )
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        """Raises ``ValueError`` if ``max_frame_bytes`` is not positive."""
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        blank_lines: bool = False,
+        head_bytes: int = HEAD_BYTES,
+    ) -> None:
+        """``blank_lines``: give empty and whitespace-only lines too (then ``feed_blocks``
+        gives what ``feed`` does); ``head_bytes``: how much of an oversize line its ``Oversize``
+        keeps. Raises ``ValueError`` if ``max_frame_bytes`` is not positive."""
         if max_frame_bytes < 1:
             raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
         self._max = max_frame_bytes
+        self._blank = blank_lines
+        self._head_max = head_bytes
         self._parts: list[bytes] = []  # the pending line, in pieces
         self._size = 0  # total length of ``_parts``
         self._discarding = False  # inside an oversize line, waiting for its newline
         self._discard_size = 0  # length of that line so far
-        self._head = b""  # its first HEAD_BYTES bytes
+        self._head = b""  # its first ``head_bytes`` bytes
         self._cut = 0  # the limit a refused line was cut at (``refuse``; 0: ``_max``)
 
     @property
@@ -117,7 +144,10 @@ class LineSplitter:
             if len(data) <= self._max:
                 # No piece can exceed the limit: the hot path, one comprehension per chunk
                 # (``isspace`` stops at the first non-space byte, so it is O(1) for JSON).
-                out.extend([Line(p) for p in pieces if p and not p.isspace()])
+                if self._blank:
+                    out.extend([Line(p) for p in pieces])
+                else:
+                    out.extend([Line(p) for p in pieces if p and not p.isspace()])
             else:
                 for p in pieces:
                     self._emit(p, out)
@@ -151,7 +181,7 @@ class LineSplitter:
         if not data:
             return []
         last_nl = data.rfind(b"\n")
-        if last_nl < 0 or len(data) > self._max:
+        if last_nl < 0 or len(data) > self._max or self._blank:
             return list(self.feed(data))
         out: list[Line | Oversize | Block] = []
         start = 0
@@ -199,8 +229,8 @@ class LineSplitter:
 
     def _emit(self, line: bytes, out: list[Line | Oversize]) -> None:
         if len(line) > self._max:
-            out.append(Oversize(len(line), line[:HEAD_BYTES], self._max))
-        elif line and not line.isspace():
+            out.append(Oversize(len(line), line[: self._head_max], self._max))
+        elif self._blank or (line and not line.isspace()):
             out.append(Line(line))
 
     def _complete(self, piece: bytes, out: list[Line | Oversize]) -> None:
@@ -220,7 +250,7 @@ class LineSplitter:
         line = b"".join(self._parts)
         self._parts = []
         self._size = 0
-        if not line.isspace():
+        if self._blank or not line.isspace():
             out.append(Line(line))
 
     def _add_partial(self, piece: bytes) -> None:
@@ -235,17 +265,18 @@ class LineSplitter:
             self._size += len(piece)
 
     def _grow_head(self, piece: bytes) -> None:
-        # Only matters when the limit is below HEAD_BYTES: the head is otherwise full already.
-        if len(self._head) < HEAD_BYTES:
-            self._head += piece[: HEAD_BYTES - len(self._head)]
+        # Only matters when the limit is below ``head_bytes``: the head is otherwise full already.
+        room = self._head_max - len(self._head)
+        if room > 0:
+            self._head += piece[:room]
 
     def _start_discarding(self, piece: bytes) -> None:
         """Keep only the head of the pending line plus ``piece``, and count the rest."""
         head = bytearray()
         for part in (*self._parts, piece):
-            if len(head) >= HEAD_BYTES:
+            if len(head) >= self._head_max:
                 break
-            head += part[: HEAD_BYTES - len(head)]
+            head += part[: self._head_max - len(head)]
         self._head = bytes(head)
         self._discard_size = self._size + len(piece)
         self._discarding = True

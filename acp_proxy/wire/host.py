@@ -15,6 +15,7 @@ from acp_proxy.base.values import value
 from acp_proxy.wire.chain import Chain, Direction, MessageContext
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import Line, Oversize
+from acp_proxy.wire.interest import Interest, LinkInterest
 from acp_proxy.wire.notes import Note, PipelineStats, Result
 from acp_proxy.wire.tracking import RequestTracker
 
@@ -24,10 +25,6 @@ class Unset:
 
 
 UNSET = Unset()
-
-# Per link of the chain, whether it may act on a frame; ``None``: no link may (the prefilter's
-# answer, ``Connection._interested``); ``UNSET``: not computed yet.
-Interest = tuple[bool, ...] | None
 
 
 @value
@@ -68,6 +65,10 @@ class Host(Protocol):
     _has_links: bool
     _inspect_all: bool
     _fused: object
+    _fused_interest: tuple[bool, ...]
+    _lane_blockers: tuple[bytes, ...]
+    _link_interest: LinkInterest
+    _routed: frozenset[str]
     _answers: dict[JsonValue, str]
     _tracker: RequestTracker
     _ctx_a2c: MessageContext
@@ -105,6 +106,10 @@ class Host(Protocol):
     ) -> OutFrame | None: ...
 
     def _answered(self, direction: Direction, rid: JsonValue) -> tuple[str, bytes] | None: ...
+
+    def _route(
+        self, direction: Direction, message: JsonObject, interested: Interest
+    ) -> Interest: ...
 
     def _refuse_if_full(
         self, direction: Direction, raw: bytes, message: JsonObject

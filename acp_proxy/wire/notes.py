@@ -94,6 +94,8 @@ class FrameInfo:
     changed_by: tuple[str, ...]
     # A response: the method of the request it answers (None: no such request was waiting).
     answers: str | None = None
+    # What the links marked the message with (``Outcome.marks``: the policy's decisions).
+    marks: tuple[object, ...] = ()
 
 
 @value

@@ -43,6 +43,8 @@ def frame_info(
     size: int,
     changed_by: tuple[str, ...],
     answers: dict[JsonValue, str],
+    *,
+    marks: tuple[object, ...] = (),
 ) -> FrameInfo:
     """What the debug log and the live views say of a parsed ``message`` (``size`` bytes);
     ``answers``: the methods of the requests the current frame's responses answered."""
@@ -52,7 +54,9 @@ def frame_info(
     answered = None
     if method is None and ("result" in message or "error" in message):
         answered = answers.get(rid)
-    return FrameInfo(direction, method, rid, update_kind(message), size, changed_by, answered)
+    return FrameInfo(
+        direction, method, rid, update_kind(message), size, changed_by, answered, marks
+    )
 
 
 def method_of(message: JsonObject) -> str | None:

@@ -8,8 +8,9 @@ rest is only reported (an ``OversizeFrame`` note). Pure, no I/O.
 
 from __future__ import annotations
 
-from acp_proxy.wire.chain import INTERNAL_ERROR, Direction, error_response
+from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.errors import INTERNAL_ERROR, INVALID_REQUEST, error_bytes, error_object
 from acp_proxy.wire.framing import (
     HEAD_BYTES,
     Oversize,
@@ -19,9 +20,7 @@ from acp_proxy.wire.framing import (
 )
 from acp_proxy.wire.host import Host
 from acp_proxy.wire.notes import OversizeFrame, Result
-from acp_proxy.wire.tracking import error_frame_bytes
 
-INVALID_REQUEST = -32600
 _A2C = Direction.AGENT_TO_CLIENT
 
 
@@ -39,9 +38,9 @@ def oversize(host: Host, direction: Direction, event: Oversize) -> Result:
     if is_request:
         # The sender would otherwise wait forever for an answer that cannot come.
         text = f"acp-proxy: message of {event.size} bytes exceeds {limit}; not forwarded"
-        response = error_response(rid, INVALID_REQUEST, text)
+        response = error_object(rid, INVALID_REQUEST, text)
         id_bytes = scan_head(head).id_bytes
-        data = error_frame_bytes(id_bytes, INVALID_REQUEST, text)
+        data = error_bytes(id_bytes, INVALID_REQUEST, text)
         stats.replies += 1
         stats.errors_replied += 1
         note = OversizeFrame(event.size, rid, replied=True, limit=event.limit)
@@ -53,10 +52,10 @@ def oversize(host: Host, direction: Direction, event: Oversize) -> Result:
     if entry is not None:
         id_bytes = entry[1]
         text = f"acp-proxy: the response was {event.size} bytes, over {limit}; dropped"
-        response = error_response(rid, INTERNAL_ERROR, text)
+        response = error_object(rid, INTERNAL_ERROR, text)
         stats.errors_replied += 1
         host._count_out(direction, 1)
         note = OversizeFrame(event.size, rid, answered=True, limit=event.limit)
-        frame = OutFrame(error_frame_bytes(id_bytes, INTERNAL_ERROR, text), response, host.version)
+        frame = OutFrame(error_bytes(id_bytes, INTERNAL_ERROR, text), response, host.version)
         return Result((frame,), (), (note,))
     return Result((), (), (OversizeFrame(event.size, None, limit=event.limit),))

@@ -9,7 +9,7 @@ tests that decide what is parsed are in ``prefilter``. It is pure (style.md habi
 clock, no logging; everything the shell must do is in the returned ``Result`` (frames and
 ``Note`` values), mitmproxy-style commands out of a sans-IO core.
 
-Rules ("Streaming behaviour" in the README):
+Rules:
 
 1. Byte-exact pass-through. A frame that no middleware changed leaves as the exact bytes that came
    in (``OutFrame.raw is Line.raw``); a changed message is re-encoded once, and only its changed
@@ -47,20 +47,20 @@ from acp_proxy.wire import rawjson, rawscan
 from acp_proxy.wire.batches import Batches
 from acp_proxy.wire.blocks import Blocks
 from acp_proxy.wire.chain import (
-    INTERNAL_ERROR,
     Chain,
     Direction,
     MessageContext,
-    needle_escapes,
 )
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.divert import FRAME_STARTS, KIND_ANSI, KIND_TEXT, SAMPLE_BYTES, Diversion
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 from acp_proxy.wire.framing import (
     Block,
     Line,
     Oversize,
 )
 from acp_proxy.wire.host import UNSET, NotParsedWhy, Unset
+from acp_proxy.wire.interest import LinkInterest
 from acp_proxy.wire.negotiate import negotiated_version
 from acp_proxy.wire.notes import (
     EMPTY,
@@ -81,20 +81,19 @@ from acp_proxy.wire.notes import (
     VersionNegotiated,
 )
 from acp_proxy.wire.observe import frame_info, method_of, observed
-from acp_proxy.wire.oversize import INVALID_REQUEST, oversize
+from acp_proxy.wire.oversize import oversize
 from acp_proxy.wire.prefilter import (
     ID_KEY,
     agent_needs_parse,
     client_needs_parse,
-    has_any,
     parse_cost,
 )
 from acp_proxy.wire.rewrite import Rewriter, encode
 from acp_proxy.wire.scan import contains
-from acp_proxy.wire.tracking import RequestTracker, error_frame_bytes, is_id
+from acp_proxy.wire.tracking import RequestTracker, is_id
 from acp_proxy.wire.unparsed import ParseBudget
 
-# Bounded memory (README "Bounds"): the parse budget and the pending-request tables
+# Bounded memory (docs/bounds.md): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
 DEFAULT_MAX_PENDING = DEFAULT_MAX_PENDING_REQUESTS
 
@@ -103,16 +102,10 @@ _C2A = Direction.CLIENT_TO_AGENT
 _OBJECT_OPENER = ord("{")
 
 
-def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
-    needles = getattr(middleware, "needles", None)
-    return None if needles is None else tuple(needles)
-
-
 class Connection:
     """Protocol state of one client-agent connection; ``handle`` one event at a time.
 
-    Not thread-safe: the shell calls it from one task (or under one lock) for both directions,
-    in the order frames were read per direction.
+    Not thread-safe: one task (or one lock) calls it for both directions, in the order read.
     """
 
     __slots__ = (
@@ -126,16 +119,24 @@ class Connection:
         "_ctx_a2c",
         "_ctx_c2a",
         "_diversion",
-        "_escapes",
         "_fused",
+        "_fused_interest",
+        "_general",
         "_has_links",
-        "_init_ids",
         "_inspect_all",
+        "_interested",
+        "_lane_blockers",
+        "_link_interest",
         "_link_needles",
         "_max_parse",
+        "_needles_on",
         "_observe",
         "_rewriter",
+        "_route",
+        "_routed",
         "_tracker",
+        "_watch",
+        "_watched",
         "chain",
         "stats",
         "version",
@@ -162,16 +163,23 @@ class Connection:
         self._inspect_all = inspect_all
         self._has_links = len(chain) > 0
         self._chain_on = False  # links exist and the version is known: run the chain
-        self._link_needles = tuple(_needles_of(link.middleware) for link in chain.links)
-        self._escapes = needle_escapes(self._link_needles)  # same rule as Chain.interested
-        # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``).
+        # Which links may act on a frame (``acp_proxy.wire.interest``); read on the hot path
+        # as this object's own attributes.
+        interest = LinkInterest(chain)
+        self._link_interest = interest
+        self._interested = interest.of
+        self._route = interest.route
+        self._link_needles = interest.link_needles
+        self._routed = interest.routed
+        self._general = interest.general
+        self._watch = interest.watch
+        self._fused = interest.fused
+        self._fused_interest = interest.fused_interest
+        self._lane_blockers = interest.lane_blockers
+        # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``); and the
+        # watched client requests (``LinkInterest.watch``) waiting, each with its method.
         self._tracker = RequestTracker(max_pending)
-        self._init_ids: set[JsonValue] = set()  # ids of the client's ``initialize`` requests
-        # One middleware that can answer v2 upserts without building a message (the rules
-        # middleware's ``fused_v2``, when its rules allow it): the annotation hot path.
-        self._fused: object = None
-        if len(chain) == 1 and getattr(chain.links[0].middleware, "fusable", False) is True:
-            self._fused = getattr(chain.links[0].middleware, "fused_v2", None)
+        self._watched: dict[JsonValue, str] = {}
         self._set_contexts()
         # The engines this object calls (``acp_proxy.wire.host`` is what they see of it).
         self._budget = ParseBudget(self, max_parse_bytes)
@@ -179,7 +187,7 @@ class Connection:
         self._batches = Batches(self, self._rewriter, self._budget)
         self._diversion = Diversion(self, self._budget, non_json)
         self._blocks = Blocks(
-            self, self._rewriter, self._link_needles, self._escapes, max_parse_bytes
+            self, self._rewriter, self._link_needles, interest.escapes, max_parse_bytes
         )
 
     # --- public API ---------------------------------------------------------------------------
@@ -230,7 +238,7 @@ class Connection:
         as the general path's ``Result``. The middleware's interest is looked for once."""
         if self._inspect_all:
             return self.handle_many(direction, [Line(raw)])
-        interested = self._interested(raw) if self._chain_on else None
+        interested = self._interested(raw) if self._needles_on else None
         if interested is None and contains(raw, ID_KEY):
             message = self._tracked(direction, raw)
             if message is not None:
@@ -244,17 +252,19 @@ class Connection:
         act on (``interested is None``) and that the request tables must see (``"id"`` occurs):
         the parsed message, forwarded as it came. ``None``: anything else, for the general path
         (``_client_line`` / ``_agent_line``), which gives the same result for every frame this
-        one answers (its dozen small calls were half of the proxy's CPU per request;
-        ``test_roundtrip_lane.py`` compares the two on generated frames).
+        one answers (its dozen small calls were a large part of the proxy's CPU per request:
+        docs/performance.md, "Figures behind the code"; ``test_roundtrip_lane.py`` compares the
+        two on generated frames).
 
         Answered here only: a frame that starts like one (``{"``, ``{ ``...), within the parse
         budget even by the cheap estimate, that orjson parses to an object. A request (a valid
         ``id``, a string ``method``) is admitted to its table, or left to the general path's
-        refusal when the table is full; a response (a valid ``id``, ``result`` or ``error``)
-        takes its request out of the table, except the response to ``initialize`` (the
-        version negotiation, left to the general path); any other object is forwarded
-        untracked, as the general path does. Not inspecting (``_inspect_all``), as the caller
-        checks.
+        refusal when the table is full, or left to it when a link is handed it by its method or
+        its response is watched (``LinkInterest.general``: ``initialize``, ``session/new`` with
+        a policy); a response (a valid ``id``, ``result`` or ``error``) takes its request out
+        of the table, except a watched one's (the version negotiation, a link told of it: the
+        general path); any other object is forwarded untracked, as the general path does. Not
+        inspecting (``_inspect_all``), as the caller checks.
         """
         # ``{`` first: an object with nothing before its opener (what ``FRAME_STARTS`` admits
         # of objects, once orjson parsed it), so what parses is a ``dict``.
@@ -268,8 +278,8 @@ class Connection:
         if type(rid) is int or type(rid) is str or type(rid) is float or rid is None:  # ``is_id``
             method = message.get("method", OMITTED)
             if method is not OMITTED:
-                if type(method) is not str:
-                    return None
+                if type(method) is not str or method in self._general:
+                    return None  # the general path routes it or keeps its id for its response
                 # A JSON integer has one spelling, ``-?(0|[1-9][0-9]*)`` (RFC 8259 section 6),
                 # and orjson returns an ``int`` only for one, so a non-zero ``int`` id's bytes
                 # are its decimal form; ``0`` may have been ``-0``, and every other id is read
@@ -277,12 +287,10 @@ class Connection:
                 id_bytes = b"%d" % rid if type(rid) is int and rid else rawscan.id_bytes(raw)
                 if id_bytes is None or not self._tracker.admit(direction, rid, method, id_bytes):
                     return None  # the general path refuses it (table full) or says why
-                if method == "initialize" and direction is _C2A:
-                    self._init_ids.add(rid)
             elif "result" in message or "error" in message:
                 if direction is _A2C:
-                    if rid in self._init_ids:
-                        return None  # the version negotiation
+                    if rid in self._watched:
+                        return None  # the version negotiation, or a link is told of it
                     self._tracker.answer(_C2A, rid)
                 else:
                     self._tracker.answer(_A2C, rid)
@@ -356,7 +364,7 @@ class Connection:
         if raw[:2] not in FRAME_STARTS and not rawjson.could_be_frame(raw):
             return self._diversion.odd_line(raw)
         if isinstance(interested, Unset):
-            interested = self._interested(raw) if self._chain_on else None
+            interested = self._interested(raw) if self._needles_on else None
         if interested is None and not self._inspect_all and not agent_needs_parse(raw):
             # Nothing may act on this frame and the tracker does not need it: forward its bytes
             # unparsed.
@@ -372,7 +380,7 @@ class Connection:
     ) -> Result:
         self.stats.client_to_agent_in += 1
         if isinstance(interested, Unset):
-            interested = self._interested(raw) if self._chain_on else None
+            interested = self._interested(raw) if self._needles_on else None
         if interested is None and not self._inspect_all and not client_needs_parse(raw):
             self.stats.client_to_agent_out += 1
             return Result((OutFrame(raw, None, self.version),))
@@ -383,34 +391,6 @@ class Connection:
         return self._parsed(_C2A, raw, parsed, interested, ())
 
     # --- shared -------------------------------------------------------------------------------
-
-    def _interested(self, raw: bytes) -> tuple[bool, ...] | None:
-        """Per link, whether it may act on ``raw``; ``None`` when no link may.
-
-        The same answer as ``Chain.interested`` (a link without needles always; otherwise one of
-        its needles occurs, or the frame has a JSON escape that could hide one), computed with
-        ``bytes.find`` (``in`` on bytes costs an internal exception per call on CPython 3.11)
-        and the escape scan done once, only when needed.
-        """
-        if not self._chain_on:
-            return None
-        escaped: bool | None = None
-        flags: list[bool] = []
-        for needles in self._link_needles:
-            if needles is None:
-                flags.append(True)
-                continue
-            hit = False
-            for needle in needles:
-                if raw.find(needle) >= 0:
-                    hit = True
-                    break
-            if not hit:
-                if escaped is None:
-                    escaped = has_any(raw, self._escapes)
-                hit = escaped
-            flags.append(hit)
-        return tuple(flags) if True in flags else None
 
     def _count_out(self, direction: Direction, n: int) -> None:
         if direction is _A2C:
@@ -448,6 +428,8 @@ class Connection:
             refused = self._refuse_if_full(direction, raw, message)
             if refused is not None:
                 return Result((), (refused,), (*notes, self._full_note(direction, message)))
+            if self._routed and self._chain_on:
+                interested = self._route(direction, message, interested)
         if interested is None:  # parsed only for tracking / inspection
             if "id" in message or self._inspect_all:
                 acc_notes = list(notes)
@@ -487,16 +469,23 @@ class Connection:
             if id_bytes is None:
                 id_bytes = encode(rid) or b"null"
             self._admit(direction, rid, method, id_bytes)
-            if direction is _C2A and method == "initialize":
-                self._init_ids.add(rid)
+            if direction is _C2A and method in self._watch:
+                self._watched[rid] = method
+                if len(self._watched) > self._tracker.max_pending:
+                    del self._watched[next(iter(self._watched))]
+                if method == "initialize":
+                    self.chain.initialize_requested(message)
             return
         if "result" not in message and "error" not in message:
             return  # not a response either
         self._answered(direction, rid)
-        if direction is _A2C and rid in self._init_ids:
-            self._init_ids.discard(rid)
-            self._negotiate(message, notes)
-            self.chain.initialized(message)
+        if direction is _A2C and rid in self._watched:
+            watched = self._watched.pop(rid)
+            if watched == "initialize":
+                self._negotiate(message, notes)
+                self.chain.initialized(message)
+            else:
+                self.chain.answered(watched, message)
 
     def _admit(
         self, direction: Direction, rid: JsonValue, method: str, id_bytes: bytes
@@ -517,7 +506,7 @@ class Connection:
         self.stats.pending_refused += 1
         self.stats.replies += 1
         self.stats.errors_replied += 1
-        data = error_frame_bytes(
+        data = error_bytes(
             id_bytes,
             INTERNAL_ERROR,
             f"acp-proxy: too many requests awaiting an answer (limit {self._tracker.max_pending}); "
@@ -553,10 +542,13 @@ class Connection:
 
     def _set_contexts(self) -> None:
         self._chain_on = self._has_links and self.version is not None
-        self._ctx_a2c = MessageContext(_A2C, self.version, False)
-        self._ctx_c2a = MessageContext(_C2A, self.version, False)
-        self._bctx_a2c = MessageContext(_A2C, self.version, True)
-        self._bctx_c2a = MessageContext(_C2A, self.version, True)
+        self._needles_on = self._link_interest.on = (
+            self._chain_on and self._link_interest.any_needles
+        )
+        self._ctx_a2c = MessageContext(_A2C, self.version, False, self._observe)
+        self._ctx_c2a = MessageContext(_C2A, self.version, False, self._observe)
+        self._bctx_a2c = MessageContext(_A2C, self.version, True, self._observe)
+        self._bctx_c2a = MessageContext(_C2A, self.version, True, self._observe)
 
 
 def _frames(
@@ -574,7 +566,6 @@ def _frames(
 __all__ = [
     "DEFAULT_MAX_PENDING",
     "EMPTY",
-    "INVALID_REQUEST",
     "KIND_ANSI",
     "KIND_TEXT",
     "SAMPLE_BYTES",
@@ -594,6 +585,5 @@ __all__ = [
     "SkippedV1",
     "UnusualVersion",
     "VersionNegotiated",
-    "error_frame_bytes",
     "parse_cost",
 ]

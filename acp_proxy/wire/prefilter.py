@@ -5,7 +5,7 @@ act on it (the chain's needle prefilter, ``Connection._interested``, which also 
 frame with a JSON escape), when the request tables need it (``agent_needs_parse`` /
 ``client_needs_parse``), or when everything is inspected; everything else is forwarded
 unparsed, and so unvalidated, exactly as a transparent relay would. ``parse_cost`` bounds the
-memory a parse may take (the parse budget, README "Bounds").
+memory a parse may take (the parse budget, docs/bounds.md).
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ _ID_VALUE = re.compile(rb'[ \t\r\n]*:[ \t\r\n]*(-?[0-9][0-9.eE+-]*|"[^"]*"|null)
 
 def id_bytes(raw: bytes) -> bytes | None:
     """``member_bytes(raw, "id")``, fast for the common frame (the full scan of the
-    object's members was a quarter of the proxy's CPU per request on interactive traffic).
+    object's members was a large part of the proxy's CPU per request on interactive traffic:
+    docs/performance.md, "Figures behind the code").
 
     When ``raw`` has no backslash, every key in it is written literally, so the top-level
     ``"id"`` key of a message that has one is an occurrence of the bytes ``"id"`` (which cannot

@@ -18,13 +18,12 @@ from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
 from acp_proxy.wire import rawjson, rawsplice
 from acp_proxy.wire import scan as block_scan
 from acp_proxy.wire.chain import (
-    INTERNAL_ERROR,
     Direction,
     MiddlewareFailure,
     Outcome,
-    error_response,
 )
 from acp_proxy.wire.coalesce import OutFrame
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 from acp_proxy.wire.host import Acc, Host
 from acp_proxy.wire.notes import (
     Dropped,
@@ -83,9 +82,14 @@ class Rewriter:
         version = host.version
         inspect_all = host._inspect_all
         if host._fused is not None and version == 2 and "id" not in message and not inspect_all:
-            fused = self.fused_frame(direction, raw, message, notes)
-            if fused is not None:
-                return fused
+            if interested == host._fused_interest:
+                fused = self.fused_frame(direction, raw, message, notes)
+                if fused is not None:
+                    return fused
+            elif True in interested:
+                beside = self.beside_fused(direction, raw, message, interested, notes)
+                if beside is not None:
+                    return beside
         ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
         outcome = self.chain.run(message, ctx, interested)
         if (
@@ -124,19 +128,100 @@ class Rewriter:
                 host._track(direction, out, acc.notes, None)
         if inspect_all:
             acc.notes.append(
-                frame_info(direction, message, len(raw), outcome.changed_by, host._answers)
+                frame_info(
+                    direction,
+                    message,
+                    len(raw),
+                    outcome.changed_by,
+                    host._answers,
+                    marks=outcome.marks,
+                )
             )
         for reply in outcome.replies:
-            acc.reply.append(self.reply_frame(reply, raw, message))
+            # A response keeps the request's id bytes; a notification is encoded on its own.
+            acc.reply.append(
+                self.reply_frame(reply, raw, message) if "id" in reply else self.reply_frame(reply)
+            )
         host._count_out(direction, len(acc.forward))
         return acc.result()
 
     # --- the fused v2 path --------------------------------------------------------------------
 
+    def beside_fused(
+        self,
+        direction: Direction,
+        raw: bytes,
+        message: JsonObject,
+        interested: tuple[bool, ...],
+        notes: tuple[Note, ...],
+        *,
+        side: tuple[bool, ...] | None = None,
+    ) -> Result | None:
+        """A v2 notification that links beside the fusable one want too: they only read a
+        notification (``wire.chain.Concerns``), so they run first, on their own, and the fused
+        path then does what the chain would have done (the policy reads a tool call update
+        the annotation rule marks). A failure of theirs is reported and the message goes on,
+        as in the chain (fail-open). ``None``: one of them changed it after all (or dropped it,
+        failing closed): the general path starts over."""
+        host = self._host
+        fused_interest = host._fused_interest
+        if side is None:  # ``interested`` without the fused path's link
+            side = tuple(a and not f for a, f in zip(interested, fused_interest, strict=True))
+        ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
+        before = self.chain.run(message, ctx, side)
+        if before.changed:
+            return None
+        if before.failures:
+            acc = list(notes)
+            self.report(message, before, acc, False)
+            notes = tuple(acc)
+        replies = tuple(self.reply_frame(r) for r in before.replies)
+        data = None
+        if side != interested:  # the fusable link is interested too
+            data = self.fused_bytes(direction, raw, message)
+            if data is None:  # the fused path declines: the chain, that link alone
+                after = self.single(direction, raw, message, fused_interest, notes)
+                return Result(after.forward, (*after.reply, *replies), after.notes)
+        host._count_out(direction, 1)
+        frame = OutFrame(raw if data is None else data, message, host.version)
+        return Result((frame,), replies, notes)
+
+    def read_lane(self, direction: Direction, raw: bytes, max_parse: int) -> Result | None:
+        """The read lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
+        that starts with ``{"`` and holds no ``"id"``, that only links that read notifications
+        (``wire.chain.Concerns``) and the fused path may want: handled by ``beside_fused``
+        without the per-line path around it (the same steps the fused lane leaves out).
+        ``None``: not such a frame (not an object, an ``id``, a link that may change it, the
+        fused path on a v1 connection): the caller takes the per-line path."""
+        if len(raw) * 33 > max_parse:
+            return None
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if type(message) is not dict or "id" in message:
+            return None
+        host = self._host
+        interested = host._interested(raw)
+        links = host._link_interest
+        lane = links.read_v2 if host._fused is not None and host.version == 2 else links.read_v1
+        side = None if interested is None else lane.get(interested)
+        if interested is None or side is None:  # nobody after all, or a link that may change it
+            return None
+        done = self.beside_fused(direction, raw, message, interested, (), side=side)
+        if done is not None:
+            stats = self.stats
+            if direction is _A2C:
+                stats.agent_to_client_in += 1
+            else:
+                stats.client_to_agent_in += 1
+        return done
+
     def lane(self, direction: Direction, raw: bytes, max_parse: int) -> OutFrame | None:
         """The fused lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
-        that starts with ``{"`` and holds no ``"id"``, on a v2 connection whose chain is one
-        fusable middleware, handled as the per-line path would (``Connection._single``,
+        that starts with ``{"`` and holds no ``"id"`` nor a needle of another link
+        (``LinkInterest.lane_blockers``), on a v2 connection with one fusable middleware,
+        handled as the per-line path would (``Connection._single``,
         ``single``, ``fused_frame``) with its steps that cannot change the outcome here left
         out: the prefilter (without a needle of its rules, ``fused_v2`` leaves a message as it
         is, which is what the per-line path does without parsing it), the parse budget check
@@ -297,13 +382,13 @@ def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | No
         encoded = None
     if encoded is None:  # a middleware's reply that is not JSON: an error for the request
         rid = request.get("id") if request is not None else None
-        error = error_response(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
+        error = error_object(rid, INTERNAL_ERROR, "acp-proxy: bad reply")
         try:  # the id keeps the request's bytes, as every reply's does
             if raw is not None and request is not None:
                 return rawsplice.splice(raw, request, error)
             return rawjson.encode_value(error)
         except (rawjson.Unencodable, rawjson.Unparseable):
-            encoded = orjson.dumps(error_response(None, INTERNAL_ERROR, "bad reply"))
+            encoded = orjson.dumps(error_object(None, INTERNAL_ERROR, "bad reply"))
     return encoded
 
 

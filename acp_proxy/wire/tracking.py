@@ -7,7 +7,7 @@ the proxy writes echo the request id's original bytes). Ids that are equal as va
 ``1.0``) or repeated (the same id twice: a peer's bug) are all kept, oldest first: a response
 answers the oldest request with its id, and every request still waiting when a peer is gone
 gets its own error, so no request that crossed the proxy is left without an answer. Bounded
-(README "Bounds"): at most ``max_pending`` requests per direction (repeats counted) and
+(docs/bounds.md): at most ``max_pending`` requests per direction (repeats counted) and
 ``MAX_PENDING_ID_BYTES`` of ids for both; past that a request is not admitted (the pipeline
 answers it with an error instead of forwarding it). Builds the ``-32603`` errors owed when a
 peer is gone, lazily, in chunks. Pure: no I/O, no clock.
@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-import orjson
-
 from acp_proxy.base.jsontypes import JsonValue
-from acp_proxy.wire.chain import INTERNAL_ERROR, Direction
+from acp_proxy.wire.chain import Direction
+from acp_proxy.wire.errors import INTERNAL_ERROR, error_bytes
 
 # Bytes of request ids held in both tables together (an id may be a string of any length).
 MAX_PENDING_ID_BYTES = 16 * 1024 * 1024
@@ -37,23 +36,6 @@ def is_id(value: object) -> bool:
     """A valid request id: ACP digest §8.1, a string, an integer or null (JSON-RPC: also a
     number)."""
     return value is None or type(value) in (str, int, float)
-
-
-def error_frame_bytes(id_bytes: bytes, code: int, message: str, data: bytes | None = None) -> bytes:
-    """A JSON-RPC error response whose ``id`` is ``id_bytes`` exactly as the request spelled it;
-    ``data``: the encoded JSON of ``error.data``, if any."""
-    return b"".join(
-        (
-            b'{"jsonrpc":"2.0","id":',
-            id_bytes,
-            b',"error":{"code":',
-            str(code).encode(),
-            b',"message":',
-            orjson.dumps(message),
-            b"" if data is None else b',"data":' + data,
-            b"}}",
-        )
-    )
 
 
 # One waiting request: its method and its id's bytes.
@@ -171,7 +153,7 @@ def _errors(
         text = f"{message} during {method}" if name_method and method else message
         if detail:
             text = f"{text}: {detail}"
-        chunk.append(error_frame_bytes(id_bytes, INTERNAL_ERROR, text, data))
+        chunk.append(error_bytes(id_bytes, INTERNAL_ERROR, text, data))
         if len(chunk) == ABORT_CHUNK:
             yield tuple(chunk), len(chunk)
             chunk = []
@@ -184,5 +166,4 @@ __all__ = [
     "MAX_PENDING_ID_BYTES",
     "Pending",
     "RequestTracker",
-    "error_frame_bytes",
 ]

@@ -10,8 +10,8 @@ bytes (``b"".join(f.raw + b"\\n" for f in frames)``), which the property tests c
 
 Why: a read of a stream in full flow becomes two or three frames (the line that completes the
 previous read's partial line, then the block's runs); joining them for one ``write`` copied the
-whole read twice more (the join, then its newline), which was a fifth of the proxy's CPU while a
-reader caught up on a 210 MB backlog.
+whole read twice more (the join, then its newline), a large part of the proxy's CPU while a
+reader caught up on a backlog (docs/performance.md, "Figures behind the code").
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import Any
 from harness import Harness
 from rows import Row
 
-from scenarios import component, latency, memory, slow_client, sockets, throughput
+from scenarios import component, latency, memory, policy, slow_client, sockets, throughput
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         "scenario 7: acp-proxy component in the conductor",
         component.run,
         component.markdown,
+    ),
+    Scenario(
+        frozenset({9}),
+        "scenario 9: the policy's decision cost",
+        policy.run,
+        policy.markdown,
     ),
     Scenario(
         frozenset({8}),

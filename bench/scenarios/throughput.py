@@ -18,6 +18,7 @@ from rows import Row, fmt, output_check, paired_ratios, skipped, stats, status, 
 from variants import (
     BASELINES,
     PEER_VARIANTS,
+    POLICY_VARIANTS,
     PROFILES,
     PROXY_VARIANTS,
     RATIO_BASES,
@@ -25,17 +26,20 @@ from variants import (
 )
 
 STARTUP_SAMPLES = 3
+QUICK_SKIP = "--quick: only the first profile runs"
 
 
 def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
     s = h.s
     variants = [*BASELINES, *PROXY_VARIANTS, *PEER_VARIANTS]
+    if s.variants is not None:
+        variants = [v for v in variants if v in s.variants]
     empty = ensure(s.data_dir, "empty", 2, 1, s.seed)
     # The CPU of a run on a stream of two messages, subtracted from every run of the variant:
     # the median of three interleaved runs (one sample moved by +-40 ms on this
     # machine, +-1.7 us per message on a 16 MiB data set, more than the difference measured).
     samples: dict[str, list[float]] = {v: [] for v in variants}
-    for _ in range(STARTUP_SAMPLES):
+    for _ in range((1 if s.quick else STARTUP_SAMPLES) if s.startup_cpu else 0):
         for v in variants:
             if h.skip_reason(v) is None:
                 r = h.stream(v, empty)
@@ -45,9 +49,16 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
                     log(f"  start-up run of {v} failed (not counted): {r.error}")
     startup = {v: statistics.median(xs) for v, xs in samples.items() if xs}
     rows: list[Row] = []
-    for profile, version in PROFILES:
-        ds = ensure(s.data_dir, profile, version, s.size, s.seed)
+    for n, (profile, version) in enumerate(s.profiles or PROFILES):
         pname = f"{profile}-v{version}"
+        if s.quick and n:
+            # A quick run is a smoke run: every variant on the first profile; the others
+            # would only repeat the same start-ups on other data.
+            for v in variants:
+                for scenario in (1, 2):
+                    rows.append(skipped(scenario, pname, v, VARIANT_TITLES[v], QUICK_SKIP))
+            continue
+        ds = ensure(s.data_dir, profile, version, s.size, s.seed)
         runs: dict[str, list[Run]] = {v: [] for v in variants}
         for rep in range(s.reps):
             for v in variants:
@@ -108,12 +119,14 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
                         "msg_s": stats([msg_s(r) for r in ok]),
                         "peak_rss_mb": stats([r.maxrss_kb / 1024 for r in ok]),
                     },
-                    ratios={b: paired_ratios(runs, v, b, mb_s) for b in RATIO_BASES},
+                    ratios={
+                        b: paired_ratios(runs, v, b, mb_s) for b in (*RATIO_BASES, *_policy_base(v))
+                    },
                     check=check,
                 )
             )
             cpu_ratios: dict[str, Any] = {}
-            for b in RATIO_BASES:
+            for b in (*RATIO_BASES, *_policy_base(v)):
                 ratio_list: list[float] = []
                 for a, c in zip(runs[v], runs.get(b, []), strict=False):
                     if a.ok and c.ok and cpu_us(c, v=b) > 0:
@@ -135,8 +148,20 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
     return rows
 
 
+def _policy_base(variant: str) -> tuple[str, ...]:
+    """The variant a "with a policy" variant is compared with (the same rules, no policy)."""
+    base = POLICY_VARIANTS.get(variant)
+    return () if base is None else (base,)
+
+
 def markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
     """Sections 1 (throughput) and 2 (CPU per message)."""
+    markdown_throughput(rows, out)
+    markdown_cpu(rows, out)
+
+
+def markdown_throughput(rows: list[dict[str, Any]], out: list[str]) -> None:
+    """Section 1: throughput."""
     out.append(
         "### 1. Throughput agent → client (ratios: this row ÷ baseline, paired by repetition)"
     )
@@ -180,6 +205,9 @@ def markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
         body,
     )
 
+
+def markdown_cpu(rows: list[dict[str, Any]], out: list[str]) -> None:
+    """Section 2: CPU per message."""
     out.append(
         "### 2. CPU per message (user+sys of the relay, start-up subtracted; lower is better)"
     )
@@ -217,3 +245,35 @@ def markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
         ],
         body,
     )
+    _policy_markdown(rows, out)
+
+
+def _policy_markdown(rows: list[dict[str, Any]], out: list[str]) -> None:
+    """The rows with a team policy against the same rules without one (same run): frames no
+    policy rule concerns keep their speed."""
+    out.append(
+        "#### With a policy configured (bench/policy-team.yaml; ratios: with ÷ without, the "
+        "same rules, paired by repetition; 1.00 is no cost)"
+    )
+    out.append("")
+    found = {(r["scenario"], r["profile"], r["variant"]): r for r in rows}
+    body = []
+    for (n, profile, variant), r in found.items():
+        if n != 1 or variant not in POLICY_VARIANTS:
+            continue
+        base = POLICY_VARIANTS[variant]
+        cpu = found.get((2, profile, variant))
+        st = status(r)
+        if st:
+            body.append([profile, r["title"], st, "", ""])
+            continue
+        body.append(
+            [
+                profile,
+                r["title"],
+                fmt(r["ratios"].get(base), 3),
+                fmt(cpu["ratios"].get(base), 3) if cpu and not status(cpu) else "-",
+                output_check(r["check"]),
+            ]
+        )
+    table(out, ["profile", "variant", "MB/s ratio", "CPU/msg ratio", "output"], body)

@@ -13,10 +13,7 @@ import re
 from enum import Enum
 from typing import Final
 
-import orjson
-
-# JSON-RPC 2.0 reserves -32000..-32099 for implementation-defined server errors.
-SERVER_ERROR = -32000
+from acp_proxy.wire.errors import SERVER_ERROR, error_bytes
 
 # A browser lets any web page send an HTTP request to a loopback port (a form POST, fetch, a
 # WebSocket upgrade); its body could be a JSON-RPC line the agent would act on (cross-protocol
@@ -36,7 +33,7 @@ HTTP_OPENINGS: Final = (
     b"PRI * HTTP/2",
 )
 _LONGEST_OPENING: Final = max(len(token) for token in HTTP_OPENINGS)
-# At most this much of a first line is held before the session starts (README "Bounds").
+# At most this much of a first line is held before the session starts (docs/bounds.md).
 OPENING_HOLD_BYTES: Final = 64 * 1024
 # What framing.LineSplitter counts as whitespace (bytes.isspace): such lines carry no message.
 _BLANK: Final = re.compile(rb"[ \t\n\r\x0b\x0c]*")
@@ -128,9 +125,4 @@ def http_forbidden() -> bytes:
 def error_line(message: str) -> bytes:
     """A JSON-RPC error response with ``id: null`` (JSON-RPC 2.0 section 5: the id of the
     request could not be determined): the only way to tell a client why before any request."""
-    return (
-        orjson.dumps(
-            {"jsonrpc": "2.0", "id": None, "error": {"code": SERVER_ERROR, "message": message}}
-        )
-        + b"\n"
-    )
+    return error_bytes(None, SERVER_ERROR, message) + b"\n"

@@ -11,7 +11,6 @@ never looks inside a frame.
 
 from __future__ import annotations
 
-import errno
 import signal
 import socket
 import sys
@@ -36,8 +35,10 @@ from acp_proxy.shell.sockets.address import EXIT_USAGE, Address, AddressError, p
 from acp_proxy.shell.sockets.connect import ConnectError, connect
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
 from acp_proxy.shell.sockets.opening import Opening, OpeningReader, error_line, http_forbidden
+from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
+from acp_proxy.shell.transports import STREAM_ERRORS
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -126,20 +127,8 @@ class _Server:
 
     async def _accept_loop(self, sock: socket.socket, conns: anyio.abc.TaskGroup) -> None:
         while True:
-            try:
-                client, peer = sock.accept()
-            except BlockingIOError:
-                await anyio.wait_readable(sock)
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    # Out of descriptors: back off instead of spinning; sessions will free some.
-                    self.log.error("cannot accept a connection", error=exc.strerror)
-                    await anyio.sleep(0.1)
-                    continue
-                if exc.errno in (errno.ECONNABORTED, errno.EINTR):
-                    continue
-                raise
+            # Out of descriptors: it backs off instead of spinning; sessions will free some.
+            client, peer = await accept(sock, self.log)
             peer_text = _peer_text(peer, sock.family)
             if len(self.active) >= self.config.max_connections:
                 self.refused += 1
@@ -157,7 +146,7 @@ class _Server:
                 )
                 try:
                     line = line[stream.try_send(line) :]
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except STREAM_ERRORS:
                     line = b""  # the client is gone (reset): close() below is all there is
                 try:
                     await self.refusal_slots.acquire()
@@ -209,7 +198,7 @@ class _Server:
                         verdict = reader.feed(await stream.receive())
                 except anyio.EndOfStream:
                     verdict = reader.end()
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                except STREAM_ERRORS:  # reset or closed
                     lost = True
             tg.cancel_scope.cancel()
         if verdict is Opening.FRAME:
@@ -291,6 +280,8 @@ class _Server:
                 )
                 status = f"agent {describe_status(rc)}"
                 summary = {"exit_code": exit_code_of(rc), **session.summary()}
+                if not conn.shutdown.is_set() and not session.stats.client_eof:
+                    await self._linger(conn, stream, client_rx, session, log)
             else:
                 label = str(self.agent_address)
                 try:
@@ -339,6 +330,31 @@ class _Server:
                 duration_s=round(time.monotonic() - started, 3),
                 **summary,
             )
+
+    async def _linger(
+        self,
+        conn: _Conn,
+        stream: SocketStream,
+        client_rx: PrefixedReceiveStream,
+        session: Any,
+        log: Any,
+    ) -> None:
+        """The agent died with the client still there: answer what it sends next with the
+        error its requests in flight got (``runtime.answer_after_death``, as on stdio), until
+        it closes its side, is silent for the linger time, or the server shuts down."""
+        from anyio.streams.stapled import StapledByteStream
+
+        from acp_proxy.shell.runtime import answer_after_death
+
+        async with anyio.create_task_group() as tg:
+
+            async def on_shutdown() -> None:
+                await conn.shutdown.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(on_shutdown)
+            await answer_after_death(session, StapledByteStream(stream, client_rx), log)
+            tg.cancel_scope.cancel()
 
 
 def _peer_text(peer: Any, family: int) -> str:

@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from acp_proxy.shell.transports import FdStream, ioctl_int
+from acp_proxy.shell.transports import STREAM_ERRORS, FdStream, ioctl_int
 
 # How long a connection being closed with a message (refusal, HTTP, handshake timeout) may take
 # to take the message and close its side, and how much of its input is read meanwhile.
@@ -107,7 +107,7 @@ async def close_with(stream: SocketStream, data: bytes) -> None:
             drained = 0
             while drained <= DRAIN_BYTES:
                 drained += len(await stream.receive())
-    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+    except STREAM_ERRORS:
         pass
     finally:
         with anyio.CancelScope(shield=True):
