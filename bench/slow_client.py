@@ -14,6 +14,10 @@ Scenarios:
   paused-editor: the same, but the client parses every line it reads, as an editor must before
     it applies an update (``orjson.loads``; a real editor then renders it too): when it has
     parsed the last line;
+  paused-mergeable: the paused client (``--mergeable-pause`` seconds) on a highly mergeable
+    stream (generate.py profile ``mergeable``, ``--mergeable-mb`` MB: status and content updates
+    of 24 tool calls, chunks of 8 messages, plan and usage snapshots), and the client's final
+    state compared with the stream's;
   rate: a burst of mixed v2 updates (``--rate-messages``) to a client reading ``--rate``
     lines a second: the share of messages delivered and the exact client state (at every
     barrier, a request or response, and at the end);
@@ -26,6 +30,7 @@ Usage: ``python bench/slow_client.py [--baseline-ref 5a1562d] [--out results.jso
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import select
@@ -180,6 +185,10 @@ def variants(
 ) -> dict[str, tuple[Callable[[list[str]], list[str]], dict[str, str], Path]]:
     """name -> (argv around the agent's argv, environment, cwd)."""
     out: dict[str, tuple[Callable[[list[str]], list[str]], dict[str, str], Path]] = {}
+    # Byte-compiled, as an installed wheel and the baseline tree (``export_ref``) are: without
+    # the cache (PYTHONDONTWRITEBYTECODE) each start compiles the package, about 0.9 s of CPU
+    # whose run-to-run spread swamped the stream's CPU after the start-up's was subtracted.
+    compileall.compile_dir(str(ROOT / "acp_proxy"), quiet=1)
     trees = [("", ROOT)]
     if baseline_ref is not None:
         trees.append((f"@{baseline_ref}", export_ref(baseline_ref)))
@@ -461,6 +470,29 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, l
 
         results[scenario] = interleaved(paused, scenario)
 
+    if "paused-mergeable" in wanted:
+        mergeable_ds = ensure(
+            args.data_dir, "mergeable", 2, int(args.mergeable_mb * 1e6), DEFAULT_SEED
+        )
+        final = states(Path(mergeable_ds.agent_path).read_bytes(), 2)[1]
+
+        def mergeable(name: str, spec: Any) -> Result:
+            r, out = run_one(
+                name,
+                spec,
+                Path(mergeable_ds.agent_path),
+                Path(mergeable_ds.client_path),
+                paused_reader(args.mergeable_pause),
+                work,
+                startup_cpu=startup[name],
+            )
+            r.messages_in, r.bytes_in = mergeable_ds.lines, mergeable_ds.bytes
+            r.state = "exact" if states(out, 2)[1] == final else "DIFFERS"
+            r.extra["pause_s"] = args.mergeable_pause
+            return r
+
+        results["paused-mergeable"] = interleaved(mergeable, "paused-mergeable")
+
     if "rate" in wanted:
         size = int(args.rate_messages * 8_388_914 / 12_624)  # mixed v2: ~665 B a message
         rate_ds = ensure(args.data_dir, "mixed", 2, size, DEFAULT_SEED)
@@ -507,9 +539,11 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, l
 def options(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline-ref", help="also run the proxy at this git ref")
-    ap.add_argument("--scenarios", default="paused,paused-editor,rate,lagging")
+    ap.add_argument("--scenarios", default="paused,paused-editor,paused-mergeable,rate,lagging")
     ap.add_argument("--pause", type=float, default=3.0, help="paused: seconds the client waits")
     ap.add_argument("--paused-mb", type=int, default=64, help="paused: MiB the agent writes")
+    ap.add_argument("--mergeable-pause", type=float, default=5.0, help="paused-mergeable: s")
+    ap.add_argument("--mergeable-mb", type=float, default=80, help="paused-mergeable: MB")
     ap.add_argument("--rate", type=float, default=10_000, help="rate: lines the client reads/s")
     ap.add_argument("--rate-messages", type=int, default=20_000)
     ap.add_argument("--lagging-messages", type=int, default=30_000)

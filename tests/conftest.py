@@ -63,3 +63,22 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(orjson, "loads", counting)
     return seen
+
+
+@pytest.fixture
+def looks(parses: list[bytes], monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the coalescer looks at from here on, in order: every line it parses
+    (``orjson.loads``, as ``parses``) or scans for its shape (the bytes path)."""
+    from acp_proxy.wire.coalesce import bytes_merge as coalesce_bytes
+    from acp_proxy.wire.coalesce import run as coalesce_run
+    from acp_proxy.wire.coalesce import shape as coalesce_shape
+
+    real = coalesce_shape.update_shape
+
+    def scanning(raw: bytes, fields: Any, idents: int, table: bytes, kinds: Any) -> Any:
+        parses.append(raw)
+        return real(raw, fields, idents, table, kinds)
+
+    monkeypatch.setattr(coalesce_run, "update_shape", scanning)
+    monkeypatch.setattr(coalesce_bytes, "update_shape", scanning)
+    return parses

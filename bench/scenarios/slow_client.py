@@ -25,6 +25,7 @@ def run(h: Harness, log: Callable[[str], None]) -> list[Row]:
         argv += ["--baseline-ref", h.s.baseline_ref]
     if h.s.quick:
         argv += ["--pause", "0.5", "--paused-mb", "8", "--rate-messages", "2000"]
+        argv += ["--mergeable-pause", "0.5", "--mergeable-mb", "4"]
         argv += ["--lagging-messages", "2000"]
     results = slow_client.measure(slow_client.options(argv), log)
     rows: list[Row] = []

@@ -14,7 +14,8 @@ from acp_proxy.config import CoalesceConfig
 from acp_proxy.shell.ui.hub import UiHub, UiTap
 from acp_proxy.ui import events as stream
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.coalesce.queue import Coalesced, OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
+from acp_proxy.wire.coalesce.take import Coalesced
 
 
 def chunk(text: str, message: str = "m1") -> bytes:

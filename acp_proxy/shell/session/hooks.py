@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # types only: importing this module loads nothing of the core
     from acp_proxy.wire.chain import Direction
-    from acp_proxy.wire.coalesce.queue import Coalesced
+    from acp_proxy.wire.coalesce.take import Coalesced
     from acp_proxy.wire.connection.pipeline import Note
 
 

@@ -49,7 +49,7 @@ from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder, policy_marks
 from acp_proxy.ui.history import History
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.coalesce.queue import Coalesced
+from acp_proxy.wire.coalesce.take import Coalesced
 from acp_proxy.wire.notes import Observed, VersionNegotiated
 
 # Bounds (docs/live-view.md, "Bounds"); the settings of ``ui:`` override the first three.

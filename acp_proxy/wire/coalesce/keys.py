@@ -59,8 +59,8 @@ class Spec:
 
 # v1 message chunks may omit messageId, and a change of kind or messageId starts a new message,
 # so every v1 message chunk of a session belongs to one stream entity: nothing reorders among them.
-_V1_STREAM: Final = "v1_message_stream"
-_V1_STREAM_KINDS: Final = frozenset(
+V1_STREAM: Final = "v1_message_stream"
+V1_STREAM_KINDS: Final = frozenset(
     {"user_message_chunk", "agent_message_chunk", "agent_thought_chunk"}
 )
 
@@ -118,8 +118,8 @@ def _table(version: int) -> dict[str, tuple[Spec, _KeyOf]]:
         )
         table[kind] = (Spec(kind, cls, version), key_of)
     for kind, chunk in CHUNK_KINDS[version].items():
-        if version == 1 and kind in _V1_STREAM_KINDS:
-            key_of = _by_session(_V1_STREAM)
+        if version == 1 and kind in V1_STREAM_KINDS:
+            key_of = _by_session(V1_STREAM)
         else:
             key_of = _by_field(chunk.entity, chunk.key_field, optional=not chunk.key_required)
         table.setdefault(kind, (Spec(kind, _chunk_class(chunk), version), key_of))

@@ -37,13 +37,16 @@ import orjson
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.meta.updates import merge_updates
 from acp_proxy.wire.coalesce.keys import Class, EntityKey, Spec, plain_envelope
+from acp_proxy.wire.coalesce.shape import FIELD_MEMBERS, FIELD_NAMES, FastKind, Mode, text_of
 from acp_proxy.wire.raw import rawjson, rawscan, rawsplice
 
 # What a group holds beyond its bytes, per parsed update kept: Python objects take several times
 # the bytes they were parsed from (``test_coalesce_bound.py`` measures it with tracemalloc).
 PARSED_FACTOR = 6
 PARSED_BASE = 512
-GROUP_OVERHEAD = 256  # the group object, its lists, its slot in the queue
+GROUP_OVERHEAD = 320  # the group object, its lists, its slot in the queue
+# What a group on the bytes path holds beyond its bytes and texts: its member order, its id.
+FAST_OVERHEAD = 192
 # Frames encoded ahead of the write: the list, and each bytes object beyond its bytes.
 READY_OVERHEAD = 64
 FRAME_BYTES_OVERHEAD = 41
@@ -115,13 +118,19 @@ class Group:
 
     __slots__ = (
         "base",
+        "carried",
         "charge",
+        "fast",
         "first",
         "head",
+        "ident",
+        "kept",
         "key",
         "last",
         "lines",
+        "mask",
         "merged",
+        "order",
         "parsed",
         "pieces",
         "plain",
@@ -149,7 +158,9 @@ class Group:
         # Upserts: the encoded size of each member of the last update (a merge measures only
         # the members it takes from the new line, so its work follows the changed members).
         self.sizes: dict[str, int] = {}
-        self.texts: list[str] = []  # text chunks: the texts to join
+        # Text chunks: the texts to join (on the bytes path, a text may be kept as its literal's
+        # bytes: ``coalesce_shape.update_shape``; the merge by parsing holds only str).
+        self.texts: list[str] = []
         # Text chunks: the last line's bytes before and after its text (the literal), when it
         # is known: a later line with exactly these bytes around a text merges without a parse
         # (``text_of``, ``add_text``), and the frame is encoded from them. Its two slices count
@@ -165,6 +176,19 @@ class Group:
         # Its frames encoded ahead of time (``prepare``); dropped when a later line merges in.
         self.ready: list[bytes] | None = None
         self.charge = len(raw) + 1 + GROUP_OVERHEAD
+        # The bytes path (``coalesce_bytes``): what it merged from the lines' shapes, without
+        # a parse. ``fast`` None: the group is merged by parsing (``absorb``), as above.
+        self.fast: FastKind | None = None
+        self.mask = 0  # the members of the current line (``last``, else ``first``): bits
+        self.order = b""  # upserts: every member met, in the merged update's order
+        self.ident: str | None = None  # text chunks: the message id (v1 streams compare it)
+        # Members of earlier lines the current one lacks, encoded: FIELDS index -> bytes.
+        self.carried: dict[int, bytes] | None = None
+        self.kept = 0  # which: bits
+
+    def recharge(self) -> int:
+        """Recompute ``charge`` (what the group holds changed); returns its change."""
+        return self._recharge()
 
     def _recharge(self) -> int:
         """Recompute ``charge``; returns its change."""
@@ -185,6 +209,8 @@ class Group:
         """Merge the later line ``raw`` (parsed: ``message``, same entity and kind) into this
         group. Returns the change of ``charge`` (``lines`` may change too), or ``None`` when
         the two must stay apart (the caller queues ``raw`` behind this group)."""
+        if self.fast is not None:
+            self.materialize()
         if self.state is None:
             self.state = self._open()
         if not self.state or not rawscan.reencodes_exactly(raw):
@@ -220,6 +246,45 @@ class Group:
         self.last = raw
         self.ready = None
         return self._recharge()
+
+    def materialize(self) -> None:
+        """Leave the bytes path: parse what the merge by parsing needs of what it merged (the
+        state ``absorb`` would have reached merging the same lines)."""
+        fast = self.fast
+        assert fast is not None
+        self.fast = None
+        last = self.last
+        if fast.mode is Mode.TEXT:
+            raw = last if last is not None else self.first
+            self.head = update_of(orjson.loads(raw))
+            self.texts = [text_of(t) for t in self.texts]
+            parsed = sum(sys.getsizeof(t) + 8 for t in self.texts)
+            self.parsed = parsed + PARSED_FACTOR * len(raw) + PARSED_BASE
+            if last is not None:
+                span = rawsplice.member_span(last, _TEXT_PATH, b"text")
+                assert span is not None  # the shape found the literal: so does this scan
+                self.tpl = (last[: span[2]], last[span[3] :])
+        elif last is None:  # one line as it came (or a snapshot that replaced it): not opened
+            self.state, self.parsed, self.carried, self.kept = None, 0, None, 0
+        else:
+            message = orjson.loads(last)
+            update = update_of(message)
+            carried = self.carried or {}
+            merged: JsonObject
+            if fast.mode is Mode.PATCH:  # every member met, in the order the merge met them
+                merged = {}
+                for i in self.order:
+                    name = FIELD_NAMES[i]
+                    merged[name] = orjson.loads(carried[i]) if i in carried else update[name]
+            else:  # the later snapshot, then the sticky members it omitted
+                merged = dict(update)
+                for i in sorted(carried):
+                    merged[FIELD_NAMES[i]] = orjson.loads(carried[i])
+            self.updates, self.base = [merged], message
+            self.sizes = _sizes(merged)
+            self.parsed = _parsed_charge(self.sizes)
+            self.carried, self.kept = None, 0
+        self._recharge()
 
     def text_of(self, line: bytes) -> str | None:
         """The text of ``line`` when it is the last merged line with another text literal, byte
@@ -334,6 +399,24 @@ class Group:
         last = self.last
         if last is None:
             return [self.first]
+        fast = self.fast
+        if fast is not None:
+            if fast.mode is Mode.TEXT:
+                literal = _joined(self.texts)
+                if literal is None:  # the earlier texts were empty: as it came
+                    return [last]
+                span = rawsplice.member_span(last, _TEXT_PATH, b"text")
+                assert span is not None  # the shape found the literal: so does this scan
+                return [b"".join((last[: span[2]], literal, last[span[3] :]))]
+            carried = self.carried
+            if not carried:
+                return [last]
+            span = rawsplice.member_span(last, _UPDATE_PATH, b"sessionUpdate")
+            assert span is not None  # the shape found the update: so does this scan
+            cut = span[4]  # after the update's last member
+            order = self.order if fast.mode is Mode.PATCH else sorted(carried)
+            added = [FIELD_MEMBERS[i] + carried[i] for i in order if i in carried]
+            return [b"".join((last[:cut], *added, last[cut:]))]
         tpl = self.tpl
         if tpl is not None:  # the bytes ``_splice`` gives, without parsing ``last``
             joined = "".join(self.texts)
@@ -358,6 +441,22 @@ class Group:
 
 
 _TEXT_PATH = (b"params", b"update", b"content")
+
+
+def _joined(texts: Sequence[bytes | str]) -> bytes | None:
+    """The literal of the texts joined, as orjson spells it (``None``: all but the last are
+    empty, so the last line is written as it came). Literals' bytes kept as orjson spells them
+    (``coalesce_shape.spelled_as_orjson``) join as they are."""
+    if all(type(t) is bytes for t in texts):
+        if sum(map(len, texts)) == len(texts[-1]):
+            return None
+        return b"".join((b'"', *texts, b'"'))  # type: ignore[arg-type]
+    strs = [text_of(t) for t in texts]
+    joined = "".join(strs)
+    return None if joined == strs[-1] else orjson.dumps(joined)
+
+
+_UPDATE_PATH = (b"params", b"update")
 
 
 def _template(line: bytes) -> tuple[bytes, bytes] | None:

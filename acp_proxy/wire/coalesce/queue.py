@@ -5,7 +5,9 @@ Contract: owns what waits to be written to a peer and in which order, when waiti
 unmerged stream would have produced, and how much it holds in memory. Pure: no I/O, no clock
 (``now`` is passed in, in seconds, from a monotonic clock), never mutates the caller's JSON; a
 frame that was not merged leaves as the exact bytes that came in (style.md habit 4). How two
-updates combine is ``coalesce_merge``; what a line is (kind, entity), ``coalesce_keys``.
+updates combine is ``coalesce_merge`` (``coalesce_bytes`` without a parse); what a line is
+(kind, entity), ``coalesce_keys`` (``coalesce_shape`` without a parse); how a line joins the
+waiting entries, ``coalesce_run``.
 
 How it works:
 
@@ -17,11 +19,17 @@ How it works:
   peer to read down its kernel buffer (``look``: as many lines as fit in that wait), when a
   writer that cannot see its peer's pace takes them, or when the queue reaches its bound. Then
   the frames pushed since the last merge pass (or the first of them) are split into lines,
-  each line is parsed once and classified (kind, entity), and a mergeable one is merged into
-  the **last** waiting entry of the same entity in the **tail run** (the run after the last
+  each line is looked at once (its kind and entity), and a mergeable one is merged into the
+  **last** waiting entry of the same entity in the **tail run** (the run after the last
   barrier), found through a per-entity index. Nothing is compared against the rest of the
   queue, nothing moves across a barrier, and per entity updates keep their order (digest 3.3:
   clients apply updates "in the order they are received for each" id).
+* The kinds that dominate real streams merge without a parse (the bytes path, with the C
+  accelerator): one scan of a line validates it and gives its shape (kind, session, entity id,
+  which members its update has, the text of a bare text chunk), and text chunks, v2 upserts
+  without two ``_meta`` patches, and snapshots merge from their lines' bytes, byte for byte as
+  the parse would have merged them. Anything else (or a pair the bytes path cannot judge) is
+  parsed and classified, and merged by parsing.
 * It pays for itself or it stops: a merge pass in which fewer than one line in eight merged
   makes the queue skip merging for the next lines (as many as the pass looked at, doubling while
   nothing merges), so a stream that does not merge costs a FIFO again; and while the writer makes
@@ -29,9 +37,9 @@ How it works:
   most ``PAUSE_INPUT_FACTOR`` times the bound before ``has_room`` says no, however well the
   frames merge (even while merging keeps the queue below its bound): a paused client does not
   make the proxy burn CPU merging an endless stream.
-* A text chunk whose bytes repeat a waiting group's last line around another text (same
-  message, same envelope) merges without a parse (``Group.text_of``): a streamed reply costs a
-  few byte comparisons and the decoding of its text per chunk.
+* Without the accelerator, a text chunk whose bytes repeat a waiting group's last line around
+  another text (same message, same envelope) merges without a parse (``Group.text_of``): a
+  streamed reply costs a few byte comparisons and the decoding of its text per chunk.
 * The byte bound counts what the queue holds in memory: the frames' bytes, a fixed overhead per
   waiting line and index entry, and the parsed objects a merged group keeps (an upper estimate).
 
@@ -50,15 +58,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import field
 
-import orjson
-
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
-from acp_proxy.wire.coalesce.keys import Class, EntityKey, Spec, Table, classify, table_of
+from acp_proxy.wire.coalesce.fresh import Frame, Fresh
+from acp_proxy.wire.coalesce.keys import table_of
 from acp_proxy.wire.coalesce.merge import Group, encode_ahead
 from acp_proxy.wire.coalesce.pace import Pace
 from acp_proxy.wire.coalesce.rate import RateLimit
-from acp_proxy.wire.coalesce.take import FRAME_OVERHEAD, Run, frames_of, take_some, waiting
+from acp_proxy.wire.coalesce.run import Entry, TailRun
+from acp_proxy.wire.coalesce.shape import BYTES_PATH, KIND_TABLES, split_lines
+from acp_proxy.wire.coalesce.take import (
+    FRAME_OVERHEAD,
+    Coalesced,
+    QueueStats,
+    frames_of,
+    take_some,
+    waiting,
+)
 from acp_proxy.wire.core_settings import CoalesceConfig
 
 _NEEDLE = b'"session/update"'
@@ -102,35 +118,6 @@ class OutFrame:
     lines: int = field(default=0, compare=False)
 
 
-@value(frozen=False)
-class QueueStats:
-    # Counted in messages (lines): the shell may push a run of untouched lines as one frame.
-    pushed: int = 0  # messages pushed
-    written: int = 0  # messages handed out by take()
-    merged: int = 0  # frames absorbed into a pending frame
-    split: int = 0  # extra frames created by clear-then-object splits (counted when written)
-    passes: int = 0  # merge passes run
-    skipped: int = 0  # lines that waited but skipped merging (it did not pay)
-
-
-@value
-class Coalesced:
-    """What the queue wrote for one entity's merged frames (told to ``on_coalesced``): ``merged``
-    frames of update kind ``kind`` became ``written`` frames (1, or 2 for a clear then an
-    object) of ``size`` bytes, newlines included."""
-
-    kind: str
-    entity: tuple[object, ...]
-    merged: int
-    written: int
-    size: int
-
-
-# A waiting entry: one line as it came (bytes), several lines as they came (a ``Run``: not merge
-# candidates), or a group of one entity's lines.
-_Entry = bytes | Run | Group
-
-
 class OutboundQueue:
     """A bounded queue of frames toward one peer that coalesces waiting ``session/update``s."""
 
@@ -141,13 +128,9 @@ class OutboundQueue:
         "_count",
         "_done",
         "_fresh",
-        "_fresh_bytes",
-        "_fresh_first",
         "_groups",
-        "_hot",
         "_in_bytes",
         "_in_lines",
-        "_index",
         "_interval",
         "_merge",
         "_now",
@@ -156,6 +139,7 @@ class OutboundQueue:
         "_pushed_bytes",
         "_rate",
         "_ratio",
+        "_run",
         "_skip",
         "_skip_until",
         "_version",
@@ -172,21 +156,13 @@ class OutboundQueue:
         # ``min_interval_ms`` applies: every frame must pass through ``push``.
         self.rate_limited = self._interval != 0.0
         # Looked at by a merge pass (or skipped it), in order; the tail run is indexed.
-        self._done: list[_Entry] = []
+        self._done: list[Entry] = []
         self._base = 0  # the position of ``_done[0]`` since the queue was last empty
         self._prepared = 0  # the position up to which groups were encoded ahead (``look``)
-        # Pushed since the last pass: (bytes, version, lines).
-        self._fresh: list[tuple[bytes, int | None, int]] = []
-        self._fresh_bytes = 0
-        self._fresh_first = 0  # ``stats.pushed`` before the first of them
-        # The tail run: entity -> (position of its last waiting entry, its spec); a position
-        # below ``_base`` was written already.
-        self._index: dict[EntityKey, tuple[int, Spec]] = {}
+        self._fresh = Fresh()  # pushed since the last pass
+        self._run = TailRun(self._interval)  # the tail run's index: what merges into what
         self._version: int | None = None  # the version the index was built for
         self._groups = 0  # entries of ``_done`` that are groups
-        # Text groups that merged a line lately (at most ``_HOT``): the next chunk of their
-        # message merges without a parse (``_merge_hot``).
-        self._hot: list[Group] = []
         self._rate = RateLimit(self._interval)  # used only when ``_interval`` is set
         self._bytes = 0  # held in memory (without the index, counted by its length)
         self._count = 0  # frames it will write
@@ -213,7 +189,7 @@ class OutboundQueue:
     def pending_bytes(self) -> int:
         """What the waiting frames hold in memory: their bytes, the parsed objects kept for
         merging (an upper estimate) and the fixed overhead per frame, line and index entry."""
-        return self._bytes + INDEX_OVERHEAD * len(self._index)
+        return self._bytes + INDEX_OVERHEAD * len(self._run.index)
 
     @property
     def paused_input(self) -> tuple[int, int]:
@@ -267,11 +243,7 @@ class OutboundQueue:
             self._done.append(waiting(raw, lines))
             self._bytes += size + FRAME_OVERHEAD
             return
-        if not self._fresh:
-            self._fresh_first = self.stats.pushed - lines
-        self._fresh.append((raw, frame.version, lines))
-        self._fresh_bytes += size + FRAME_OVERHEAD
-        self._bytes += size + FRAME_OVERHEAD
+        self._bytes += self._fresh.add(raw, frame.version, lines, self.stats.pushed - lines)
         if self._interval:
             self._pass()  # the rate limit needs every entry's entity at once
 
@@ -303,7 +275,7 @@ class OutboundQueue:
         that even merging everything would not pay is never made to wait for a pass."""
         if self._interval != 0.0:
             return True
-        if self._fresh_first < self._skip_until or not self.peer_waits:
+        if self._fresh.first < self._skip_until or not self.peer_waits:
             return False
         return self._ratio >= MERGE_COST_S * self._pace.lines_per_s(now)
 
@@ -340,10 +312,11 @@ class OutboundQueue:
         self.stats.passes += 1
         merged_before = self.stats.merged
         looked = 0
+        run = self._run
+        run.begin(self._done, self._base)
         for raw, version, n in fresh:
             if version != self._version:
-                self._index.clear()  # a new index for each version
-                self._hot = []
+                run.forget()  # a new index for each version
                 self._version = version
             table = table_of(version)
             if table is None:
@@ -351,10 +324,13 @@ class OutboundQueue:
                 self._done.append(waiting(raw, n))
                 self._bytes += len(raw) + 1 + FRAME_OVERHEAD
                 continue
-            lines = raw.split(b"\n") if n > 1 else (raw,)
+            lines = split_lines(raw) if n > 1 else (raw,)
             looked += n
-            for line in lines:
-                self._add(line, table)
+            run.add_lines(lines, table, KIND_TABLES.get(version) if BYTES_PATH else None)
+        self._bytes += run.bytes
+        self._count += run.count
+        self._groups += run.groups
+        self.stats.merged += run.merged
         if looked < _MIN_PASS:
             return
         merged = self.stats.merged - merged_before
@@ -364,129 +340,27 @@ class OutboundQueue:
             # that does not merge costs a FIFO again. (A consumer that keeps up is looked at
             # before every pass: ``_pays``.)
             self._skip = min(max(looked, 2 * self._skip), _MAX_SKIP)
-            self._skip_until = self._fresh_first + self._skip
+            self._skip_until = self._fresh.first + self._skip
         else:
             self._skip = 0
 
-    def _first_of(
-        self, max_lines: int | None, max_bytes: int | None = None
-    ) -> list[tuple[bytes, int | None, int]]:
-        """The first fresh frames (all, or about ``max_lines`` lines or ``max_bytes`` bytes:
-        whole frames), no longer fresh: their charge leaves ``_bytes`` (the caller adds what
-        they become)."""
-        fresh = self._fresh
-        if max_bytes is not None and self._fresh_bytes > max_bytes:
-            max_lines = 0
-        elif max_lines is None:
-            self._fresh = []
-            self._bytes -= self._fresh_bytes
-            self._fresh_bytes = 0
-            self._fresh_first = self.stats.pushed
-            return fresh
-        lines = wire = n = 0
-        for raw, _version, count in fresh:
-            if n and (lines >= max_lines if max_bytes is None else wire >= max_bytes):
-                break
-            lines += count
-            wire += len(raw) + 1
-            n += 1
-        first = fresh[:n]
-        del fresh[:n]
-        size = wire + n * FRAME_OVERHEAD  # what they held
-        self._bytes -= size
-        self._fresh_bytes -= size
-        self._fresh_first += lines
-        return first
+    def _first_of(self, max_lines: int | None, max_bytes: int | None = None) -> list[Frame]:
+        """The first fresh frames (``Fresh.cut``), no longer fresh: their charge leaves
+        ``_bytes`` (the caller adds what they become)."""
+        frames, held = self._fresh.cut(max_lines, max_bytes)
+        self._bytes -= held
+        return frames
 
-    def _as_barriers(
-        self, fresh: list[tuple[bytes, int | None, int]], skipped: bool = True
-    ) -> None:
+    def _as_barriers(self, fresh: list[Frame], skipped: bool = True) -> None:
         """Frames that skip merging (or are taken unparsed: not ``skipped``): waiting as they
         came, closing the tail run (nothing may merge across a line that was not looked at)."""
-        self._index.clear()
+        self._run.index.clear()
         done = self._done
         for raw, _version, lines in fresh:
             done.append(waiting(raw, lines))
             self._bytes += len(raw) + 1 + FRAME_OVERHEAD
             if skipped:
                 self.stats.skipped += lines
-
-    def _add(self, line: bytes, table: Table) -> None:
-        """One line: merged into its entity's last waiting entry of the tail run, or appended."""
-        if self._hot and self._merge_hot(line):
-            return
-        done = self._done
-        message: object = None
-        if _NEEDLE in line:
-            try:
-                message = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                message = None
-        found = classify(message, table) if message is not None else None
-        if found is None:
-            if self._index:
-                self._index.clear()  # a barrier closes the run: nothing merges across it
-            done.append(line)
-            self._bytes += len(line) + 1 + FRAME_OVERHEAD
-            return
-        spec, key = found
-        hit = self._index.get(key)
-        if (
-            hit is not None
-            and hit[1] is spec
-            and spec.cls is not Class.OPAQUE
-            and hit[0] >= self._base  # not written yet
-        ):
-            pos = hit[0] - self._base
-            target = done[pos]
-            if isinstance(target, bytes):
-                target = Group(target, spec, key)
-                done[pos] = target
-                self._groups += 1
-                self._bytes += target.charge - (len(target.first) + 1 + FRAME_OVERHEAD)
-            assert isinstance(target, Group)  # the index holds lines and groups, never runs
-            lines, charge = target.lines, target.charge
-            assert isinstance(message, dict)
-            merged = target.absorb(line, message) is not None
-            # What the group holds changed even when it refused the line (its first line was
-            # parsed to look): counted from its charge, before and after.
-            self._bytes += target.charge - charge
-            if merged:
-                self.stats.merged += 1
-                target.merged += 1
-                self._count += target.lines - lines - 1
-                if target.tpl is not None and target not in self._hot:
-                    self._hot = [target, *self._hot[: _HOT - 1]]
-                return
-        self._index[key] = (self._base + len(done), spec)
-        if self._interval:
-            group = Group(line, spec, key)  # the rate limit holds entries by entity
-            done.append(group)
-            self._groups += 1
-            self._bytes += group.charge
-        else:
-            done.append(line)
-            self._bytes += len(line) + 1 + FRAME_OVERHEAD
-
-    def _merge_hot(self, line: bytes) -> bool:
-        """``line`` merged, without a parse, into a hot text group whose bytes it repeats
-        around another text (``Group.text_of``), if that group is still its entity's last
-        waiting entry of the tail run."""
-        for group in self._hot:
-            text = group.text_of(line)
-            if text is None:
-                continue
-            hit = self._index.get(group.key)
-            pos = -1 if hit is None else hit[0] - self._base
-            if pos < 0 or self._done[pos] is not group:  # written, or behind a barrier
-                self._hot.remove(group)
-                return False
-            self._bytes += group.add_text(line, text)
-            self.stats.merged += 1
-            group.merged += 1
-            self._count -= 1
-            return True
-        return False
 
     # -- take -----------------------------------------------------------------------------
 
@@ -533,8 +407,7 @@ class OutboundQueue:
         self._pace.taken(self._count, now)
         self._done = []
         self._base = self._prepared = 0
-        self._index.clear()
-        self._hot = []
+        self._run.forget()
         self._groups = 0
         self.stats.written += self._count
         self._bytes = self._count = 0
@@ -549,8 +422,8 @@ class OutboundQueue:
         self._base += taken.entries
         if not self._done:
             self._base = self._prepared = 0
-            self._index.clear()
-        self._hot = []
+            self._run.index.clear()
+        self._run.hot = []
         self._count -= taken.lines
         self.stats.written += taken.lines
         self._pace.taken(taken.lines, now)
@@ -570,8 +443,8 @@ class OutboundQueue:
         due, held, deadline = self._rate.split(self._done, now)
         parts, written = frames_of(due, self._written)
         self._done = list(held)
-        self._hot = []
-        self._index = {entry.key: (i, entry.spec) for i, entry in enumerate(held)}
+        self._run.forget()
+        self._run.index.update((entry.key, (i, entry.spec)) for i, entry in enumerate(held))
         self._base = self._prepared = 0
         self._groups = len(held)
         self._count = sum(entry.lines for entry in held)

@@ -1,6 +1,7 @@
 """Cutting the head of the coalescing queue for one write.
 
-Contract: pure functions over the queue's waiting entries (lines and runs of lines as they
+Contract: what the queue counts of its writes (``QueueStats``, ``Coalesced``), and pure
+functions over the queue's waiting entries (lines and runs of lines as they
 came, and merged groups), ``take_some``: the first entries up to a byte budget as one run of
 whole lines, each merged group encoded (``Group.frames``) and told, and what was taken removed
 from the list; ``frames_of``: every entry's frames. A run that does not fit is cut at a line
@@ -20,6 +21,30 @@ from acp_proxy.wire.coalesce.merge import Group
 # slots, a ``Run``'s object (one figure for all: an upper estimate for a line split out of a
 # frame).
 FRAME_OVERHEAD = 128
+
+
+@value(frozen=False)
+class QueueStats:
+    # Counted in messages (lines): the shell may push a run of untouched lines as one frame.
+    pushed: int = 0  # messages pushed
+    written: int = 0  # messages handed out by take()
+    merged: int = 0  # frames absorbed into a pending frame
+    split: int = 0  # extra frames created by clear-then-object splits (counted when written)
+    passes: int = 0  # merge passes run
+    skipped: int = 0  # lines that waited but skipped merging (it did not pay)
+
+
+@value
+class Coalesced:
+    """What the queue wrote for one entity's merged frames (told to ``on_coalesced``): ``merged``
+    frames of update kind ``kind`` became ``written`` frames (1, or 2 for a clear then an
+    object) of ``size`` bytes, newlines included."""
+
+    kind: str
+    entity: tuple[object, ...]
+    merged: int
+    written: int
+    size: int
 
 
 class Run:

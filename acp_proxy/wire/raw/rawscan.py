@@ -238,6 +238,22 @@ def _outside_strings(raw: bytes) -> bytes:
         i = string_end(raw, q)
 
 
+def surrogate_escape(raw: bytes) -> bool:
+    """Whether ``raw`` holds what ``reencodes_exactly`` takes for a surrogate escape."""
+    return _SURROGATE_ESCAPE.search(raw) is not None
+
+
+def risky_numbers_py(raw: bytes) -> bool:
+    """The C accelerator's ``numbers_risky`` in Python: a number outside the strings of ``raw``
+    with an exponent or 17 digits and dots in a row (an unterminated string is risky)."""
+    if not _risky_numbers(raw):
+        return False
+    try:
+        return _risky_numbers(_outside_strings(raw))
+    except Unparseable:
+        return True
+
+
 def reencodes_exactly(raw: bytes) -> bool:
     """Whether encoding the parse of ``raw`` with orjson keeps every value exactly.
 

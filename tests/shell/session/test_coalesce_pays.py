@@ -94,7 +94,7 @@ def _held(queue: OutboundQueue) -> int:
             total += entry.charge
         else:
             total += len(entry if isinstance(entry, bytes) else entry.raw) + 1 + FRAME_OVERHEAD
-    for raw, _version, _lines in queue._fresh:
+    for raw, _version, _lines in queue._fresh.frames:
         total += len(raw) + 1 + FRAME_OVERHEAD
     return total
 
@@ -128,7 +128,7 @@ def _lines_held(queue: OutboundQueue) -> int:
     """The lines the queue holds, counted in its entries' bytes; the line counts it keeps
     beside them (a frame's, a run's) must be the same."""
     lines = 0
-    for raw, _version, kept in queue._fresh:
+    for raw, _version, kept in queue._fresh.frames:
         assert kept == raw.count(b"\n") + 1
         lines += kept
     for entry in queue._done:
@@ -166,7 +166,7 @@ def test_what_it_holds_is_counted_exactly_and_the_state_is_exact(
             out.extend(queue.take(now, arg, look=op == "take")[0])
         # A group's parsed objects count from the moment it holds them (it used to miss what
         # the first look at a group's first line added).
-        assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+        assert queue.pending_bytes - 400 * len(queue._run.index) == _held(queue)
         assert len(queue) == _lines_held(queue)
     out.extend(queue.take(now)[0])
     assert queue.pending_bytes == 0 and len(queue) == 0
@@ -235,8 +235,8 @@ def test_a_fast_consumer_gets_the_frames_unparsed(parses: list[bytes]) -> None:
     assert written(out) == [tcu(status="a"), *frames] and calls == []
 
 
-def test_a_slow_consumer_gets_them_merged(parses: list[bytes]) -> None:
-    calls = parses
+def test_a_slow_consumer_gets_them_merged(looks: list[bytes]) -> None:
+    calls = looks
     queue = OutboundQueue(CoalesceConfig(), coalesce=True)
     queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
     queue.consumed(len(tcu(status="a")) * 100, 1.0)  # 100 lines a second
@@ -263,7 +263,7 @@ def test_a_peer_that_takes_every_write_at_once_is_not_waited_for() -> None:
 
 
 def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
-    parses: list[bytes],
+    looks: list[bytes],
 ) -> None:
     """A look merges about as many lines as fit in the time given (``MERGE_COST_S`` a line);
     a take without a pass writes what was merged first, then the rest as it came, unparsed."""
@@ -272,10 +272,11 @@ def test_the_writer_merges_while_it_waits_and_what_merged_goes_first(
     frames = [tcu(f"t{i % 2}", status=str(i)) for i in range(200)]
     for raw in frames:
         queue.push(OutFrame(raw, None, 2), 0.0)
-    parses.clear()  # (pushing parses nothing)
-    calls = parses
+    looks.clear()  # (pushing looks at nothing)
+    calls = looks
     queue.look(0.0, 70.5 * MERGE_COST_S)  # 70 lines (whole frames)
-    # Each line parsed once, and each group's first line once more when the group forms.
+    # Each line looked at once (parsed, or scanned on the bytes path), and each group's first
+    # line once more when the group forms.
     assert len(calls) == 72 and set(calls) == set(frames[:70])
     assert len(queue) == 2 + 130
     # A piece of about one line: the first entity's merge, the rest waits.
@@ -309,7 +310,7 @@ def test_a_paused_peer_s_merges_are_encoded_ahead_and_a_later_merge_undoes_it(
     assert [g.ready for g in groups] == [[tcu("t3", status="b")], [tcu("t4", status="b")]]
     encoded = sum(len(tcu(t, status="b")) for t in ("t3", "t4"))
     assert queue.pending_bytes - before > encoded
-    assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    assert queue.pending_bytes - 400 * len(queue._run.index) == _held(queue)
     # t3 is offered a line it refuses (another notification-level _meta): its encoding holds.
     traced = orjson.loads(tcu("t3", status="z"))
     traced["params"]["_meta"] = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
@@ -319,7 +320,7 @@ def test_a_paused_peer_s_merges_are_encoded_ahead_and_a_later_merge_undoes_it(
     queue.push(OutFrame(tcu("t4", status="c"), None, 2), 0.0)
     queue.look(0.0, 1.0)  # t4 merges the later line: its encoding is dropped
     assert groups[0].ready is not None and groups[1].ready is None
-    assert queue.pending_bytes - 400 * len(queue._index) == _held(queue)
+    assert queue.pending_bytes - 400 * len(queue._run.index) == _held(queue)
     encodes: list[Group] = []
     encode = Group._encode
 

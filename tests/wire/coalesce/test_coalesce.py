@@ -23,6 +23,8 @@ from acp_proxy.base.jsontypes import JsonObject, JsonValue
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.meta.registry import entity_key
 from acp_proxy.meta.state import ClientModel
+from acp_proxy.wire.coalesce import queue as coalesce
+from acp_proxy.wire.coalesce import shape as coalesce_shape
 from acp_proxy.wire.coalesce.queue import PAUSE_INPUT_FACTOR, OutboundQueue, OutFrame
 from acp_proxy.wire.coalesce.take import FRAME_OVERHEAD
 
@@ -481,7 +483,13 @@ def test_consumer_that_keeps_up_sees_every_frame_unchanged() -> None:
     assert queue.stats.merged == 0
 
 
-def test_pushing_never_parses_and_a_waiting_line_is_parsed_once(parses: list[bytes]) -> None:
+@pytest.mark.parametrize("bytes_path", [True, False])
+def test_pushing_never_parses_and_a_waiting_line_is_parsed_at_most_once(
+    parses: list[bytes], bytes_path: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if bytes_path and not coalesce_shape.BYTES_PATH:
+        pytest.skip("the bytes path needs the C accelerator")
+    monkeypatch.setattr(coalesce, "BYTES_PATH", bytes_path)
     calls = parses
     queue = OutboundQueue(CFG, coalesce=True)
     queue.push(OutFrame(tcu(status="a"), None, 2), 0.0)
@@ -491,11 +499,15 @@ def test_pushing_never_parses_and_a_waiting_line_is_parsed_once(parses: list[byt
     queue.push(OutFrame(tcu(status="b"), None, 2), 0.0)
     # A pre-parsed message is not kept (the bound counts what the queue holds).
     queue.push(OutFrame(tcu("t2", status="c"), orjson.loads(tcu("t2", status="c")), 2), 0.0)
+    queue.push(OutFrame(tcu("t2", status="d"), None, 2), 0.0)
     calls.clear()
     assert calls == []
-    assert take(queue, 0.0)[0] == lines(RESP, RESP, tcu(status="b"), tcu("t2", status="c"))
-    # At the take, each waiting update was parsed once; the responses (no needle) never.
-    assert calls == [tcu(status="b"), tcu("t2", status="c")]
+    assert take(queue, 0.0)[0] == lines(RESP, RESP, tcu(status="b"), tcu("t2", status="d"))
+    # At the take, each waiting update was parsed once (and a group's first line again when
+    # the group forms), or on the bytes path only scanned, its merge too; the responses (no
+    # needle) never.
+    expected = [tcu(status="b"), tcu("t2", status="c"), tcu("t2", status="d")]
+    assert calls == ([] if bytes_path else [*expected, tcu("t2", status="c")])
 
 
 def test_disabled_queue_is_a_fifo() -> None:

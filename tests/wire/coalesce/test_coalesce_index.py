@@ -28,6 +28,8 @@ from acp_proxy.meta.registry import (
     entity_key,
     upsert_entity_key,
 )
+from acp_proxy.wire.coalesce import queue as coalesce
+from acp_proxy.wire.coalesce import shape as coalesce_shape
 from acp_proxy.wire.coalesce.keys import Class, classify, table_of
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
 
@@ -128,15 +130,16 @@ def test_a_full_queue_merges_what_waits_then_refuses_and_drops_nothing() -> None
 # --- a pass that does not pay ------------------------------------------------------------------
 
 
-def test_merging_that_does_not_pay_is_skipped_then_tried_again(parses: list[bytes]) -> None:
-    calls = parses
+def test_merging_that_does_not_pay_is_skipped_then_tried_again(looks: list[bytes]) -> None:
+    calls = looks
     queue = OutboundQueue(CFG, coalesce=True)
     distinct = [tcu(f"t{i}", status="a") for i in range(200)]
     for raw in distinct[:100]:
         queue.push(OutFrame(raw, None, 2), 0.0)
     queue.push(OutFrame(REQ, None, 2), 0.0)
     out, _ = queue.take(0.0)
-    assert len(calls) == 100 and queue.stats.merged == 0  # each update parsed once
+    # Each update looked at once (the request too on the bytes path: its scan stops at "id").
+    assert [c for c in calls if c != REQ] == distinct[:100] and queue.stats.merged == 0
     calls.clear()
     # Nothing merged: the next 100 lines wait as they came, unparsed, in order.
     for raw in [*distinct[100:], tcu("t199", status="b")]:
@@ -184,6 +187,17 @@ STREAMS: dict[str, Callable[[int], bytes]] = {
     ),
     "ten tool calls' progress": lambda i: tcu(f"t{i % 10}", rawOutput={"p": [i, i + 1]}),
     "text chunks of one message": lambda i: chunk(f"word{i} "),
+    "eight messages' chunks, interleaved": lambda i: chunk(f"wörd{i} ", f"m{i % 8}"),
+    "tool calls' creations, then status and content": lambda i: (
+        tcu(f"t{i % 7}", title="Run", kind="execute", rawInput={"q": "x" * (i % 40)})
+        if i < 7
+        else tcu(f"t{i % 7}", status="in_progress", content=[{"type": "content", "n": i}])
+    ),
+    "plans and usage": lambda i: (
+        su({"sessionUpdate": "usage_update", "used": i, "size": 9})
+        if i % 2
+        else su({"sessionUpdate": "plan_update", "plan": {"planId": "p", "entries": [i]}})
+    ),
     "terminal output": lambda i: _terminal(b"line %d\n" % i),
 }
 
@@ -310,9 +324,20 @@ def test_what_is_never_classified() -> None:
         assert classify(broken, table) is None
 
 
-def test_a_merged_update_is_written_without_parsing_its_line_again(parses: list[bytes]) -> None:
+@pytest.mark.parametrize("bytes_path", [True, False])
+def test_a_merged_update_is_written_without_parsing_its_line_again(
+    parses: list[bytes], bytes_path: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if bytes_path and not coalesce_shape.BYTES_PATH:
+        pytest.skip("the bytes path needs the C accelerator")
+    monkeypatch.setattr(coalesce, "BYTES_PATH", bytes_path)
     frames = [tcu(status="a", title="T"), tcu(status="b"), tcu(rawOutput={"n": 1})]
     assert waited(frames) == [tcu(rawOutput={"n": 1}, status="b", title="T")]
-    # Each line parsed once to classify it, the first once more to open the group; the merged
-    # frame is spliced into the last line with the parse the merge already had.
-    assert parses == [frames[0], frames[1], frames[0], frames[2]]
+    if bytes_path:
+        # No line parsed: the members later lines dropped are, to be encoded as the parse would
+        # (the title when the second line came, the status when the third did).
+        assert parses == [b'"T"', b'"b"']
+    else:
+        # Each line parsed once to classify it, the first once more to open the group; the
+        # merged frame is spliced into the last line with the parse the merge already had.
+        assert parses == [frames[0], frames[1], frames[0], frames[2]]

@@ -1,10 +1,11 @@
-"""Tests of the coalescer's parse-free path for streamed text chunks.
+"""Tests of the coalescer's parse-free paths for streamed text chunks.
 
-A text chunk whose bytes repeat the last line of its message's waiting group around another
-text literal merges without a parse (``Group.text_of``); the group's frame is then encoded from
-those bytes. These tests hold it to the general path byte for byte (the same stream with the
-template turned off), to the unmerged stream's client state, and to the index's rules: a
-barrier, a written group, another message, another envelope.
+Without the C accelerator, a text chunk whose bytes repeat the last line of its message's
+waiting group around another text literal merges without a parse (``Group.text_of``, the
+template); with it, the bytes path merges chunks from their shapes (``coalesce_bytes``). These
+tests hold both to the general path byte for byte (the same stream, every line parsed), to the
+unmerged stream's client state, and to the index's rules: a barrier, a written group, another
+message, another envelope.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import CoalesceConfig
 from acp_proxy.wire.coalesce import merge as coalesce_merge
+from acp_proxy.wire.coalesce import queue as coalesce
+from acp_proxy.wire.coalesce import shape as coalesce_shape
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame
 
 REQ = b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s1"}}'
@@ -46,7 +49,10 @@ def waited(frames: list[bytes]) -> list[bytes]:
     return [line for run in out for line in run[:-1].split(b"\n")]
 
 
-def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(parses: list[bytes]) -> None:
+def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(
+    parses: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coalesce, "BYTES_PATH", False)  # (without the accelerator)
     texts = ["Hel", "lo, ", 'a "quote"', "\\ and\n", "déjà ✓", "!"]
     frames = [chunk(t) for t in texts]
     assert waited(frames) == [chunk("".join(texts))]
@@ -55,6 +61,20 @@ def test_a_streamed_reply_is_parsed_twice_then_only_its_texts(parses: list[bytes
     full = [p for p in parses if p.startswith(b"{")]
     assert full == [frames[0], frames[1], frames[0]]
     assert [p for p in parses if not p.startswith(b"{")] == [orjson.dumps(t) for t in texts[2:]]
+
+
+def test_a_streamed_reply_on_the_bytes_path_is_scanned_and_never_parsed(
+    looks: list[bytes], parses: list[bytes]
+) -> None:
+    if not coalesce_shape.BYTES_PATH:
+        pytest.skip("the bytes path needs the C accelerator")
+    texts = ["Hel", "lo, ", 'a "quote"', "\\ and\n", "déjà ✓", "!"]
+    frames = [chunk(t) for t in texts]
+    assert waited(frames) == [chunk("".join(texts))]
+    # Each line scanned once (its shape carries its text), the first again when the group
+    # forms; nothing parsed, the frame encoded from the last line's bytes and the joined text.
+    assert looks == [frames[0], frames[1], frames[0], *frames[2:]]
+    assert [p for p in parses if not p.startswith(b"{")] == []
 
 
 def test_a_chunk_after_a_barrier_starts_a_new_group() -> None:
@@ -141,18 +161,30 @@ def _frames(stream: list[tuple[str, str, int] | None]) -> list[bytes]:
     return [REQ if item is None else _spelled(*item) for item in stream]
 
 
-@settings(max_examples=300, deadline=None)
-@given(STREAM)
-def test_the_template_writes_what_the_general_path_writes(
-    stream: list[tuple[str, str, int] | None],
-) -> None:
-    frames = _frames(stream)
-    fast = waited(frames)
+def general(frames: list[bytes]) -> list[bytes]:
+    """``waited`` on the general path: every line parsed, no template (nor the bytes path)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(coalesce_merge, "_template", lambda line: None)
-        general = waited(frames)
-    assert fast == general
-    assert reduce(fast, 2) == reduce(frames, 2)
+        patch.setattr(coalesce, "BYTES_PATH", False)
+        return waited(frames)
+
+
+def fast(frames: list[bytes], bytes_path: bool) -> list[bytes]:
+    """``waited`` on the template path (no accelerator), or on the bytes path."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(coalesce, "BYTES_PATH", bytes_path and coalesce_shape.BYTES_PATH)
+        return waited(frames)
+
+
+@settings(max_examples=300, deadline=None)
+@given(STREAM, st.booleans())
+def test_the_template_and_the_bytes_path_write_what_the_general_path_writes(
+    stream: list[tuple[str, str, int] | None], bytes_path: bool
+) -> None:
+    frames = _frames(stream)
+    got = fast(frames, bytes_path)
+    assert got == general(frames)
+    assert reduce(got, 2) == reduce(frames, 2)
 
 
 def test_a_text_joined_to_empty_ones_keeps_its_line_as_it_came() -> None:
@@ -173,18 +205,18 @@ def test_a_text_joined_to_empty_ones_keeps_its_line_as_it_came() -> None:
         b"null",  # not a string
     ],
 )
-def test_a_hostile_line_around_the_template_is_judged_by_the_general_path(literal: bytes) -> None:
+@pytest.mark.parametrize("bytes_path", [False, True])
+def test_a_hostile_line_around_the_template_is_judged_by_the_general_path(
+    literal: bytes, bytes_path: bool
+) -> None:
     line = chunk("b")
     cut = line.index(b'"text":"b"') + len(b'"text":')
     hostile = line[:cut] + literal + line[cut + len(b'"b"') :]
     frames = [chunk("a"), chunk("b"), hostile, chunk("c")]
-    fast = waited(frames)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(coalesce_merge, "_template", lambda line: None)
-        general = waited(frames)
-    assert fast == general
+    got = fast(frames, bytes_path)
+    assert got == general(frames)
     try:
         orjson.loads(hostile)
     except orjson.JSONDecodeError:
         # Not JSON: a barrier, written as it came, between the merges around it.
-        assert fast == [chunk("ab"), hostile, chunk("c")]
+        assert got == [chunk("ab"), hostile, chunk("c")]
