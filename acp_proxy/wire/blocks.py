@@ -21,7 +21,8 @@ from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.divert import FRAME_STARTS
 from acp_proxy.wire.framing import Block, Line, Oversize
 from acp_proxy.wire.host import UNSET, Acc, Host, Unset
-from acp_proxy.wire.notes import Note, Result
+from acp_proxy.wire.notes import Note, Passed, Result
+from acp_proxy.wire.observe import watched
 from acp_proxy.wire.prefilter import ESCAPES, ID_KEY, agent_needs_parse, client_needs_parse
 from acp_proxy.wire.rewrite import Rewriter
 from acp_proxy.wire.scan import contains
@@ -79,7 +80,7 @@ class Blocks:
                     event = Line(event.raw)
                 else:
                     if run:
-                        self._flush_run(direction, run, forward, join)
+                        self._flush_run(direction, run, forward, join, notes)
                         run = []
                     acc = Acc()
                     acc.forward, acc.reply, acc.notes = forward, reply, notes
@@ -101,7 +102,7 @@ class Blocks:
                     run.append(raw)
                     continue
             if run:
-                self._flush_run(direction, run, forward, join)
+                self._flush_run(direction, run, forward, join, notes)
                 run = []
             assert not isinstance(event, Block)
             if not isinstance(interested, Unset) and type(event) is Line:
@@ -110,6 +111,8 @@ class Blocks:
                     res = host._agent_line(event.raw, interested)
                 else:
                     res = host._client_line(event.raw, interested)
+                if host._watching:  # (``handle`` does this itself)
+                    res = watched(direction, event, event.raw, res)
             else:
                 res = host.handle(direction, event)
             forward.extend(res.forward)
@@ -118,19 +121,30 @@ class Blocks:
             if res.notes:
                 notes.extend(res.notes)
         if run:
-            self._flush_run(direction, run, forward, join)
+            self._flush_run(direction, run, forward, join, notes)
         return Result(tuple(forward), tuple(reply), tuple(notes))
 
     def _flush_run(
-        self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
+        self,
+        direction: Direction,
+        run: list[bytes],
+        forward: list[OutFrame],
+        join: bool,
+        notes: list[Note],
     ) -> None:
         n = len(run)
-        self._host._count_passed(direction, n)
-        version = self._host.version
+        host = self._host
+        host._count_passed(direction, n)
+        version = host.version
         if join:
-            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version, n))
+            joined = b"\n".join(run) if n > 1 else run[0]
+            forward.append(OutFrame(joined, None, version, n))
+            if host._watching:
+                notes.append(Passed(direction, joined, n))
         else:
             forward.extend([OutFrame(raw, None, version) for raw in run])
+            if host._watching:
+                notes.append(Passed(direction, b"\n".join(run), n))
 
     def block(self, direction: Direction, block: Block, acc: Acc, *, join: bool) -> None:
         """The lines of ``block``, results added to ``acc``.
@@ -258,5 +272,8 @@ class Blocks:
         if join:
             host._count_passed(direction, n)
             acc.forward.append(OutFrame(run, None, host.version, n))
+            if host._watching:
+                acc.notes.append(Passed(direction, run, n))
         else:
-            self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)
+            lines = run.split(b"\n") if n > 1 else [run]
+            self._flush_run(direction, lines, acc.forward, False, acc.notes)

@@ -119,6 +119,20 @@ class Observed:
 
 
 @value
+class Passed:
+    """Frames forwarded exactly as they came (``watch=True`` only, see ``Connection``): one note
+    for a run of them, the cheapest report of the fast paths. ``frames`` are their bytes joined
+    with ``\\n`` (one frame a line, ``count`` of them), as read: what the core did not parse, a
+    reader that wants to know what they are parses itself (``parse_cost`` against the parse
+    budget, then ``rawjson.loads``: a frame either refuses is one the observe mode calls
+    ``"unparsed"``)."""
+
+    direction: Direction
+    frames: bytes
+    count: int
+
+
+@value
 class NotParsed:
     """A frame something needed to parse was forwarded untouched instead (never dropped): it is
     over the parse budget, or neither parser can read it (``reason`` says which)."""
@@ -159,6 +173,7 @@ Note: TypeAlias = (
     | UnusualVersion
     | PendingFull
     | Observed
+    | Passed
     | SkippedV1
 )
 

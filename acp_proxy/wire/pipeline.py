@@ -33,6 +33,9 @@ Rules:
    what its head says.
 6. The round trip (``handle_line`` / ``_tracked``) is the hottest path: a request or response no
    middleware may act on is parsed once and tracked in one step, with no call it can avoid.
+7. Observing: ``observe`` parses every frame and describes each (``Observed``); ``watch`` (the
+   live view; ``observe`` wins) keeps the fast paths and reports what they forwarded as it came
+   as ``Passed`` runs, every other frame as ``Observed`` (``acp_proxy.wire.observe.watched``).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ from acp_proxy.wire.notes import (
     UnusualVersion,
     VersionNegotiated,
 )
-from acp_proxy.wire.observe import frame_info, method_of, observed
+from acp_proxy.wire.observe import frame_info, method_of, observed, watched
 from acp_proxy.wire.oversize import oversize
 from acp_proxy.wire.prefilter import (
     ID_KEY,
@@ -137,6 +140,7 @@ class Connection:
         "_tracker",
         "_watch",
         "_watched",
+        "_watching",
         "chain",
         "stats",
         "version",
@@ -151,10 +155,12 @@ class Connection:
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
         max_pending: int = DEFAULT_MAX_PENDING,
         observe: bool = False,
+        watch: bool = False,
     ) -> None:
         self.chain = chain
         # Observing needs every frame on its own and parsed: it implies ``inspect_all``.
-        self._observe = observe
+        self._observe = observe or watch
+        self._watching = watch and not observe
         inspect_all = inspect_all or observe
         self._answers: dict[JsonValue, str] = {}  # responses of the current frame: id -> method
         self._max_parse = max_parse_bytes
@@ -173,7 +179,8 @@ class Connection:
         self._routed = interest.routed
         self._general = interest.general
         self._watch = interest.watch
-        self._fused = interest.fused
+        # (Not when watching: the fused path does not say which rules changed a message.)
+        self._fused = interest.fused if not self._watching else None
         self._fused_interest = interest.fused_interest
         self._lane_blockers = interest.lane_blockers
         # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``); and the
@@ -226,7 +233,7 @@ class Connection:
             assert isinstance(event, Oversize)
             raw = event.head
             res = oversize(self, direction, event)
-        return observed(direction, event, raw, res)
+        return (watched if self._watching else observed)(direction, event, raw, res)
 
     def handle_line(self, direction: Direction, raw: bytes) -> JsonObject | Result:
         """``handle_many(direction, [Line(raw)])`` for one non-empty line, without the event
@@ -236,7 +243,7 @@ class Connection:
         tracked, and to be forwarded exactly as it came (``Result((OutFrame(raw, message,
         version),))``, which the shell writes without building it). Anything else comes back
         as the general path's ``Result``. The middleware's interest is looked for once."""
-        if self._inspect_all:
+        if self._inspect_all or self._watching:
             return self.handle_many(direction, [Line(raw)])
         interested = self._interested(raw) if self._needles_on else None
         if interested is None and contains(raw, ID_KEY):
