@@ -16,7 +16,8 @@ from acp_schema import validate_v1, validate_v2
 from acp_proxy.config import Config, MiddlewareSpec, parse_config
 from acp_proxy.config.rules import RulesMiddleware
 from acp_proxy.policy.middleware import NAME, AuditEntry, PolicyMiddleware
-from acp_proxy.shell.ui_hub import UiHub, UiTap
+from acp_proxy.shell.ui_hub import UiHub
+from acp_proxy.shell.ui_tap import UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView
 from acp_proxy.wire.chain import Direction
@@ -151,9 +152,10 @@ class _Session:
     """What ``SessionMetrics`` reads of a session (nothing, until it ends)."""
 
 
-def observed(text: str) -> tuple[Metrics, UiHub, int]:
-    """``DECIDED`` through an observing connection, told to the metrics and the live view."""
-    conn = Connection(config(text).build_chain(), observe=True)
+def observed(text: str, watch: bool = False) -> tuple[Metrics, UiHub, int]:
+    """``DECIDED`` through an observing connection (``watch``: a watching one, as a session
+    with the live view alone has), told to the metrics and the live view."""
+    conn = Connection(config(text).build_chain(), observe=not watch, watch=watch)
     metrics = Metrics(max_pending=100)
     watcher = SessionMetrics(metrics, cast(SessionView, _Session()))
     hub = UiHub()
@@ -421,3 +423,12 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)
         assert b'"example.dev/route":"edge"' in outputs[0][2][0]  # the rule did annotate
+
+
+def test_the_live_view_shows_the_decisions_the_same_when_its_session_only_watches() -> None:
+    text = POLICY.format(on_unasked="cancel", mode="enforce")
+    _, observing, conn_id = observed(text)
+    _, watching, _ = observed(text, watch=True)
+    shown = [e for e in observing.events(conn_id) if "policy" in e]
+    assert len(shown) > 3
+    assert list(watching.events(conn_id)) == list(observing.events(conn_id))

@@ -20,7 +20,7 @@ import pytest
 from ui_inproc import serving
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.shell import ui_hub
+from acp_proxy.shell import ui_hub, ui_tap
 from acp_proxy.shell.ui_hub import HubLimits, UiHub
 from acp_proxy.ui import events, export
 from acp_proxy.wire.chain import Direction
@@ -47,7 +47,9 @@ def _update(i: int) -> bytes:
 
 
 class _Session:
-    config = SimpleNamespace(source=None, rule_names=(), rules=(), middleware=())
+    config = SimpleNamespace(
+        source=None, rule_names=(), rules=(), middleware=(), max_parse_bytes=1 << 20
+    )
 
 
 def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +105,8 @@ def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -
     assert published["lost"] == hub.ingest_lost
     assert published["lost_events"] < len(notes) // 500 * 2
     # The big frame's first bytes are shown, and how much of it was left out.
-    assert first["truncated"] == len(big) - ui_hub.FRAME_SHOWN
-    assert first["raw"] == big[: ui_hub.FRAME_SHOWN].decode()
+    assert first["truncated"] == len(big) - ui_tap.FRAME_SHOWN
+    assert first["raw"] == big[: ui_tap.FRAME_SHOWN].decode()
 
 
 async def _fetch(port: int, target: str) -> tuple[bytes, int, str]:

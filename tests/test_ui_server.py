@@ -33,13 +33,15 @@ def http(url: str, target: str, method: str = "GET", **headers: str) -> tuple[in
     head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
     with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
         sock.sendall((head + "\r\n").encode())
-        sock.settimeout(0.5)
         data = b""
         try:
+            # The first bytes come once the view described what it holds (a live view
+            # describes what it was told only when asked); an event stream then stays open.
             while chunk := sock.recv(65536):
                 data += chunk
+                sock.settimeout(0.5)
         except TimeoutError:
-            pass  # an event stream stays open
+            pass
     return int(data.split(b" ", 2)[1]), data
 
 

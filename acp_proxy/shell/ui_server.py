@@ -30,7 +30,6 @@ import signal
 import socket
 import stat
 import sys
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from typing import Any, Final
@@ -184,7 +183,8 @@ class UiServer:
         return request
 
     async def _answer(self, stream: SocketStream, request: Request) -> None:
-        self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
+        if request.path not in ("/", "/index.html"):
+            await self.hub.catch_up()  # what was tapped before the request, described
         if request.path == "/events" and request.method == "GET":
             try:
                 await self._events(stream, request)
@@ -398,8 +398,8 @@ async def run_with_ui(
             for sock in listener.sockets:
                 tg.start_soon(server.serve, sock)
             code = await main(*args)
-            while hub.drain(DRAIN_SLICE):  # in slices: the observers take their share between
-                await anyio.sleep(0)
+            while hub.observers and hub.drain(DRAIN_SLICE):  # in slices: the observers take
+                await anyio.sleep(0)  # their share between (nobody looks: nothing to describe)
             # The observers get what the session produced (briefly), then the reason they end.
             with anyio.move_on_after(CATCH_UP_S):
                 while any(o.cut is None and not hub.caught_up(o) for o in hub.observers):
