@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from acp_proxy.shell.repeats import Repeats
+from acp_proxy.wire.notes import Passed
 from acp_proxy.wire.pipeline import (
     Dropped,
     FrameInfo,
@@ -59,6 +60,8 @@ class NoteLog:
         log = self.log
         frame_log = self.frame_log
         for note in notes:
+            if type(note) is Passed:  # (frames a watcher keeps: nothing to log)
+                continue
             if type(note) is FrameInfo:
                 if frame_log is not None:
                     frame_log.frame(note)

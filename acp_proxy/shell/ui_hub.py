@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
@@ -44,10 +44,12 @@ from acp_proxy.record.format import Redactor, event_line, frame_entry
 from acp_proxy.shell.logsetup import get_logger
 from acp_proxy.shell.ui_tap import FRAME_SHOWN, ITEM_BYTES, UiTap, cut
 from acp_proxy.ui.display import shown
-from acp_proxy.ui.entities import EntityView
 from acp_proxy.ui.events import StreamBuilder, passed, policy_marks
 from acp_proxy.ui.history import History
 from acp_proxy.ui.pending import Pending
+
+if TYPE_CHECKING:
+    from acp_proxy.ui.entities import EntityView
 
 # Bounds (docs/live-view.md, "Bounds"); the settings of ``ui:`` override the first three.
 HISTORY_BYTES: Final = 64 * 1024 * 1024  # events kept for replay (oldest dropped first)
@@ -71,6 +73,16 @@ class HubLimits:
     history_bytes: int = HISTORY_BYTES
     observer_bytes: int = OBSERVER_BYTES
     max_observers: int = MAX_OBSERVERS
+
+
+def _rule_keys(rules: Any) -> JsonObject:
+    """The entity keys each of ``rules`` writes (the rules' module is loaded only when there
+    are rules: it is then already)."""
+    if not rules:
+        return {}
+    from acp_proxy.config.rules import entity_keys_by_rule
+
+    return {name: list[JsonValue](keys) for name, keys in entity_keys_by_rule(rules).items()}
 
 
 def sse_chunk(seq: int | None, data: bytes) -> bytes:
@@ -106,14 +118,28 @@ class Observer:
 
 
 class _Session:
-    __slots__ = ("conn", "ended", "header", "max_parse", "view")
+    __slots__ = ("_view", "conn", "ended", "header", "max_parse")
 
     def __init__(self, conn: int, header: JsonObject, max_parse: int) -> None:
         self.conn = conn
         self.header = header
         self.max_parse = max_parse  # its parse budget (what a frame that passed as it came is)
-        self.view = EntityView.for_header(header)
+        self._view: EntityView | None = None
         self.ended = False
+
+    @property
+    def view(self) -> EntityView:
+        """Its entity view (made, and its module loaded, when first asked for: a view that
+        describes nothing never needs one)."""
+        if self._view is None:
+            from acp_proxy.ui.entities import EntityView
+
+            self._view = EntityView.for_header(self.header)
+        return self._view
+
+    @view.setter
+    def view(self, view: EntityView) -> None:
+        self._view = view
 
 
 class UiHub:
@@ -123,12 +149,13 @@ class UiHub:
         self,
         *,
         mode: str = "live",
-        redactor: Redactor | None = None,
+        redactor: Redactor | Callable[[], Redactor] | None = None,
         limits: HubLimits | None = None,
     ) -> None:
         limits = limits if limits is not None else HubLimits()
         self.mode = mode
-        self.redactor = redactor if redactor is not None else Redactor.build()
+        # Built when first needed (a callable: built then), by a view that describes something.
+        self._redactor = redactor if redactor is not None else Redactor.build
         self.history_bytes = limits.history_bytes
         self.observer_bytes = limits.observer_bytes
         self.max_observers = limits.max_observers
@@ -150,6 +177,13 @@ class UiHub:
         self._newest: UiTap | None = None
         # Each live session's tap, for its agent's stderr (held no longer than the session).
         self._taps: weakref.WeakKeyDictionary[Any, UiTap] = weakref.WeakKeyDictionary()
+
+    @property
+    def redactor(self) -> Redactor:
+        """What removes the secrets from what the view shows (built on first use)."""
+        if not isinstance(self._redactor, Redactor):
+            self._redactor = self._redactor()
+        return self._redactor
 
     # -- accounting -----------------------------------------------------------------------------
 
@@ -188,8 +222,6 @@ class UiHub:
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
     def session_observer(self, session: Any) -> UiTap:
-        from acp_proxy.config.rules import entity_keys_by_rule
-
         config = session.config
         header: JsonObject = {
             "acp-proxy-record": 1,
@@ -197,10 +229,7 @@ class UiHub:
             "version": __version__,
             "config": config.source,
             "rules": list(config.rule_names),
-            "rule_keys": {
-                name: list[JsonValue](keys)
-                for name, keys in entity_keys_by_rule(config.rules).items()
-            },
+            "rule_keys": _rule_keys(config.rules),
             "middleware": [spec.name for spec in config.middleware],
         }
         conn = self.open_session(header, config.max_parse_bytes, queued=True)
@@ -260,6 +289,8 @@ class UiHub:
                 del self.sessions[old.conn]
                 count -= 1
             elif old.view.held:
+                from acp_proxy.ui.entities import EntityView
+
                 old.view = EntityView()
                 old.view.stop(0)
 
@@ -450,11 +481,14 @@ class UiHub:
         for item in items:
             what = item[2]
             if what == "run":
-                conn, t, _, direction, joined, count, _ = item
-                parts = joined.split(b"\n") if count > 1 else [joined]
-                frames += parts
-                for raw in parts:
-                    work.append((conn, t, "frame", direction, raw, None, (), None, False, 0, ()))
+                conn, t, _, direction, runs, _, _ = item
+                for run in runs:
+                    parts = run.split(b"\n")
+                    frames += parts
+                    for raw in parts:
+                        work.append(
+                            (conn, t, "frame", direction, raw, None, (), None, False, 0, ())
+                        )
                 continue
             if what == "frame":
                 frames.append(item[4])

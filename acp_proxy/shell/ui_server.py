@@ -21,18 +21,18 @@ and there is no framing, masking or upgrade to implement.
 
 from __future__ import annotations
 
+import base64
 import errno
 import functools
 import io
 import os
-import secrets
+import pkgutil
 import signal
 import socket
 import stat
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from importlib import resources
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
@@ -50,6 +50,9 @@ from acp_proxy.shell.ui_routes import SECURITY_HEADERS, text
 from acp_proxy.telemetry.endpoint import Request, parse_head
 from acp_proxy.ui import events, security
 from acp_proxy.ui.history import GZIP_HEADER, deflated
+
+if TYPE_CHECKING:
+    from acp_proxy.record.format import Redactor
 
 MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT_S: Final = 10.0  # a request head must be whole by then
@@ -77,7 +80,9 @@ RECORDS_EXPOSURE: Final = (
 
 def page_bytes() -> bytes:
     """The page (package data: ``acp_proxy/ui/page.html``)."""
-    return (resources.files("acp_proxy.ui") / "page.html").read_bytes()
+    page = pkgutil.get_data("acp_proxy.ui", "page.html")
+    assert page is not None, "the package's loader reads its data"
+    return page
 
 
 class UiServer:
@@ -353,7 +358,9 @@ async def _serving(
     listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
     if isinstance(listener, int):
         return listener
-    token = secrets.token_urlsafe(32)
+    # 32 random bytes, URL-safe (``secrets.token_urlsafe``, without loading ``secrets``, whose
+    # ``random`` and ``hashlib`` cost the start-up more than the rest of the view).
+    token = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
     host = listener.address.host
     names = [host]
     if allow_remote:
@@ -379,10 +386,9 @@ async def run_with_ui(
     """Serve the live view at ``settings.address`` while ``main(*args)`` runs; returns its
     exit code. The listener is bound before ``main`` starts; a refusal exits before anything
     is spawned. What it shows is redacted by the ``record:`` settings' rules."""
-    from acp_proxy.shell.recorder import build_redactor
-
     limits = HubLimits(settings.history_bytes, settings.observer_bytes, settings.max_observers)
-    hub = UiHub(mode="live", redactor=build_redactor(record), limits=limits)
+    # The redactor is built when the view first describes something (nobody may ever look).
+    hub = UiHub(mode="live", redactor=lambda: _redactor(record), limits=limits)
     assert settings.address is not None
     made = await _serving(
         settings.address, settings.allow_remote, hub, what="live view", exposure=UI_EXPOSURE
@@ -414,6 +420,13 @@ async def run_with_ui(
         hooks.uninstall(hub)
         listener.close()
     return code
+
+
+def _redactor(record: RecordConfig) -> Redactor:
+    """The redactor of the ``record:`` settings (its module loaded only then)."""
+    from acp_proxy.shell.recorder import build_redactor
+
+    return build_redactor(record)
 
 
 def open_record(path: str) -> io.BufferedReader:

@@ -17,8 +17,8 @@ and last what it costs (``ITEM_BYTES`` beside the bytes it holds):
   ``kind`` ``None`` when the frame passed as it came (what it is is found when it is described,
   ``acp_proxy.ui.events.passed``), ``cut`` the bytes left out, ``marks`` its messages' marks
   (shown as its ``policy``, ``acp_proxy.ui.events.policy_marks``) or ``()``;
-- ``(conn, t, "run", direction, frames, count, size)``: ``count`` frames that passed as they
-  came, joined with ``\\n``;
+- ``(conn, t, "run", direction, parts, count, size)``: ``count`` frames that passed as they
+  came, in ``parts`` (each some of them joined with ``\\n``, as the core reported them);
 - ``(conn, t, "stderr", line, size)``; ``(conn, t, "version" | "end" | "coalesced", fields,
   size)``; ``(conn, t, "session", None, size)``; and the hub's own ``lost`` items.
 """
@@ -71,18 +71,33 @@ class UiTap:
     def on_notes(self, notes: tuple[Any, ...], now: float) -> None:
         t = now - self.start
         hub = self.hub
+        # Consecutive runs of one direction (a read's, between the frames a middleware or the
+        # request tables looked at and let pass) are one item: what a read costs the tap.
+        parts: list[bytes] = []
+        run_to: Direction | None = None  # their direction
+        count = size = 0
         for note in notes:
             kind = type(note)
             if kind is Passed:
                 frames = note.frames
-                if len(frames) > FRAME_SHOWN:  # (a frame of it may be longer than the view keeps)
-                    for raw in frames.split(b"\n") if note.count > 1 else (frames,):
-                        self._frame(DIRECTIONS[note.direction], raw, t)
-                    continue
-                size = len(frames) + ITEM_BYTES
-                run = (self.conn, t, "run", DIRECTIONS[note.direction], frames, note.count, size)
-                hub.ingest(run, size)
-            elif kind is Observed:
+                if note.direction is not run_to or len(frames) > FRAME_SHOWN:
+                    if parts:
+                        self._run(run_to, parts, count, size, t)
+                        parts = []
+                    if len(frames) > FRAME_SHOWN:  # (a frame of it may be longer than kept)
+                        for raw in frames.split(b"\n") if note.count > 1 else (frames,):
+                            self._frame(DIRECTIONS[note.direction], raw, t)
+                        run_to = None
+                        continue
+                    run_to, count, size = note.direction, 0, ITEM_BYTES
+                parts.append(frames)
+                count += note.count
+                size += len(frames)
+                continue
+            if parts:
+                self._run(run_to, parts, count, size, t)
+                parts, run_to = [], None
+            if kind is Observed:
                 changed_by: list[str] = []
                 marks: tuple[object, ...] = ()
                 for info in note.messages:
@@ -105,6 +120,16 @@ class UiTap:
             elif kind is VersionNegotiated:
                 fields = {"protocolVersion": note.version}
                 hub.ingest((self.conn, t, "version", fields, ITEM_BYTES), ITEM_BYTES)
+        if parts:
+            self._run(run_to, parts, count, size, t)
+
+    def _run(
+        self, direction: Direction | None, parts: list[bytes], count: int, size: int, t: float
+    ) -> None:
+        """Hand the hub ``count`` frames that passed as they came (``parts``: runs of them)."""
+        assert direction is not None  # (parts come with their direction)
+        item = (self.conn, t, "run", DIRECTIONS[direction], parts, count, size)
+        self.hub.ingest(item, size)
 
     def _frame(
         self,
