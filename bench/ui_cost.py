@@ -24,7 +24,11 @@ warm-up run each), as an installed package runs. With ``--baseline-ref REF`` the
 revision ``REF`` (checked out in a temporary worktree, the built C scanner copied in) runs the
 same variants interleaved with this tree's (``base off``...): before and after, same conditions.
 
-Usage: ``python bench/ui_cost.py [--size 58M] [--repeat 5] [--baseline-ref REF]``.
+``--instructions``: ``off`` and ``ui`` under callgrind instead, on ``--size`` and twice that:
+instructions do not move with the machine's load, which the times on a shared machine do.
+
+Usage: ``python bench/ui_cost.py [--size 58M] [--repeat 5] [--baseline-ref REF]
+[--variants off ui] [--instructions]``.
 """
 
 from __future__ import annotations
@@ -94,11 +98,11 @@ def observe(url: str, count: int) -> int:
 
 
 def run_once(
-    variant: str, stream: Path, size: int, repo: Path
+    variant: str, stream: Path, size: int, repo: Path, prefix: tuple[str, ...] = ()
 ) -> tuple[float, tuple[float, float], int]:
     """(wall seconds, the proxy's CPU seconds (user, system), its peak RSS in KiB) of one
-    session through the proxy of ``repo``."""
-    argv = [sys.executable, "-m", "acp_proxy"]
+    session through the proxy of ``repo`` (``prefix``: what runs it, e.g. valgrind)."""
+    argv = [*prefix, sys.executable, "-m", "acp_proxy"]
     if variant != "off":
         argv += ["--ui", "tcp://127.0.0.1:0"]
     argv += ["--", "sh", "-c", AGENT, "agent", str(stream)]
@@ -146,6 +150,42 @@ def run_once(
     if observers is not None:
         observers.wait(timeout=60)
     return wall, (usage.ru_utime, usage.ru_stime), usage.ru_maxrss
+
+
+def instructions(args: argparse.Namespace) -> int:
+    """``--instructions``: what ``off`` and ``ui`` execute, counted by callgrind (the proxy
+    only: ``cat`` runs natively) on the stream of ``--size`` and on one twice as big; the
+    difference, divided by the difference in frames, is per frame (start-up cancelled)."""
+    sys.path.insert(0, str(BENCH))
+    from generate import ensure, parse_size
+
+    size = parse_size(args.size)
+    sets = [ensure(args.data, "mixed", 2, n, 20260) for n in (size, 2 * size)]
+    counts: dict[tuple[str, int], int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in ("off", "ui"):
+            run_once(variant, Path(sets[0].agent_path), sets[0].bytes, REPO)  # bytecode cached
+            for data in sets:
+                out = Path(tmp) / f"{variant}.{data.bytes}"
+                tool = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}")
+                run_once(variant, Path(data.agent_path), data.bytes, REPO, tool)
+                found = re.search(rb"^(?:summary|totals): (\d+)", out.read_bytes(), re.M)
+                assert found is not None, "callgrind wrote no total"
+                counts[variant, data.bytes] = int(found.group(1))
+    small, big = sets
+    frames = big.lines - small.lines
+    print(f"mixed v2 streams of {small.bytes:,} and {big.bytes:,} bytes, under callgrind")
+    for variant in ("off", "ui"):
+        first, second = counts[variant, small.bytes], counts[variant, big.bytes]
+        per = (second - first) / frames
+        print(
+            f"  {variant:4} {first:,} and {second:,} instructions: {per:,.0f} per frame, "
+            f"{first - per * small.lines:,.0f} for the rest (start-up, exit)"
+        )
+    for data in sets:
+        ratio = counts["ui", data.bytes] / counts["off", data.bytes]
+        print(f"  ui / off on {data.bytes:,} bytes: {ratio:.3f}")
+    return 0
 
 
 def measure(args: argparse.Namespace, base: Path | None) -> int:
@@ -205,10 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="(all)"
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="off and ui under callgrind on --size and twice that (slow; say --size 4M)",
+    )
     parser.add_argument("--observe", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.observe:
         return observe(args.observe[0], int(args.observe[1]))
+    if args.instructions:
+        return instructions(args)
     if not args.baseline_ref:
         return measure(args, None)
     with tempfile.TemporaryDirectory() as tmp:
