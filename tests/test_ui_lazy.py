@@ -29,7 +29,7 @@ from acp_proxy.ui.pending import LOST_BYTES, Pending
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import LineSplitter
-from acp_proxy.wire.notes import Observed, Result
+from acp_proxy.wire.notes import Result
 from acp_proxy.wire.pipeline import Connection
 
 A2C = Direction.AGENT_TO_CLIENT
@@ -271,26 +271,6 @@ def test_a_sessions_start_keeps_its_place_among_the_frames() -> None:
     hub.drain()
     order = [(e["conn"], e.get("event") or e["raw"]) for e in hub.events()]
     assert order == [(1, "session"), (1, '{"a":1}'), (2, "session"), (2, '{"b":2}')]
-
-
-class _Decision:
-    def __init__(self, verdict: str) -> None:
-        self.verdict = verdict
-
-
-def test_a_note_type_in_marks_adds_its_fields_to_its_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(ui_tap.MARKS, _Decision, lambda note: {"decision": note.verdict})
-    hub = UiHub()
-    tap = hub.session_observer(_Session())
-    seen = Observed(A2C, b'{"x":1}', None, (), (), "message")
-    other = Observed(A2C, b'{"y":2}', None, (), (), "message")
-    tap.on_notes((_Decision("allow"), seen, other), tap.start)
-    hub.drain()
-    frames = [e for e in hub.events() if e.get("dir")]
-    assert [(f["raw"], f.get("decision")) for f in frames] == [
-        ('{"x":1}', "allow"),
-        ('{"y":2}', None),
-    ]
 
 
 def test_the_ring_counts_what_came_and_what_left() -> None:

@@ -18,7 +18,7 @@ from acp_proxy.config import NonJsonPolicy, parse_config
 from acp_proxy.wire.chain import FORWARD, Chain, Direction, Link, MessageContext, Verdict
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import LineSplitter
-from acp_proxy.wire.notes import Observed, Passed, VersionNegotiated
+from acp_proxy.wire.notes import FrameInfo, Observed, Passed, VersionNegotiated
 from acp_proxy.wire.observe import passed_kind
 from acp_proxy.wire.pipeline import Connection, Result
 
@@ -114,7 +114,7 @@ def drive(
                     (note.direction, note.raw, note.sent, note.replies, changed, marks, note.kind)
                 )
             elif type(note) is Passed:
-                parts = note.frames.split(b"\n")
+                parts = b"\n".join(note.parts).split(b"\n")
                 assert len(parts) == note.count
                 for raw in parts:
                     kind = passed_kind(raw, BUDGET)
@@ -188,8 +188,23 @@ def test_a_block_of_updates_is_one_note() -> None:
     conn.handle_line(A2C, AGENT_LINES[0])
     body = b"\n".join([LINES[1]] * 50)
     res = conn.handle_many(A2C, LineSplitter().feed_blocks(body + b"\n"), join=True)
-    assert res.notes == (Passed(A2C, body, 50),)
+    assert res.notes == (Passed(A2C, (body,), 50),)
     assert [f.raw for f in res.forward] == [body]
+
+
+def test_a_read_is_one_note_but_for_what_did_not_pass_as_it_came() -> None:
+    conn = Connection(chain_of("rules"), watch=True)
+    conn.handle_line(C2A, USER_LINES[0])
+    conn.handle_line(A2C, AGENT_LINES[0])
+    chunk, request, tagged = LINES[1], LINES[6], AGENT_LINES[-1]
+    lines = [chunk, chunk, request, chunk, tagged, chunk]
+    read = b"\n".join(lines) + b"\n"
+    res = conn.handle_many(A2C, LineSplitter().feed_blocks(read), join=True)
+    # The request the tables tracked passed as it came: one note with the chunks around it.
+    first, changed, last = [n for n in res.notes if type(n) is not FrameInfo]
+    assert first == Passed(A2C, (b"\n".join(lines[:2]), request, chunk), 4)
+    assert type(changed) is Observed and changed.raw == tagged
+    assert last == Passed(A2C, (chunk,), 1)
 
 
 def test_what_a_watcher_is_told_of_a_rewritten_frame() -> None:

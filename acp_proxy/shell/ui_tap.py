@@ -79,20 +79,28 @@ class UiTap:
         for note in notes:
             kind = type(note)
             if kind is Passed:
-                frames = note.frames
-                if note.direction is not run_to or len(frames) > FRAME_SHOWN:
+                if note.direction is not run_to:
                     if parts:
                         self._run(run_to, parts, count, size, t)
                         parts = []
-                    if len(frames) > FRAME_SHOWN:  # (a frame of it may be longer than kept)
-                        for raw in frames.split(b"\n") if note.count > 1 else (frames,):
-                            self._frame(DIRECTIONS[note.direction], raw, t)
-                        run_to = None
-                        continue
                     run_to, count, size = note.direction, 0, ITEM_BYTES
-                parts.append(frames)
-                count += note.count
-                size += len(frames)
+                lengths = [len(part) for part in note.parts]
+                if max(lengths) <= FRAME_SHOWN:
+                    parts += note.parts
+                    size += sum(lengths)
+                    count += note.count
+                    continue
+                for part in note.parts:  # (a frame of it may be longer than the view keeps)
+                    if len(part) > FRAME_SHOWN:
+                        if parts:
+                            self._run(run_to, parts, count, size, t)
+                            parts, count, size = [], 0, ITEM_BYTES
+                        for raw in part.split(b"\n"):
+                            self._frame(DIRECTIONS[note.direction], raw, t)
+                        continue
+                    parts.append(part)
+                    size += len(part)
+                    count += 1 + part.count(b"\n")
                 continue
             if parts:
                 self._run(run_to, parts, count, size, t)

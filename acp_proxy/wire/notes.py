@@ -121,14 +121,13 @@ class Observed:
 @value
 class Passed:
     """Frames forwarded exactly as they came (``watch=True`` only, see ``Connection``): one note
-    for a run of them, the cheapest report of the fast paths. ``frames`` are their bytes joined
-    with ``\\n`` (one frame a line, ``count`` of them), as read: what the core did not parse, a
-    reader that wants to know what they are parses itself (``parse_cost`` against the parse
-    budget, then ``rawjson.loads``: a frame either refuses is one the observe mode calls
-    ``"unparsed"``)."""
+    for each run of them in a read, the cheapest report of the fast paths. ``parts`` are their
+    bytes as read, each one frame or several joined with ``\\n`` (``count`` frames in all): what
+    the core did not parse, a reader that wants to know what they are parses itself
+    (``acp_proxy.wire.observe.passed_kind``)."""
 
     direction: Direction
-    frames: bytes
+    parts: tuple[bytes, ...]
     count: int
 
 

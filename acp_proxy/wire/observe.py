@@ -56,17 +56,29 @@ def observed(
 
 
 def watched(direction: Direction, event: Line | Oversize, raw: bytes, res: Result) -> Result:
-    """``observed`` for a watching connection: a frame forwarded exactly as it came, with no
-    reply and no note, is one ``Passed`` (what the fast paths report of their runs, so that a
-    frame reads the same whichever path it took); any other keeps its ``Observed``."""
-    if (
+    """``observed`` for a watching connection: a frame that ``passes`` is one ``Passed`` (what
+    the fast paths report of their runs, so that a frame reads the same whichever path it
+    took); any other keeps its ``Observed`` (``described``)."""
+    if passes(event, raw, res):
+        return Result(res.forward, (), (Passed(direction, (raw,), 1),))
+    return described(direction, event, raw, res)
+
+
+def passes(event: Line | Oversize, raw: bytes, res: Result) -> bool:
+    """Whether ``res`` forwards ``event`` (whose bytes are ``raw``) exactly as it came, with no
+    reply and no note."""
+    return (
         not res.notes
         and not res.reply
         and len(res.forward) == 1
         and type(event) is Line
         and res.forward[0].raw == raw
-    ):
-        return Result(res.forward, (), (Passed(direction, raw, 1),))
+    )
+
+
+def described(direction: Direction, event: Line | Oversize, raw: bytes, res: Result) -> Result:
+    """``observed``, for a watching connection (which describes only the messages a middleware
+    ran on: what observing would call the frame is found here)."""
     return observed(direction, event, raw, res, _prefixed(raw, res.notes))
 
 

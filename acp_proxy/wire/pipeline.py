@@ -179,8 +179,7 @@ class Connection:
         self._routed = interest.routed
         self._general = interest.general
         self._watch = interest.watch
-        # (Not when watching: the fused path does not say which rules changed a message.)
-        self._fused = interest.fused if not self._watching else None
+        self._fused = None if self._watching else interest.fused  # (it names no rule it ran)
         self._fused_interest = interest.fused_interest
         self._lane_blockers = interest.lane_blockers
         # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.tracking``); and the
