@@ -2,10 +2,11 @@
 
 Contract: owns the bytes of the Server-Sent Events stream the hub published (each event one
 chunk ``id: SEQ\\ndata: JSON\\n\\n``), kept as one contiguous byte stream in **blocks** (one
-joined ``bytes`` per batch of events), the oldest dropped whole past its byte bound. A reader's
-place in it is a byte offset into that stream since the first event (``end`` is the total), so
-handing a reader its backlog costs one slice per block, however many events they hold and
-however many readers there are. Pure: no I/O, no clock; it never parses an event on the hot
+joined ``bytes`` per batch of events), the oldest dropped whole past its byte bound (which
+counts ``outside`` too: what its owner holds of the stream elsewhere, not published yet). A
+reader's place in it is a byte offset into that stream since the first event (``end`` is the
+total), so handing a reader its backlog costs one slice per block, however many events they
+hold and however many readers there are. Pure: no I/O, no clock; it never parses an event on the hot
 path (only the cold paths that split blocks back into events do: a replay as JSON Lines, an
 export).
 
