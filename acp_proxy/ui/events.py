@@ -32,7 +32,6 @@ from typing import Final
 import orjson
 
 from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
-from acp_proxy.policy.middleware import UNASKED, AuditEntry
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 from acp_proxy.ui.display import shown
 from acp_proxy.wire.observe import passed_kind
@@ -219,6 +218,9 @@ def policy_marks(marks: tuple[object, ...]) -> list[JsonObject]:
     (``null``: the default), the decision, the option answered, whether the message went on;
     for a tool call that ran without asking, ``"unasked": true`` (and ``"cancelled": true``
     when its session was cancelled)."""
+    # (Here: the policy's modules are loaded once a frame it marked is shown, not at start-up.)
+    from acp_proxy.policy.middleware import UNASKED, AuditEntry
+
     out: list[JsonObject] = []
     for mark in marks:
         if type(mark) is not AuditEntry:
