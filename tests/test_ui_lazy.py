@@ -288,3 +288,25 @@ def test_the_ring_counts_what_came_and_what_left() -> None:
     taken = ring.take()
     assert [i[2] for i in taken] == ["lost", "stderr", "lost"]
     assert (ring.held, ring.added, ring.left) == (0, 3, 3)
+
+
+def test_a_slice_takes_no_more_frames_than_asked_for_of_a_run() -> None:
+    ring = Pending()
+    run = (1, 0.0, "run", "agent_to_client", [b"a\nbb", b"ccc", b"d\ne"], 5, 9 + 256)
+    ring.add(run)
+    [first] = ring.take(2)
+    assert first == (1, 0.0, "run", "agent_to_client", [b"a", b"bb"], 2, 3)
+    assert ring.items[0] == (1, 0.0, "run", "agent_to_client", [b"ccc", b"d", b"e"], 3, 6 + 256)
+    assert (ring.held, ring.left) == (6 + 256, 0)  # (the run is not gone yet)
+    assert [i[5] for i in ring.take(3)] == [3]
+    assert (ring.held, ring.left) == (0, 1)
+
+
+def test_the_hub_describes_a_read_in_slices() -> None:
+    hub, conn, tap = _watched_hub()
+    _read(conn, tap, _lines(700))  # one item
+    hub.drain(ui_hub.DRAIN_SLICE)  # the session's start and 255 frames
+    assert hub.described == ui_hub.DRAIN_SLICE - 1
+    while hub.drain(ui_hub.DRAIN_SLICE):
+        pass
+    assert hub.described == 700 and hub.pending.held == 0

@@ -469,8 +469,8 @@ class UiHub:
         return more
 
     def drain(self, limit: int | None = None) -> bool:
-        """Describe what was tapped so far (at most ``limit`` frames, at least one item):
-        publish its events; whether more is left."""
+        """Describe what was tapped so far (at most ``limit`` frames): publish its events;
+        whether more is left."""
         pending = self.pending
         items = pending.take(limit)
         self.history.outside = pending.held

@@ -7,9 +7,10 @@ each counting what it drops in a ``lost`` item (``(conn, t, "lost", {conn: frame
 that stands where they were, one for a run of drops: ``refuse`` turns the newest item away (the
 view keeps up with an observer: what was shown stays continuous up to the gap), ``drop_oldest``
 drops the oldest (nobody looks: the ring keeps the latest). A run of frames counts as its
-frames, any other item as one. ``added`` and ``left`` count the items queued and those gone
-since (described or dropped; ``lost`` items are not counted), so that a reader can wait until
-everything queued before a moment is described.
+frames, any other item as one; ``take`` cuts a run to take no more frames than asked for.
+``added`` and ``left`` count the items queued and those gone since (described or dropped;
+``lost`` items are not counted), so that a reader can wait until everything queued before a
+moment is described.
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ class Pending:
         self.added += 1
 
     def take(self, frames: int | None = None) -> list[tuple[Any, ...]]:
-        """The oldest items, as many as hold ``frames`` frames (at least one item; ``None``:
-        all), no longer held."""
+        """The oldest items, as many as hold ``frames`` frames (``None``: all), no longer held;
+        a run of more than are wanted is cut: its first frames are taken, the rest stays."""
         items = self.items
         out = []
         count = 0
         while items and (frames is None or count < frames):
-            item = items.popleft()
+            item = items[0]
+            if frames is not None and item[2] == "run" and item[5] > frames - count:
+                out.append(self._cut(frames - count))
+                break
+            items.popleft()
             out.append(item)
             self.held -= item[-1]
             if item[2] == "run":
@@ -65,6 +70,17 @@ class Pending:
                     continue
             self.left += 1
         return out
+
+    def _cut(self, want: int) -> tuple[Any, ...]:
+        """The first ``want`` frames of the run at the head, as a run of their own; the rest
+        stays at the head (with the item's own cost)."""
+        conn, t, what, direction, parts, _, size = self.items[0]
+        lines = [frame for part in parts for frame in part.split(b"\n")]
+        first, rest = lines[:want], lines[want:]
+        cost = sum(map(len, first))
+        self.items[0] = (conn, t, what, direction, rest, len(rest), size - cost)
+        self.held -= cost
+        return (conn, t, what, direction, first, want, cost)
 
     def refuse(self, item: tuple[Any, ...]) -> int:
         """Count ``item`` as dropped where it would have been (it is not queued); the frames
