@@ -72,7 +72,10 @@ EXPECTED_IDS = (
         f"s7/component/{v}"
         for v in ("direct", "proxy-annotate", "conductor", "conductor-component")
     }
-    | {f"s9/policy-200-rules/{v}" for v in ("decision", "frame-no-policy", "frame-policy")}
+    | {
+        f"s9/policy-200-rules/{v}"
+        for v in ("decision", "decision-audited", "frame-no-policy", "frame-policy")
+    }
 )
 # Rows that may be skipped (with a reason), and why: no C compiler, the proxy not runnable
 # (parallel development), sockets unavailable, example config absent.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, cast
 
 import orjson
@@ -21,7 +23,7 @@ from acp_proxy.shell.ui_tap import UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.framing import Line
+from acp_proxy.wire.framing import Block, Line
 from acp_proxy.wire.pipeline import Connection, Result
 
 C2A, A2C = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
@@ -152,9 +154,10 @@ class _Session:
     """What ``SessionMetrics`` reads of a session (nothing, until it ends)."""
 
 
-def observed(text: str, watch: bool = False) -> tuple[Metrics, UiHub, int]:
+def observed(text: str, watch: bool = False, blocks: bool = False) -> tuple[Metrics, UiHub, int]:
     """``DECIDED`` through an observing connection (``watch``: a watching one, as a session
-    with the live view alone has), told to the metrics and the live view."""
+    with the live view alone has), told to the metrics and the live view (``blocks``: the
+    frames of each direction in a row read as one block)."""
     conn = Connection(config(text).build_chain(), observe=not watch, watch=watch)
     metrics = Metrics(max_pending=100)
     watcher = SessionMetrics(metrics, cast(SessionView, _Session()))
@@ -164,8 +167,16 @@ def observed(text: str, watch: bool = False) -> tuple[Metrics, UiHub, int]:
     for result in opened(conn, 1):
         watcher.on_notes(result.notes, 1.0)
         tap.on_notes(result.notes, tap.start)
-    for side, raw in DECIDED:
-        notes = conn.handle(side, Line(raw)).notes
+    reads = (
+        [
+            (side, [Block(b"\n".join(raw for _, raw in run))])
+            for side, run in groupby(DECIDED, itemgetter(0))
+        ]
+        if blocks
+        else [(side, [Line(raw)]) for side, raw in DECIDED]
+    )
+    for side, events in reads:
+        notes = conn.handle_many(side, events, join=True).notes
         watcher.on_notes(notes, 2.0)
         tap.on_notes(notes, tap.start + 2.0)
     hub.drain()
@@ -432,3 +443,87 @@ def test_the_live_view_shows_the_decisions_the_same_when_its_session_only_watche
     shown = [e for e in observing.events(conn_id) if "policy" in e]
     assert len(shown) > 3
     assert list(watching.events(conn_id)) == list(observing.events(conn_id))
+
+
+def test_the_live_view_shows_a_block_read_beside_the_policy_as_its_lines_read_apart() -> None:
+    """A block's notifications that only the policy reads take the read lane: watched, they are
+    shown in their place, as the per-line path shows them."""
+    text = POLICY.format(on_unasked="cancel", mode="enforce")
+    _, observing, conn_id = observed(text)
+    _, watching, _ = observed(text, watch=True, blocks=True)
+    assert list(watching.events(conn_id)) == list(observing.events(conn_id))
+
+
+def test_a_call_that_ran_unasked_is_summarised_only_when_a_deny_rule_may_match_it() -> None:
+    """No deny rule for its kind: no summary, no path resolved (``realpath`` costs syscalls)."""
+    text = """\
+policy:
+  rules:
+    - {name: reads, match: {kind: read}, decision: allow}
+    - {name: no-etc, match: {kind: edit, paths: ["/etc/**"]}, decision: deny}
+"""
+    loaded = parse_config(text, "p.yaml", {"HOME": "/home/u"})
+    assert loaded.policy is not None
+    resolved: list[str] = []
+
+    def resolve(path: str) -> str:
+        resolved.append(path)
+        return path
+
+    audit: list[AuditEntry] = []
+    factory = functools.partial(PolicyMiddleware, loaded.policy, audit.append, resolve)
+    chained = dataclasses.replace(loaded, middleware=(MiddlewareSpec(NAME, factory),))
+    conn = Connection(chained.build_chain())
+    opened(conn, 1)
+    resolved.clear()  # (the session's cwd)
+    read = update(
+        "tool_call",
+        toolCallId="r",
+        title="Read",
+        kind="read",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    edit = update(
+        "tool_call",
+        toolCallId="e",
+        title="Edit",
+        kind="edit",
+        status="completed",
+        locations=[{"path": "/etc/hosts"}],
+    )
+    conn.handle(A2C, Line(read))
+    assert (resolved, audit) == ([], [])
+    conn.handle(A2C, Line(edit))
+    assert resolved == ["/etc/hosts"]
+    assert [(a.method, a.rule) for a in audit] == [("session/update", "no-etc")]
+
+
+def test_in_a_block_the_policy_reads_the_lines_in_order() -> None:
+    """A tool call, the permission request about it and its update read together (one block):
+    the request is decided before the update is read, so the call is not taken for one that
+    ran unasked."""
+    audit: list[AuditEntry] = []
+    conn = Connection(
+        config(POLICY.format(on_unasked="cancel", mode="enforce"), audit).build_chain()
+    )
+    opened(conn, 1)
+    lines = [
+        update(
+            "tool_call",
+            toolCallId="b1",
+            title="rm",
+            kind="execute",
+            status="pending",
+            rawInput={"command": "rm -rf x"},
+        ),
+        permission(30, {"toolCallId": "b1"}),
+        update("tool_call_update", toolCallId="b1", status="completed"),
+        update("agent_message_chunk", content={"type": "text", "text": "done"}),
+    ]
+    result = conn.handle_many(A2C, [Block(b"\n".join(lines))], join=True)
+    assert [(a.method, a.rule) for a in audit] == [("session/request_permission", "no-rm")]
+    assert [f.raw for f in result.reply] == [
+        b'{"jsonrpc":"2.0","id":30,"result":{"outcome":{"outcome":"selected","optionId":"reject"}}}'
+    ]
+    assert b"\n".join(f.raw for f in result.forward) == b"\n".join([lines[0], lines[2], lines[3]])

@@ -33,7 +33,9 @@ def _tracing() -> tuple[SessionTracing, InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    tracing = SimpleNamespace(ids=_PresetIds(RandomIdGenerator()), tracer=provider.get_tracer("t"))
+    tracing = SimpleNamespace(
+        ids=_PresetIds(RandomIdGenerator()), tracer=provider.get_tracer("t"), admit=lambda: True
+    )
     session = SimpleNamespace(connection=SimpleNamespace(chain=SimpleNamespace(links=[])))
     return SessionTracing(tracing, session), exporter
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_record_read import INIT, WRITE_OK, A, capped, client_lines, frame, session
@@ -92,6 +93,9 @@ def test_a_ref_list_is_the_list_of_what_was_appended(appended: list[Any], base: 
     assert json.loads(json.dumps(refs, default=lambda r: r.hex())) == json.loads(
         json.dumps(plain, default=lambda r: r.hex())
     )
+    # An encoder that reads a list subclass's own storage fails, never writes it empty.
+    with pytest.raises(TypeError):
+        orjson.dumps(refs)
 
 
 def test_an_event_list_keeps_a_reference_only_while_a_place_is_set() -> None:

@@ -197,3 +197,39 @@ def test_a_collector_that_answers_gets_every_queued_span_at_exit(
         _spans(traced, 1500)  # three batches
         _flush(traced)
         assert len(receiver.spans) == 1500
+
+
+def test_open_turns_past_the_queue_size_are_not_even_ended_at_the_sessions_end() -> None:
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from test_session_spans import _prompt
+
+    from acp_proxy.shell.session_spans import SessionTracing
+    from acp_proxy.shell.tracing import _PresetIds
+    from acp_proxy.wire.notes import VersionNegotiated
+
+    class Ends(Holder):
+        """Counts every span the SDK ends (a processor ahead of the budget)."""
+
+        def _on_ending(self, span: Any) -> None:
+            pass
+
+    ends, held = Ends(), Holder()
+    budget = ByteBudget(held, max_spans=10)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(ends)  # type: ignore[arg-type]
+    provider.add_span_processor(budget)  # type: ignore[arg-type]
+    traced = SimpleNamespace(
+        ids=_PresetIds(RandomIdGenerator()), tracer=provider.get_tracer("t"), admit=budget.admit
+    )
+    session = SimpleNamespace(connection=SimpleNamespace(chain=SimpleNamespace(links=[])))
+    spans = SessionTracing(traced, session)
+    spans.on_notes((VersionNegotiated(1),), 0.0)
+    for i in range(100):
+        spans.on_notes((_prompt(i),), float(i))
+    spans.on_end(None, 1e6)
+    assert not spans.broken and not spans.open and not spans.turn_spans
+    # The collector took nothing: 10 spans fill the queue, 90 more are counted and never ended.
+    assert len(ends.spans) == len(held.spans) == 10
+    assert budget.dropped == 90

@@ -15,7 +15,15 @@ from test_blocks import CLIENT_LINES, LINES, TagToolCalls
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import NonJsonPolicy, parse_config
-from acp_proxy.wire.chain import FORWARD, Chain, Direction, Link, MessageContext, Verdict
+from acp_proxy.wire.chain import (
+    FORWARD,
+    Chain,
+    Concerns,
+    Direction,
+    Link,
+    MessageContext,
+    Verdict,
+)
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import LineSplitter
 from acp_proxy.wire.notes import FrameInfo, Observed, Passed, VersionNegotiated
@@ -65,7 +73,25 @@ class MarkingTag(TagToolCalls):
         return verdict
 
 
+class Reader:
+    """Reads tool call updates and marks them, changing nothing (``concerns``: as the policy
+    does): a block's such notifications take the read lane."""
+
+    name = "reader"
+    needles = (b'"tool_call_update"',)
+    concerns = Concerns()
+
+    def __init__(self) -> None:
+        self.marks: list[object] = []
+
+    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
+        self.marks.append("read")
+        return FORWARD
+
+
 def chain_of(name: str) -> Chain:
+    if name == "read":
+        return Chain([Link(Reader())])
     if name == "rules":
         return parse_config(RULES, "rules.yaml", {}).build_chain()
     if name == "mark":
@@ -159,7 +185,7 @@ def traffic(draw: st.DrawFn) -> list[tuple[Direction, bytes]]:
 @settings(max_examples=200, deadline=None)
 @given(
     traffic(),
-    st.sampled_from(["none", "tag", "mark", "rules"]),
+    st.sampled_from(["none", "tag", "mark", "rules", "read"]),
     st.sampled_from(list(NonJsonPolicy)),
 )
 def test_a_watcher_reads_each_frame_as_an_observer_does(
@@ -176,7 +202,7 @@ def test_a_watcher_reads_each_frame_as_an_observer_does(
         plain.stats,
     )
     assert not plain.frames
-    if chain == "mark":  # (what the marks are tested on)
+    if chain in ("mark", "read"):  # (what the marks are tested on)
         assert any(frame[5] for frame in observed.frames) or b"tool_call_update" not in b"".join(
             chunk for _, chunk in chunks
         )

@@ -30,7 +30,7 @@ import re
 
 from acp_proxy.policy.decide import argv_starts, in_precedence, matches, names_match
 from acp_proxy.policy.globs import MAX_PATH_CHARS, Undecidable
-from acp_proxy.policy.model import Glob, Policy, PolicyRule, Request, Verdict
+from acp_proxy.policy.model import Decision, Glob, Policy, PolicyRule, Request, Verdict
 
 # Distinct (method, kind) keys whose groups are kept; past it the table starts over.
 MAX_GROUPS = 1024
@@ -153,7 +153,7 @@ class _Group:
     path, its pure rules' globs as alternations: one for the globs any text may match, one per
     key (``Glob.key``) for the others, so a path meets only the rules that can match it."""
 
-    __slots__ = ("backward", "cwd", "others", "paths", "rules", "scans")
+    __slots__ = ("backward", "cwd", "deny", "others", "paths", "rules", "scans")
 
     def __init__(self, rules: tuple[_Rule, ...]) -> None:
         self.rules = rules
@@ -178,6 +178,7 @@ class _Group:
                 )
         self.scans = tuple(scans)
         self.others = tuple(i for i, r in enumerate(rules) if not r.pure)
+        self.deny = any(r.rule.decision is Decision.DENY for r in rules)
         sets = [r.inside for r in rules] + [r.outside for r in rules]
         self.paths = any(g is not None for g in sets)
         # Whether a glob needs the path backwards, or its part after the cwd.
@@ -233,6 +234,10 @@ class Decider:
                 self._groups.clear()
             self._groups[key] = group
         return group
+
+    def may_deny(self, method: str, kind: str | None) -> bool:
+        """Whether a deny rule can match a request of ``method`` and tool ``kind``."""
+        return self._group(method, kind).deny
 
     def deciding_rule(self, request: Request) -> PolicyRule | None:
         """As ``decide.deciding_rule(self.policy, request)``. Raises ``Undecidable``."""

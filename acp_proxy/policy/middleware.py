@@ -133,6 +133,7 @@ class PolicyMiddleware:
         self.needles: tuple[bytes, ...] = TOOL_CALL_NEEDLES if reads_tool_calls(policy) else ()
         # The decisions made while handling the current message (the chain takes them).
         self.marks: list[AuditEntry] = []
+        self._entries = sink is not None
 
     @property
     def name(self) -> str:
@@ -143,6 +144,8 @@ class PolicyMiddleware:
         self.state.initialized(response)
 
     def __call__(self, message: JsonObject, ctx: MessageContext) -> Action:
+        # Whether a decision's entry is read: by the audit file, or by observers (its mark).
+        self._entries = self._sink is not None or ctx.observed
         method = message.get("method")
         if ctx.direction is _A2C:
             if method == "session/update":
@@ -218,7 +221,7 @@ class PolicyMiddleware:
         ``on_unasked: cancel`` its session cancelled (``session/cancel``, the same
         notification in v1 and v2)."""
         try:
-            request = self.state.tool_update(params)
+            request = self.state.tool_update(params, self._may_deny)
             if request is None:
                 return FORWARD
             rule = self._decider.deciding_rule(request)
@@ -238,6 +241,9 @@ class PolicyMiddleware:
         }
         return ForwardWith((cancel,))
 
+    def _may_deny(self, kind: str | None) -> bool:
+        return self._decider.may_deny(PERMISSION, kind)
+
     def _mode(self, message: JsonObject, method: str) -> Action:
         params = message.get("params")
         if not isinstance(params, dict):
@@ -246,6 +252,8 @@ class PolicyMiddleware:
         if not isinstance(wanted, str) or wanted not in self.policy.forbid_modes:
             return FORWARD
         sid = params.get("sessionId")
+        if not self._entries:
+            return self._mode_verdict(message, wanted)
         summary: JsonObject = {"mode": wanted}
         if method == "session/set_config_option" and isinstance(params.get("configId"), str):
             summary["configId"] = params["configId"]
@@ -262,6 +270,9 @@ class PolicyMiddleware:
                 not self._enforce,
             )
         )
+        return self._mode_verdict(message, wanted)
+
+    def _mode_verdict(self, message: JsonObject, wanted: str) -> Action:
         if not self._enforce:
             return FORWARD
         self.last_changed_by = ("forbid_modes",)
@@ -279,6 +290,8 @@ class PolicyMiddleware:
         forwarded: bool,
         cancelled: bool = False,
     ) -> None:
+        if not self._entries:
+            return  # nobody reads it: no audit file, no observer
         self._emit(
             AuditEntry(
                 sid if type(sid) is str else None,

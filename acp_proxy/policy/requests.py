@@ -120,11 +120,14 @@ class Summaries:
         if isinstance(sid, str):
             _put(self._sessions, sid, cwd, MAX_SESSIONS)
 
-    def tool_update(self, params: JsonObject) -> Request | None:
+    def tool_update(
+        self, params: JsonObject, may_deny: Callable[[str | None], bool]
+    ) -> Request | None:
         """A ``tool_call`` / ``tool_call_update``: its fields merged into the call's state.
         Returns the call's summary (as a permission request) when this update shows it running
-        or done (``status`` ``in_progress``, ``completed`` or ``failed``) and the agent never
-        asked about it; once per call."""
+        or done (``status`` ``in_progress``, ``completed`` or ``failed``), the agent never
+        asked about it and a deny rule may decide a call of its kind (``may_deny``: else no
+        summary is built, its paths are not resolved); once per call."""
         sid, update = params.get("sessionId"), params.get("update")
         if not isinstance(sid, str) or not isinstance(update, dict):
             return None
@@ -135,11 +138,14 @@ class Summaries:
         if (sid, tid) in self._asked:
             return None
         _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
+        kind = state.get("kind")
+        if not may_deny(kind if type(kind) is str else None):
+            return None
         return self._tool_call(PERMISSION, sid, state, self._sessions.get(sid), False)
 
     def asked(self, sid: str, tid: JsonValue) -> None:
         """The agent asked about the tool call ``tid``."""
-        if isinstance(tid, str):
+        if type(tid) is str:
             _put(self._asked, (sid, tid), None, MAX_TOOL_CALLS)
 
     def _merge(self, sid: str, update: JsonObject) -> JsonObject:
@@ -158,7 +164,10 @@ class Summaries:
             for name in changes:
                 merged[name] = update[name]
             state = merged
-        _put(self._calls, key, state, MAX_TOOL_CALLS)
+        calls = self._calls  # ``_put``, inline (the key was popped above)
+        calls[key] = state
+        if len(calls) > MAX_TOOL_CALLS:
+            del calls[next(iter(calls))]
         return state
 
     def session_cwd(self, sid: JsonValue) -> str | None:

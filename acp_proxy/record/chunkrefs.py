@@ -74,18 +74,30 @@ class EventRef(ChunkRef):
 _Segment: TypeAlias = "list[Any] | array[int]"
 
 
+class _Unreadable:
+    """What a ``RefList``'s own list storage holds: no JSON value."""
+
+    __slots__ = ()
+
+
+_UNREADABLE = _Unreadable()
+
+
 class RefList(list[Any]):
     """A list of the client's state that keeps each reference (``ref_type``) as 8 bytes in an
     array instead of an object; any other value as it is, in order. To the state model and to
     a JSON encoder it is a list: ``append``, ``len``, iteration (which yields the references
-    as objects again, made as they are read). Its elements live in its segments, never in the
-    list object itself."""
+    as objects again, made as they are read). Its elements live in its segments; the list
+    object's own storage holds one ``_Unreadable``, so that an encoder reading that storage
+    directly (orjson does, for a list subclass) fails instead of writing ``[]``; the stdlib's
+    ``json`` iterates the list, as ``show`` does."""
 
     __slots__ = ("_length", "_segments")
     ref_type: ClassVar[type[ChunkRef]] = ChunkRef
 
     def __init__(self, values: Iterable[Any] = ()) -> None:
         super().__init__()
+        super().append(_UNREADABLE)
         self._segments: list[_Segment] = []
         self._length = 0
         for value in values:
@@ -104,6 +116,10 @@ class RefList(list[Any]):
                 self._segments.append(last)
             last.append(value)
         self._length += 1
+
+    def extend(self, values: Iterable[Any]) -> None:
+        for value in values:
+            self.append(value)
 
     def __iter__(self) -> Iterator[Any]:
         make = self.ref_type.unpacked

@@ -48,6 +48,11 @@ class Tracing(Protocol):
     @property
     def tracer(self) -> Any: ...
 
+    def admit(self) -> bool:
+        """Whether an ended span can still be queued for export; when not, it is counted as
+        dropped (and the caller does not end it: that work would be thrown away)."""
+        ...
+
 
 # Open spans of one session, requests, turns and tool calls together (an open SDK span with
 # our attributes holds about 3 KiB: some 13 MiB at the bound). Past it the oldest open span is
@@ -173,6 +178,8 @@ class SessionTracing:
         from opentelemetry.trace import Status, StatusCode
 
         self.open.pop(id(span), None)
+        if not self.tracing.admit():
+            return  # the export queue is full: dropped, counted, at the cost of a comparison
         if code is not None or failed:
             text = _text(message)
             if type(code) is int:
@@ -375,6 +382,9 @@ class SessionTracing:
         turn = event.turn
         span = self.turn_spans.pop(id(turn), None)
         if span is None:
+            return
+        if not self.tracing.admit():
+            self.open.pop(id(span), None)
             return
         span.set_attribute("acp.stop_reason", event.stop_reason)
         raw = _text(event.raw_stop_reason)

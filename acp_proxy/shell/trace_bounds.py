@@ -167,8 +167,17 @@ class ByteBudget:
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         self.inner.on_start(span, parent_context=parent_context)
 
-    def on_end(self, span: Any) -> None:
+    def admit(self) -> bool:
+        """Whether a span ended now would be queued: when the count is at ``max_spans`` it
+        is counted as dropped at once, and its owner need not end it at all (at a session's
+        end, thousands of open spans with the collector down cost a comparison each)."""
         if self.spans >= self.max_spans:  # read without the lock: only this thread adds
+            self.dropped += 1
+            return False
+        return True
+
+    def on_end(self, span: Any) -> None:
+        if self.spans >= self.max_spans:
             self.dropped += 1
             return
         size = estimate(span)

@@ -192,6 +192,10 @@ class Tracing:
     def session_observer(self, session: Any) -> SessionTracing:
         return SessionTracing(self, session)
 
+    def admit(self) -> bool:
+        """Whether an ended span can still be queued for export (see ``ByteBudget.admit``)."""
+        return self.budget is None or self.budget.admit()
+
     def agent_exited(self, returncode: int) -> None:
         pass
 

@@ -223,6 +223,8 @@ class Blocks:
         lane = host._fused is not None and host.version == 2 and host._chain_on
         # A line another link may want is not the lane's (``Connection._lane_blockers``).
         blockers = host._lane_blockers
+        # The read lane: a notification only links that read it (the policy) want.
+        reading = host._link_interest.reading and host._chain_on
         if specials and self._pass_as_is(direction, raw, specials, lane):
             # Every line the scan picked passes untouched too (a batch of notifications in a
             # stream of them): the block is one run, forwarded without cutting runs out of it
@@ -255,6 +257,24 @@ class Blocks:
                         acc.extend(self.many(direction, special, join, passing))
                         special = []
                     acc.forward.append(out)  # (never watching: no fused path then)
+                    continue
+            if reading and line[:2] == b'{"' and not contains(line, ID_KEY):
+                # The lines before it first: a reader keeps state (the policy's tool calls, a
+                # permission request that asked about one), so it sees them in order.
+                if special:
+                    acc.extend(self.many(direction, special, join, passing))
+                    special = []
+                read = self._rw.read_lane(direction, line, self._max_parse)
+                if read is not None:
+                    if passing is not None:  # watching: reported as the per-line path does
+                        event = Line(line)
+                        if passes(event, line, read):
+                            acc.forward.extend(read.forward)
+                            passing.add(line, 1)
+                            continue
+                        passing.report(direction, acc.notes)
+                        read = described(direction, event, line, read)
+                    acc.extend(read)
                     continue
             if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
                 special.append(Line(line))

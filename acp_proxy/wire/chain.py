@@ -48,7 +48,7 @@ Rules of the interface:
   sender, ``ForwardWith``), so the fused annotation path stays on beside it.
 * ``marks`` (optional): a list the middleware appends values to while it handles a message
   (the policy: its decisions); the chain takes them into ``Outcome.marks`` after each call, for
-  the observers (metrics, the live view).
+  the observers (metrics, the live view), who read them when ``ctx.observed``.
 * ``on_initialize_request`` (optional): the same for the client's ``initialize`` request.
 * Instances are created per connection, so a middleware may keep per-connection state.
 """
@@ -91,6 +91,9 @@ class MessageContext:
     protocol_version: int | None
     # True when the message is an entry of a JSON-RPC batch (a JSON array frame).
     in_batch: bool = False
+    # True when observers (metrics, the live view, tracing) read this connection's frames:
+    # a middleware's ``marks`` are read only then.
+    observed: bool = False
 
 
 @value

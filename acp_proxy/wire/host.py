@@ -15,6 +15,7 @@ from acp_proxy.base.values import value
 from acp_proxy.wire.chain import Chain, Direction, MessageContext
 from acp_proxy.wire.coalesce import OutFrame
 from acp_proxy.wire.framing import Line, Oversize
+from acp_proxy.wire.interest import Interest, LinkInterest
 from acp_proxy.wire.notes import Note, PipelineStats, Result
 from acp_proxy.wire.tracking import RequestTracker
 
@@ -24,10 +25,6 @@ class Unset:
 
 
 UNSET = Unset()
-
-# Per link of the chain, whether it may act on a frame; ``None``: no link may (the prefilter's
-# answer, ``Connection._interested``); ``UNSET``: not computed yet.
-Interest = tuple[bool, ...] | None
 
 
 @value
@@ -71,6 +68,7 @@ class Host(Protocol):
     _fused: object
     _fused_interest: tuple[bool, ...]
     _lane_blockers: tuple[bytes, ...]
+    _link_interest: LinkInterest
     _routed: frozenset[str]
     _answers: dict[JsonValue, str]
     _tracker: RequestTracker

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import Chain, Direction, needle_escapes
-from acp_proxy.wire.host import Interest
 from acp_proxy.wire.prefilter import has_any
 from acp_proxy.wire.scan import contains, scan
+
+# Per link, whether it may act on a frame; ``None``: no link may (``wire.host.UNSET``: not yet
+# computed).
+Interest = tuple[bool, ...] | None
 
 
 def _needles_of(middleware: object) -> tuple[bytes, ...] | None:
@@ -36,6 +39,10 @@ class LinkInterest:
         "lane_blockers",
         "link_needles",
         "on",
+        "read_v1",
+        "read_v2",
+        "readers",
+        "reading",
         "routed",
         "routes",
         "watch",
@@ -77,6 +84,29 @@ class LinkInterest:
         ):
             self.fused = getattr(chain.links[fusable[0]].middleware, "fused_v2", None)
         self.fused_interest = tuple(bool(fusable) and i == fusable[0] for i in range(len(chain)))
+        # Per link, whether it may see a notification without the chain around it: it only
+        # reads notifications (``Concerns``), or it is the fused path's. ``reading``: some
+        # link that only reads has needles (the read lane of a block is worth trying).
+        self.readers = tuple(
+            chain.concerned[i] or self.fused_interest[i] for i in range(len(chain))
+        )
+        self.reading = any(
+            chain.concerned[i] and bool(self.link_needles[i]) for i in range(len(chain))
+        )
+        # The interests the read lane takes (v2: the fused path's link among them; else not),
+        # each with the links that only read (``Rewriter.beside_fused`` runs those first).
+        self.read_v2: dict[tuple[bool, ...], tuple[bool, ...]] = {}
+        self.read_v1: dict[tuple[bool, ...], tuple[bool, ...]] = {}
+        if self.reading and len(chain) <= 8:  # (2 ** links interests at most)
+            for bits in range(1, 2 ** len(chain)):
+                wanted = tuple(bool(bits >> i & 1) for i in range(len(chain)))
+                if all(r or not w for w, r in zip(wanted, self.readers, strict=True)):
+                    side = tuple(
+                        w and not f for w, f in zip(wanted, self.fused_interest, strict=True)
+                    )
+                    self.read_v2[wanted] = side
+                    if side == wanted:
+                        self.read_v1[wanted] = side
         others = [n for i, n in enumerate(self.link_needles) if not self.fused_interest[i]]
         blockers = tuple(x for n in others if n for x in n)
         self.lane_blockers = (*blockers, *needle_escapes(others)) if blockers else ()

@@ -551,10 +551,10 @@ class Connection:
         self._needles_on = self._link_interest.on = (
             self._chain_on and self._link_interest.any_needles
         )
-        self._ctx_a2c = MessageContext(_A2C, self.version, False)
-        self._ctx_c2a = MessageContext(_C2A, self.version, False)
-        self._bctx_a2c = MessageContext(_A2C, self.version, True)
-        self._bctx_c2a = MessageContext(_C2A, self.version, True)
+        self._ctx_a2c = MessageContext(_A2C, self.version, False, self._observe)
+        self._ctx_c2a = MessageContext(_C2A, self.version, False, self._observe)
+        self._bctx_a2c = MessageContext(_A2C, self.version, True, self._observe)
+        self._bctx_c2a = MessageContext(_C2A, self.version, True, self._observe)
 
 
 def _frames(

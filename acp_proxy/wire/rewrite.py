@@ -160,6 +160,8 @@ class Rewriter:
         message: JsonObject,
         interested: tuple[bool, ...],
         notes: tuple[Note, ...],
+        *,
+        side: tuple[bool, ...] | None = None,
     ) -> Result | None:
         """A v2 notification that links beside the fusable one want too: they only read a
         notification (``wire.chain.Concerns``), so they run first, on their own, and the fused
@@ -169,7 +171,8 @@ class Rewriter:
         failing closed): the general path starts over."""
         host = self._host
         fused_interest = host._fused_interest
-        side = tuple(a and not f for a, f in zip(interested, fused_interest, strict=True))
+        if side is None:  # ``interested`` without the fused path's link
+            side = tuple(a and not f for a, f in zip(interested, fused_interest, strict=True))
         ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
         before = self.chain.run(message, ctx, side)
         if before.changed:
@@ -178,6 +181,8 @@ class Rewriter:
             acc = list(notes)
             self.report(message, before, acc, False)
             notes = tuple(acc)
+        if host._watching:  # (as the per-line path says what the chain ran on; no fused path)
+            notes = (*notes, self.info(direction, raw, message, before))
         replies = tuple(self.reply_frame(r) for r in before.replies)
         data = None
         if side != interested:  # the fusable link is interested too
@@ -188,6 +193,37 @@ class Rewriter:
         host._count_out(direction, 1)
         frame = OutFrame(raw if data is None else data, message, host.version)
         return Result((frame,), replies, notes)
+
+    def read_lane(self, direction: Direction, raw: bytes, max_parse: int) -> Result | None:
+        """The read lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
+        that starts with ``{"`` and holds no ``"id"``, that only links that read notifications
+        (``wire.chain.Concerns``) and the fused path may want: handled by ``beside_fused``
+        without the per-line path around it (the same steps the fused lane leaves out).
+        ``None``: not such a frame (not an object, an ``id``, a link that may change it, the
+        fused path on a v1 connection): the caller takes the per-line path."""
+        if len(raw) * 33 > max_parse:
+            return None
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if type(message) is not dict or "id" in message:
+            return None
+        host = self._host
+        interested = host._interested(raw)
+        links = host._link_interest
+        lane = links.read_v2 if host._fused is not None and host.version == 2 else links.read_v1
+        side = None if interested is None else lane.get(interested)
+        if interested is None or side is None:  # nobody after all, or a link that may change it
+            return None
+        done = self.beside_fused(direction, raw, message, interested, (), side=side)
+        if done is not None:
+            stats = self.stats
+            if direction is _A2C:
+                stats.agent_to_client_in += 1
+            else:
+                stats.client_to_agent_in += 1
+        return done
 
     def lane(self, direction: Direction, raw: bytes, max_parse: int) -> OutFrame | None:
         """The fused lane of a block (``acp_proxy.wire.blocks``): ``raw``, a line of a block
