@@ -206,6 +206,20 @@ def test_nobody_looks_nothing_is_described_and_the_ring_keeps_the_latest() -> No
     assert hub.ingest_lost == lost["frames"]
 
 
+def test_nobody_looks_the_ring_holds_at_most_its_bound_whatever_the_history_may(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ui_hub, "INGEST_BYTES", 64 * 1024)
+    hub, conn, tap = _watched_hub()  # (history_bytes: 64 MiB)
+    lines = _lines(2000)  # 400,000 bytes, read 100 lines at a time
+    for start in range(0, 2000, 100):
+        _read(conn, tap, lines[start : start + 100], start / 100)
+        assert hub.pending.held <= 64 * 1024
+    assert hub.described == 0
+    assert hub.pending.held > 64 * 1024 - 2 * (100 * 200 + ui_tap.ITEM_BYTES)
+    assert hub.ingest_lost > 0
+
+
 def test_the_events_and_the_ring_share_the_history_bound() -> None:
     hub, conn, tap = _watched_hub(HubLimits(history_bytes=256 * 1024))
     lines = _lines(3000)

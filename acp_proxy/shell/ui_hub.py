@@ -10,9 +10,10 @@ record lines (``acp_proxy.record.format``, redaction included), stream events
 together) as they come while an observer is subscribed, and all of them before it answers a
 request (``catch_up``), in slices that take at most ``WATCHED_SHARE`` of the loop's time. While
 nobody looks, nothing is described: the ring and the events held share ``history_bytes``, the
-oldest going first (events block by block, then frames, counted as lost where they were);
-while an observer is subscribed, the ring holds at most ``INGEST_BYTES`` and a frame past it is
-counted as lost where it was dropped, never waited for. The last ``history_bytes`` of events
+oldest going first (events block by block, then frames, counted as lost where they were),
+and the ring holds at most ``INGEST_BYTES`` (its oldest frames go); while an observer is
+subscribed, the ring holds at most ``INGEST_BYTES`` too, and a frame past it is counted as lost
+where it was dropped, never waited for. The last ``history_bytes`` of events
 are kept for replay and for every observer. A frame the hub fails on is logged and skipped: no
 exception of the view reaches the session.
 
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 HISTORY_BYTES: Final = 64 * 1024 * 1024  # events kept for replay (oldest dropped first)
 OBSERVER_BYTES: Final = 8 * 1024 * 1024  # one observer's queue: past it, cut off
 MAX_OBSERVERS: Final = 64  # subscriptions at once; more are refused (503)
-INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet described, while watched
+INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet described (the ring)
 VIEWS_BYTES: Final = 32 * 1024 * 1024  # the entity views' parsed values, all sessions together
 WATCHED_SHARE: Final = 0.5  # of the loop's time the hub's describing takes at most
 MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ended go first)
@@ -408,9 +409,10 @@ class UiHub:
     def ingest(self, item: tuple[Any, ...], size: int) -> None:
         """Queue one tapped item (``size``: what it costs, its last field). While an observer
         is subscribed, past ``INGEST_BYTES`` it is dropped and counted where it would have been,
-        in its session (one ``lost`` marker for a run of drops). While nobody looks, the items
-        and the events held share ``history_bytes``: the oldest events go first, then the
-        oldest items (counted as lost at the head)."""
+        in its session (one ``lost`` marker for a run of drops). While nobody looks, the oldest
+        items go past ``INGEST_BYTES`` (counted as lost at the head), and the items and the
+        events held share ``history_bytes``: the oldest events go first, then the oldest
+        items."""
         pending = self.pending
         if self.observers:
             if pending.held + size > INGEST_BYTES and pending.items:
@@ -421,13 +423,15 @@ class UiHub:
                 self._wake()
             return
         history = self.history
+        if pending.held + size > INGEST_BYTES:  # (the ring's own bound)
+            pending.drop_oldest(INGEST_BYTES - size)
         if pending.held + size + history.held > self.history_bytes:
             history.outside = pending.held + size
             history.trim()
             room = self.history_bytes - history.held - size
             if pending.held > room:
                 pending.drop_oldest(room)
-            history.outside = pending.held + size
+        history.outside = pending.held + size
         pending.add(item)
 
     def _wake(self) -> None:
