@@ -24,8 +24,9 @@ warm-up run each), as an installed package runs. With ``--baseline-ref REF`` the
 revision ``REF`` (checked out in a temporary worktree, the built C scanner copied in) runs the
 same variants interleaved with this tree's (``base off``...): before and after, same conditions.
 
-``--instructions``: ``off`` and ``ui`` under callgrind instead, on ``--size`` and twice that:
-instructions do not move with the machine's load, which the times on a shared machine do.
+``--instructions``: ``off`` and ``ui`` under callgrind instead (with ``--baseline-ref``, the
+baseline's too), on ``--size`` and twice that: instructions do not move with the machine's
+load, which the times on a shared machine do.
 
 Usage: ``python bench/ui_cost.py [--size 58M] [--repeat 5] [--baseline-ref REF]
 [--variants off ui] [--instructions]``.
@@ -132,7 +133,9 @@ def run_once(
             )
             assert observers.stdout is not None
             assert observers.stdout.readline().strip() == b"ready"
-    threading.Thread(target=lambda: [stderr.read()], daemon=True).start()
+    said: list[bytes] = []
+    told = threading.Thread(target=lambda: said.append(stderr.read()), daemon=True)
+    told.start()
     proc.stdin.write(GO)
     proc.stdin.flush()
     fd = proc.stdout.fileno()
@@ -140,7 +143,11 @@ def run_once(
     start = time.perf_counter()  # (without ``--ui`` nothing says when the proxy is up)
     while got < size:
         chunk = os.read(fd, 1 << 20)
-        assert chunk, "the proxy closed its output early"
+        if not chunk:
+            proc.wait()
+            told.join()
+            tail = b"".join(said)[-2000:].decode(errors="replace")
+            raise SystemExit(f"{variant}: the proxy closed its output early\n{tail}")
         got += len(chunk)
     wall = time.perf_counter() - start
     proc.stdin.close()
@@ -152,39 +159,52 @@ def run_once(
     return wall, (usage.ru_utime, usage.ru_stime), usage.ru_maxrss
 
 
-def instructions(args: argparse.Namespace) -> int:
+def instructions(args: argparse.Namespace, base: Path | None) -> int:
     """``--instructions``: what ``off`` and ``ui`` execute, counted by callgrind (the proxy
     only: ``cat`` runs natively) on the stream of ``--size`` and on one twice as big; the
-    difference, divided by the difference in frames, is per frame (start-up cancelled)."""
+    difference, divided by the difference in frames, is per frame (start-up cancelled). With
+    ``base``, that revision's proxy is counted the same way."""
     sys.path.insert(0, str(BENCH))
     from generate import ensure, parse_size
 
     size = parse_size(args.size)
     sets = [ensure(args.data, "mixed", 2, n, 20260) for n in (size, 2 * size)]
+    names = ["off", "ui", *(("base off", "base ui") if base is not None else ())]
     counts: dict[tuple[str, int], int] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for variant in ("off", "ui"):
-            run_once(variant, Path(sets[0].agent_path), sets[0].bytes, REPO)  # bytecode cached
+        for name in names:
+            repo = base if name.startswith("base ") and base is not None else REPO
+            variant = name.removeprefix("base ")
+            run_once(variant, Path(sets[0].agent_path), sets[0].bytes, repo)  # bytecode cached
             for data in sets:
-                out = Path(tmp) / f"{variant}.{data.bytes}"
+                out = Path(tmp) / f"{name.replace(' ', '-')}.{data.bytes}"
                 tool = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}")
-                run_once(variant, Path(data.agent_path), data.bytes, REPO, tool)
+                run_once(variant, Path(data.agent_path), data.bytes, repo, tool)
                 found = re.search(rb"^(?:summary|totals): (\d+)", out.read_bytes(), re.M)
                 assert found is not None, "callgrind wrote no total"
-                counts[variant, data.bytes] = int(found.group(1))
+                counts[name, data.bytes] = int(found.group(1))
     small, big = sets
     frames = big.lines - small.lines
-    print(f"mixed v2 streams of {small.bytes:,} and {big.bytes:,} bytes, under callgrind")
-    for variant in ("off", "ui"):
-        first, second = counts[variant, small.bytes], counts[variant, big.bytes]
-        per = (second - first) / frames
+    messages = big.messages - small.messages
+    print(
+        f"mixed v2 streams of {small.bytes:,} and {big.bytes:,} bytes ({small.lines:,} and "
+        f"{big.lines:,} frames, {small.messages:,} and {big.messages:,} messages), under callgrind"
+    )
+    per: dict[str, float] = {}
+    for name in names:
+        first, second = counts[name, small.bytes], counts[name, big.bytes]
+        per[name] = (second - first) / frames
         print(
-            f"  {variant:4} {first:,} and {second:,} instructions: {per:,.0f} per frame, "
-            f"{first - per * small.lines:,.0f} for the rest (start-up, exit)"
+            f"  {name:8} {first:,} and {second:,} instructions: {per[name]:,.0f} per frame "
+            f"({(second - first) / messages:,.0f} per message), "
+            f"{first - per[name] * small.lines:,.0f} for the rest (start-up, exit)"
         )
-    for data in sets:
-        ratio = counts["ui", data.bytes] / counts["off", data.bytes]
-        print(f"  ui / off on {data.bytes:,} bytes: {ratio:.3f}")
+    for prefix in ("", "base ") if base is not None else ("",):
+        on, off = f"{prefix}ui", f"{prefix}off"
+        for data in sets:
+            ratio = counts[on, data.bytes] / counts[off, data.bytes]
+            print(f"  {on} / {off} on {data.bytes:,} bytes: {ratio:.3f}")
+        print(f"  {on} / {off} per frame: {per[on] / per[off]:.3f}")
     return 0
 
 
@@ -254,10 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.observe:
         return observe(args.observe[0], int(args.observe[1]))
-    if args.instructions:
-        return instructions(args)
+    run = instructions if args.instructions else measure
     if not args.baseline_ref:
-        return measure(args, None)
+        return run(args, None)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         git = ["git", "-C", str(REPO)]
@@ -267,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         for built in (REPO / "acp_proxy" / "wire").glob("_scan*.so"):
             shutil.copy2(built, base / "acp_proxy" / "wire" / built.name)
         try:
-            return measure(args, base)
+            return run(args, base)
         finally:
             subprocess.run([*git, "worktree", "remove", "--force", str(base)], check=True)
 
