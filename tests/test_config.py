@@ -30,7 +30,8 @@ R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
     "rules, middleware_paths, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
-    "max_connections, handshake_timeout, allow_remote, metrics_allow_remote, metrics, tracing, "
+    "max_connections, handshake_timeout, detach_grace, detach_buffer_bytes, detach_buffer_frames, "
+    "takeover, allow_remote, metrics_allow_remote, metrics, tracing, "
     "record, ui, policy, budgets"
 )
 KINDS = (
@@ -540,6 +541,10 @@ connect: tcp://[::1]:7777
 connect_timeout: 3
 max_connections: 8
 handshake_timeout: 2.5
+detach_grace: 300
+detach_buffer_bytes: 1MiB
+detach_buffer_frames: 50
+takeover: true
 allow_remote: true
 """
 
@@ -587,6 +592,12 @@ def test_full_schema() -> None:
         config.connect_timeout_s,
         config.max_connections,
         config.handshake_timeout_s,
+        (
+            config.detach_grace_s,
+            config.detach_buffer_bytes,
+            config.detach_buffer_frames,
+            config.takeover,
+        ),
         config.allow_remote,
     )
     assert rest == (
@@ -607,6 +618,7 @@ def test_full_schema() -> None:
         3.0,
         8,
         2.5,
+        (300.0, 1024 * 1024, 50, True),
         True,
     )
 
@@ -886,6 +898,8 @@ settings:
   listen: unix:///run/acp.sock
   connect: tcp://[::1]:7777, connect_timeout 3 s
   max_connections: 8, handshake_timeout 2.5 s, allow_remote: yes
+  detach: detach_grace 300 s, takeover: yes, buffer 1048576 (1 MiB) or 50 frames per agent
+    no effect with connect: only a spawned agent is kept
   metrics: off
   tracing: off
   record: off (--record PATH turns it on)"""
@@ -911,6 +925,7 @@ def test_explain_pass_through() -> None:
         "  listen: (stdio)\n"
         "  connect: (spawn the agent command), connect_timeout 10 s\n"
         "  max_connections: 64, handshake_timeout 30 s, allow_remote: no\n"
+        "  detach: off (an agent stops when its client's connection ends)\n"
         "  metrics: off\n"
         "  tracing: off\n"
         "  record: off (--record PATH turns it on)"

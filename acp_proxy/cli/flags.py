@@ -69,6 +69,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    value = _parsed(float, text, "a number")
+    if not 0 <= value < float("inf"):
+        raise _refused(f"must be a number of seconds, 0 or more: {text!r}")
+    return value
+
+
 # The options of more than one command: how each is spelled and parsed.
 SHARED: Final[dict[str, dict[str, Any]]] = {
     "--log-level": {"type": str.lower, "choices": LOG_LEVELS},  # DEBUG, Debug, debug alike

@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --listen: close a connection whose first request has not arrived by then "
         "(default 30)",
     )
+    sockets.add_argument(
+        "--detach-grace",
+        type=flags.non_negative_float,
+        metavar="SECONDS",
+        help="with --listen: keep an agent this long after its client's connection ended, for a "
+        "reattach with session/load (default 0: stop it)",
+    )
     flags.add(
         parser,
         "--middleware-path",
@@ -215,6 +222,7 @@ def socket_options(
         ("max_connections", "max_connections"),
         ("connect_timeout", "connect_timeout_s"),
         ("handshake_timeout", "handshake_timeout_s"),
+        ("detach_grace", "detach_grace_s"),
         ("metrics", "metrics"),
         ("metrics_allow_remote", "metrics_allow_remote"),
     ):
@@ -337,6 +345,7 @@ DEFAULTS: dict[str, object] = {
     "max_connections": None,
     "connect_timeout": None,
     "handshake_timeout": None,
+    "detach_grace": None,
     "metrics": None,
     "metrics_allow_remote": None,
     "ui": None,

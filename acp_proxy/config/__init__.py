@@ -52,6 +52,10 @@ The format (docs/configuration.md is the user-facing reference)::
     connect_timeout: SECONDS
     max_connections: INT
     handshake_timeout: SECONDS
+    detach_grace: SECONDS              # with listen: keep an agent after its client left
+    detach_buffer_bytes: INT | "4MiB"
+    detach_buffer_frames: INT
+    takeover: BOOL
     allow_remote: BOOL
     metrics_allow_remote: BOOL
     metrics: tcp://HOST:PORT | unix:///PATH | HOST:PORT | http://HOST:PORT

@@ -93,6 +93,7 @@ def explain_config(config: Config) -> str:
         f"  max_connections: {config.max_connections}, "
         f"handshake_timeout {config.handshake_timeout_s:g} s, "
         f"allow_remote: {'yes' if config.allow_remote else 'no'}",
+        "  detach: " + _explain_detach(config),
         "  metrics: "
         + (
             f"{config.metrics}, metrics_allow_remote: "
@@ -169,3 +170,20 @@ def describe_rule(rule: Rule) -> str:
     else:
         where = "in the message's params._meta"
     return f"Rule {rule.name}: on {what} {sender}, it {action} {where}."
+
+
+def _explain_detach(config: Config) -> str:
+    """What survives a dropped client connection (``detach_grace``)."""
+    if config.detach_grace_s <= 0:
+        return "off (an agent stops when its client's connection ends)"
+    size = config.detach_buffer_bytes
+    text = (
+        f"detach_grace {config.detach_grace_s:g} s, takeover: "
+        f"{'yes' if config.takeover else 'no'}, buffer {size} ({_size_text(size)}) or "
+        f"{config.detach_buffer_frames} frames per agent"
+    )
+    if config.listen is None:
+        return text + "\n    no effect without listen"
+    if config.connect is not None:
+        return text + "\n    no effect with connect: only a spawned agent is kept"
+    return text

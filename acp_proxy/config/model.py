@@ -136,6 +136,12 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed.
     handshake_timeout_s: float = 30.0
+    # --listen: seconds an agent outlives its client's connection, waiting for a reattach
+    # (0: it is stopped when the connection ends); what it sends meanwhile is kept within these.
+    detach_grace_s: float = 0.0
+    detach_buffer_bytes: int = 4 * 1024 * 1024
+    detach_buffer_frames: int = 10_000
+    takeover: bool = False  # a reattach may take a session attached to another connection
     allow_remote: bool = False  # listen on a non-loopback address
     metrics_allow_remote: bool = False  # serve metrics on a non-loopback address
     metrics: str | None = None  # tcp://host:port or unix:///path of /metrics

@@ -267,6 +267,37 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         positive=True,
     ),
     Setting(
+        "detach_grace",
+        Kind.SECONDS,
+        "With `listen`: seconds an agent, its running turn and its sessions outlive the client's "
+        "connection, waiting for a new connection to reattach with `session/load` (0: the agent "
+        "is stopped when the connection ends).",
+        attr="detach_grace_s",
+    ),
+    Setting(
+        "detach_buffer_bytes",
+        Kind.SIZE,
+        "With `detach_grace`: bytes of frames the agent sends while detached that are kept for "
+        "the reattach (counted in `max_buffer_bytes`); past it the reattach is refused.",
+        attr="detach_buffer_bytes",
+        minimum=1,
+    ),
+    Setting(
+        "detach_buffer_frames",
+        Kind.INT,
+        "With `detach_grace`: frames the agent sends while detached that are kept for the "
+        "reattach; past it the reattach is refused.",
+        attr="detach_buffer_frames",
+        minimum=1,
+    ),
+    Setting(
+        "takeover",
+        Kind.BOOL,
+        "With `detach_grace`: a reattach may take a session from the connection it is attached "
+        "to (that connection is closed); otherwise it is refused with an error.",
+        attr="takeover",
+    ),
+    Setting(
         "allow_remote",
         Kind.BOOL,
         "Allow `listen` on a non-loopback address (anyone who can reach it can drive the agent).",

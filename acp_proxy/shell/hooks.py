@@ -130,6 +130,16 @@ def listening(accepting: bool) -> None:
         p.listening(accepting)
 
 
+def detach_event(event: str, replayed: int) -> None:
+    """``detach_grace``: a client detached, reattached (``replayed`` frames sent it again),
+    was refused, took a session over, or its agent's grace time expired. Told to the process
+    observers that count them (``detach_event``; the others do not need the method)."""
+    for p in _INSTALLED:
+        told = getattr(p, "detach_event", None)
+        if told is not None:
+            told(event, replayed)
+
+
 # Who reads the agent's stderr lines as they are logged (the live view); empty by default, so
 # logging a line costs one check of an empty list. A reader is told the line and the session
 # whose agent wrote it (``None`` when no session is known).

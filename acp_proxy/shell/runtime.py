@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -201,13 +201,14 @@ async def run_agent_session(
     log: Any,
     shutdown: anyio.Event,
     observers: Sequence[SessionObserver] = (),
+    on_session: Callable[[PumpSession], None] | None = None,
 ) -> tuple[int, PumpSession]:
     """Pump one client stream pair to/from a spawned ``agent`` and take it down with the ladder.
 
     Client EOF, or ``shutdown`` being set, starts the stdio ladder: close the agent's stdin, wait
     ``grace_period``, SIGTERM the group, wait, SIGKILL. Returns the agent's raw return code and the
     finished session. Never leaves the agent (or its group) behind, even when cancelled. The
-    caller owns the client streams.
+    caller owns the client streams; ``on_session`` is told the session once it exists.
     """
     grace = config.agent.grace_period_s
     drain_timeout = config.agent.drain_timeout_s
@@ -254,6 +255,8 @@ async def run_agent_session(
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
+    if on_session is not None:
+        on_session(session)
 
     async def ladder() -> None:
         async with anyio.create_task_group() as inner:

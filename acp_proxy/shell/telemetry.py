@@ -89,6 +89,9 @@ class Telemetry:
         if not self.metrics.ready_on_initialize:
             self.metrics.ready = accepting
 
+    def detach_event(self, event: str, replayed: int) -> None:
+        self.metrics.detach_event(event, replayed)
+
     # -- HTTP ------------------------------------------------------------------------------------
 
     def respond(self, method: str, path: str) -> tuple[str, str, bytes]:

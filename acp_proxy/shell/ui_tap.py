@@ -20,7 +20,8 @@ and last what it costs (``ITEM_BYTES`` beside the bytes it holds):
 - ``(conn, t, "run", direction, parts, count, size)``: ``count`` frames that passed as they
   came, in ``parts`` (each some of them joined with ``\\n``, as the core reported them);
 - ``(conn, t, "stderr", line, size)``; ``(conn, t, "version" | "end" | "coalesced", fields,
-  size)``; ``(conn, t, "session", None, size)``; and the hub's own ``lost`` items.
+  size)``; ``(conn, t, name, fields, size)`` of a session's event (``event``: a detach, a
+  reattach); ``(conn, t, "session", None, size)``; and the hub's own ``lost`` items.
 """
 
 from __future__ import annotations
@@ -181,6 +182,9 @@ class UiTap:
         }
         item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
         self.hub.ingest(item, NOTE_BYTES)  # (more than the note and its item hold)
+
+    def event(self, name: str, now: float, **fields: object) -> None:  # as Recorder.event
+        self.hub.ingest((self.conn, now - self.start, name, fields, NOTE_BYTES), NOTE_BYTES)
 
     def on_end(self, session: Any, now: float) -> None:
         summary = dict(session.summary())

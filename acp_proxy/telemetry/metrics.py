@@ -127,6 +127,8 @@ class Metrics:
         self.sessions_started = 0
         self.observer_errors = 0  # bugs of ours, caught (see SessionMetrics.on_notes)
         self.agent_exits = _counter()  # (status,)
+        self.detach = _counter()  # (event,): detach, reattach, refused, takeover, expired
+        self.replayed = 0  # frames sent again to reattached clients
         self.versions = _counter()  # (version,): negotiated protocol versions
         self.durations: dict[tuple[str, ...], Histogram] = {}  # (direction, method, outcome)
         self.errors = _counter()  # (direction, method, error_code)
@@ -145,6 +147,10 @@ class Metrics:
     def agent_exited(self, returncode: int) -> None:
         key = (exit_status_label(returncode),)
         self.agent_exits[key] = self.agent_exits.get(key, 0) + 1
+
+    def detach_event(self, event: str, replayed: int) -> None:
+        bump(self.detach, (event,))
+        self.replayed += replayed
 
     def observe_duration(
         self, direction: Direction, method: str, outcome: str, code: str, seconds: float
@@ -280,6 +286,20 @@ class Metrics:
             "Agent processes that exited, by status (exit_N or signal_NAME).",
             ["status"],
             self.agent_exits,
+        )
+        yield counter(
+            "detach_events_total",
+            "detach_grace: client connections that ended with their agent kept (detach), "
+            "reattached, were refused a reattach, took a session over, or whose agent's grace "
+            "time ended (expired).",
+            ["event"],
+            self.detach,
+        )
+        yield counter(
+            "replayed_frames_total",
+            "Frames sent to a reattached client that the agent sent while it was away.",
+            [],
+            {(): self.replayed},
         )
         yield counter(
             "protocol_versions_total",

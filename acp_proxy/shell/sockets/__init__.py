@@ -13,6 +13,10 @@ parsed, loads nothing else). The rooms, from pure to I/O:
 * ``serving``: the one accept loop (``--listen``, ``/metrics``, the live view) and reading an HTTP
   request head, bounded in size and time;
 * ``connect``: connecting to an agent, and ``--connect`` with the client on stdio;
+* ``detach``: ``detach_grace``: an agent session that client connections attach to, one at a
+  time, and what it keeps while none is attached;
+* ``reattach``: ``detach_grace`` on the server's side: a new connection's opening (reattach or a
+  new held agent), and a held agent's life in the server;
 * ``server``: ``--listen``: accepting, the connection limit, the handshake timeout, one session
   per connection, the server's signals and graceful shutdown.
 

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -39,6 +39,9 @@ from acp_proxy.shell.sockets.serving import accept
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
 from acp_proxy.shell.spawn import SpawnError
 from acp_proxy.shell.transports import STREAM_ERRORS
+
+if TYPE_CHECKING:
+    from acp_proxy.shell.sockets.detach import HeldSession
 
 # Refusals (over --max-connections) draining at once; beyond that the accept loop waits for one
 # to finish (new connections wait in the listen backlog) rather than close one without a word.
@@ -79,11 +82,15 @@ class _Server:
         self.idle = anyio.Event()
         self.accepted = 0
         self.refused = 0
+        # detach_grace: agents kept across client connections, by their first connection's id.
+        self.holds: dict[int, HeldSession] = {}
+        self.tasks: anyio.abc.TaskGroup | None = None
 
     async def run(self, signals: AsyncIterator[signal.Signals]) -> None:
         async with anyio.create_task_group() as outer:
             outer.start_soon(self._watch_signals, signals, outer.cancel_scope)
             async with anyio.create_task_group() as conns:
+                self.tasks = conns
                 async with anyio.create_task_group() as accepting:
                     for sock in self.listener.sockets:
                         accepting.start_soon(self._accept_loop, sock, conns)
@@ -100,7 +107,9 @@ class _Server:
                 )
                 for conn in self.active.values():
                     conn.shutdown.set()
-                if self.active:
+                for held in self.holds.values():
+                    held.shutdown.set()
+                if self.active or self.holds:
                     with anyio.move_on_after(bound) as waited:
                         await self.idle.wait()
                     if waited.cancelled_caught:
@@ -130,7 +139,8 @@ class _Server:
             # Out of descriptors: it backs off instead of spinning; sessions will free some.
             client, peer = await accept(sock, self.log)
             peer_text = _peer_text(peer, sock.family)
-            if len(self.active) >= self.config.max_connections:
+            detached = sum(1 for held in self.holds.values() if held.client is None)
+            if len(self.active) + detached >= self.config.max_connections:
                 self.refused += 1
                 self.log.warning(
                     "connection refused: too many connections",
@@ -246,6 +256,13 @@ class _Server:
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
+            if self.config.detach_grace_s > 0 and self.agent_address is None:
+                from acp_proxy.shell.sockets.reattach import serve_detachable
+
+                status = await serve_detachable(
+                    self, conn.id, stream, first, shutdown=conn.shutdown, log=log
+                )
+                return
             # The agent starts only now: a client that sends nothing, or an HTTP request,
             # never costs an agent.
             client_rx = PrefixedReceiveStream(first, stream)
@@ -322,14 +339,17 @@ class _Server:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
             del self.active[conn.id]
-            if not self.active:
-                self.idle.set()
+            self.maybe_idle()
             log.info(
                 "connection closed",
                 status=status,
                 duration_s=round(time.monotonic() - started, 3),
                 **summary,
             )
+
+    def maybe_idle(self) -> None:
+        if not self.active and not self.holds:
+            self.idle.set()
 
     async def _linger(
         self,
@@ -406,6 +426,7 @@ async def _serve(
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
         handshake_timeout_s=config.handshake_timeout_s,
+        detach_grace_s=config.detach_grace_s if agent_address is None else 0,
         config=config.source,
         rules=list(config.rule_names),
     )

@@ -1,0 +1,204 @@
+"""``detach_grace`` on the server's side: a new connection's opening, and held agents' lives.
+
+Contract: owns what ``--listen`` does with a connection when ``detach_grace`` is on
+(``serve_detachable``): while agents are held, a new connection's ``initialize`` may be answered
+from a held agent's answer and its ``session/load`` / ``session/resume`` may reattach it to that
+agent (``opening``); otherwise a new agent is started and held (``HeldSession``, ``detach``),
+running in the server's task group until it ends (``run_held``: the record's end, the log line,
+the server's count of held agents). The server (``server``) keeps the table of held agents and
+stops them at shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+
+from acp_proxy.config import Config
+from acp_proxy.shell.process import describe_status, spawn_agent
+from acp_proxy.shell.sockets.detach import HeldSession
+from acp_proxy.shell.sockets.opening import error_line
+from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, SocketStream, close_with
+from acp_proxy.shell.spawn import SpawnError
+from acp_proxy.shell.transports import STREAM_ERRORS
+from acp_proxy.wire.attach import initialize_request, reattach_request, response
+
+_LEFT = "client left before joining a session"
+
+
+class Server(Protocol):
+    """What a held agent needs of its server (``server._Server``)."""
+
+    config: Config
+    agent_argv: list[str]
+    holds: dict[int, HeldSession]
+    tasks: anyio.abc.TaskGroup | None
+
+    def maybe_idle(self) -> None: ...
+
+
+async def serve_detachable(
+    server: Server,
+    conn: int,
+    stream: SocketStream,
+    first: bytes,
+    *,
+    shutdown: anyio.Event,
+    log: Any,
+) -> str:
+    """Serve connection ``conn`` (its first line ``first`` read): join a held agent
+    (``opening``) or start one that outlives this connection; returns the connection's status."""
+    from acp_proxy.shell.recorder import open_recorder
+
+    config = server.config
+    opened: tuple[bytes, Any] | str = "closed at shutdown before a session"
+    async with anyio.create_task_group() as tg:
+
+        async def on_shutdown() -> None:
+            await shutdown.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_shutdown)
+        opened = await opening(server.holds, stream, first, config, log)
+        tg.cancel_scope.cancel()
+    if isinstance(opened, str):
+        return opened
+    head, answered = opened
+    try:
+        agent = await spawn_agent(server.agent_argv, config.agent)
+    except SpawnError as exc:
+        log.error("cannot start the agent", error=str(exc))
+        await close_with(stream, error_line(f"acp-proxy: cannot start the agent: {exc}"))
+        return f"agent not started: {exc}"
+    log = log.bind(agent_pid=agent.pid)
+    log.info("agent started", agent=server.agent_argv)
+    held = HeldSession(config, conn, log)
+    if answered is not None:
+        held.ledger.swallow(answered)
+    held.recorder = open_recorder(config, log=log, agent=server.agent_argv, conn=conn)
+    server.holds[conn] = held
+    held.attach_first(stream)
+    assert server.tasks is not None
+    server.tasks.start_soon(run_held, server, held, agent)
+    await held.serve(stream, PrefixedReceiveStream(head, stream))
+    return "agent session ended" if held.ended.is_set() else "client detached"
+
+
+async def run_held(server: Server, held: HeldSession, agent: Any) -> None:
+    """Run ``held``'s agent session to its end, then finish its record and forget it."""
+    from acp_proxy.shell.recorder import exit_info
+
+    rc: int | None = None
+    summary: dict[str, Any] = {}
+    recorder = held.recorder
+    try:
+        rc, session = await held.run(agent, [recorder] if recorder else [])
+        summary = session.summary()
+    except Exception:  # isolation, as for a connection
+        held.log.exception("session failed")
+    finally:
+        if recorder is not None:
+            with anyio.CancelScope(shield=True):
+                info = exit_info(rc) if rc is not None else None
+                await anyio.to_thread.run_sync(recorder.finish, info)
+        del server.holds[held.id]
+        server.maybe_idle()
+        held.log.info(
+            "agent session ended",
+            status=f"agent {describe_status(rc)}" if rc is not None else "failed",
+            **summary,
+        )
+
+
+class LineReader:
+    """Whole lines from a connection that has not joined a session yet."""
+
+    def __init__(self, rx: anyio.abc.ByteReceiveStream, max_bytes: int) -> None:
+        self._rx = rx
+        self._buffer = b""
+        self._max = max_bytes
+
+    async def line(self) -> bytes | None:
+        """The next line without its newline; ``None`` at EOF, an error or an oversize line."""
+        while (end := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > self._max:
+                return None
+            try:
+                self._buffer += await self._rx.receive()
+            except (anyio.EndOfStream, *STREAM_ERRORS):
+                return None
+        line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
+        return line
+
+    def rest(self) -> bytes:
+        data, self._buffer = self._buffer, b""
+        return data
+
+
+def latest_with_init(holds: dict[int, HeldSession], version: object) -> HeldSession | None:
+    """The newest held session whose agent answered ``initialize`` with protocol ``version``
+    (what a new connection's ``initialize`` asking for it is answered from while it may be a
+    reattach)."""
+    for held in reversed(holds.values()):
+        result = held.ledger.init_result
+        if result is not None and result.get("protocolVersion") == version and held.joinable:
+            return held
+    return None
+
+
+def find(holds: dict[int, HeldSession], session: str) -> HeldSession | None:
+    for held in holds.values():
+        if session in held.ledger.sessions and held.joinable:
+            return held
+    return None
+
+
+async def opening(
+    holds: dict[int, HeldSession],
+    client: SocketStream,
+    first: bytes,
+    config: Config,
+    log: Any,
+) -> tuple[bytes, Any] | str:
+    """A new connection's opening while agents are held: an ``initialize`` asking for the
+    protocol version a held agent answered with is answered from that answer, then a
+    ``session/load`` / ``session/resume`` naming a held session reattaches to it (served
+    here). Returns ``(what to send a new agent first, the id of an initialize the proxy
+    answered already)``, or the connection's status when it is over."""
+    if not holds:
+        return first, None
+    reader = LineReader(PrefixedReceiveStream(first, client), config.max_frame_bytes)
+    line1 = await reader.line()
+    if line1 is None:
+        return _LEFT
+    init = initialize_request(line1)
+    template = latest_with_init(holds, init[1]) if init is not None else None
+    if init is None or template is None:
+        return line1 + b"\n" + reader.rest(), None
+    rid = init[0]
+    try:
+        await client.send(response(rid, template.ledger.init_result) + b"\n")
+    except STREAM_ERRORS:
+        return _LEFT
+    while True:
+        with anyio.move_on_after(config.handshake_timeout_s):
+            line2 = await reader.line()
+        if line2 is None:
+            return _LEFT
+        request = reattach_request(line2)
+        held = find(holds, request[2]) if request is not None else None
+        if request is None or held is None:
+            return line1 + b"\n" + line2 + b"\n" + reader.rest(), rid
+        refusal = await held.reattach(client, reader.rest(), request, line2)
+        if refusal is None:
+            return f"reattached to the agent of connection {held.id}; client left"
+        try:
+            await client.send(refusal + b"\n")
+        except STREAM_ERRORS:
+            return _LEFT
+        log.info("reattach refused", session=request[2])
+
+
+__all__ = ["LineReader", "find", "latest_with_init", "opening", "run_held", "serve_detachable"]
