@@ -1,6 +1,5 @@
 """Budgets: per-session, per-process and per-label limits on what agents spend, which pause a
-session
-(its next prompt is refused, or its running turn cancelled), never kill it.
+session (its next prompt is refused, or its running turn cancelled), never kill it.
 
 Contract: a pure package (no I/O, no clock, no logging). ``budget_model`` holds the values (the
 validated ``budgets:`` section, a limit, its actions), ``budget_parse`` reads the section of the

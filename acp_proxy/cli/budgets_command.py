@@ -1,12 +1,11 @@
-"""``acp-proxy budgets show | set | reset``: a budget state file read and changed by a human,
-also while proxies use it.
+"""``acp-proxy budgets show | set | reset``: a budget state file read and changed by a human, also
+while proxies use it.
 
 Contract: owns the three commands. Each works on the state file under its lock (the proxies'
 ``acp_proxy.shell.control.budget_runtime.locked``), so a change made while a proxy runs is seen at
-its next
-write (before its next prompt is forwarded). ``set NAME VALUE`` puts an override of the limit's
-``max`` in the file (``default`` removes it); ``reset NAME [KEY]`` forgets the spend of one key
-of a limit or all of them; ``show`` lists each limit's spend, window and state. Exit codes: 0
+its next write (before its next prompt is forwarded). ``set NAME VALUE`` puts an override of the
+limit's ``max`` in the file (``default`` removes it); ``reset NAME [KEY]`` forgets the spend of one
+key of a limit or all of them; ``show`` lists each limit's spend, window and state. Exit codes: 0
 done, 1 a state file that cannot be read or written, 2 a usage error.
 """
 

@@ -1,11 +1,10 @@
 """``acp-proxy replay FILE``: the recorded agent, on stdio.
 
 Contract: owns the replay's I/O: reads the client's lines on stdin, writes the recorded agent's
-frames on stdout (timed by ``--speed``), reports divergence on stderr and in the exit status
-(0: the client did what the record says; 1: it diverged or stopped early; 2: usage). What to
-write is ``acp_proxy.record.replay``'s job; the record is read as it is needed (twice: once per
-side, ``acp_proxy.shell.record.recordread``), one session of the file (``--session N``), unusable
-lines
+frames on stdout (timed by ``--speed``), reports divergence on stderr and in the exit status (0:
+the client did what the record says; 1: it diverged or stopped early; 2: usage). What to write is
+``acp_proxy.record.replay``'s job; the record is read as it is needed (twice: once per side,
+``acp_proxy.shell.record.recordread``), one session of the file (``--session N``), unusable lines
 reported once and skipped. Everything it prints from the record is made visible.
 """
 

@@ -363,7 +363,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             Setting(
                 "history_bytes",
                 Kind.SIZE,
-                "Events held for the page and for replays; the oldest go first.",
+                "Events held for the page and for replays, and the frames not described yet "
+                "(at most 16 MiB of them); the oldest go first.",
                 attr="history_bytes",
             ),
             Setting(

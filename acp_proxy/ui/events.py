@@ -31,10 +31,11 @@ from typing import Final
 
 import orjson
 
-from acp_proxy.base.jsontypes import JsonObject, JsonValue
-from acp_proxy.policy.policy_link import UNASKED, AuditEntry
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.record.format import AGENT_TO_CLIENT, CLIENT_TO_AGENT, frame_bytes
 from acp_proxy.ui.display import shown
+from acp_proxy.wire.connection.observe import passed_kind
+from acp_proxy.wire.raw.prefilter import parse_cost
 
 STREAM_NAME: Final = "acp-proxy-events"
 STREAM_VERSION: Final = 4  # 2: ``coalesced``; 3: a frame's ``truncated``; 4: its ``policy``
@@ -104,6 +105,20 @@ def parse_frame(raw: bytes) -> JsonValue:
     return value
 
 
+def passed(raw: bytes, max_parse: int) -> tuple[str, Field]:
+    """The ``kind`` of a frame that passed as it came (``wire.connection.observe.passed_kind``;
+    ``max_parse``: its session's parse budget), and its value when orjson read it (what
+    ``parse_frame`` gives; else ``OMITTED``): one parse for its kind and its ``info``."""
+    if parse_cost(raw, max_parse) <= max_parse:
+        try:
+            value: JsonValue = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            return ("batch" if raw.lstrip()[:1] == b"[" else "message"), value
+    return passed_kind(raw, max_parse), OMITTED
+
+
 def _id_key(value: JsonValue) -> object:
     # One key per id: 1 and "1" differ; 1 and 1.0 are one JSON number for a peer (and one key
     # of a dict); other JSON values (true, null, lists: not valid ids) by their encoding.
@@ -163,9 +178,12 @@ class StreamBuilder:
         self._joiners[conn] = Joiner()
         return {"seq": self._next(), "conn": conn, "event": "session", "header": header}
 
-    def line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> JsonObject:
+    def line(
+        self, conn: int, line: JsonObject, raw: bytes | None = None, frame: Field = OMITTED
+    ) -> JsonObject:
         """The event of one record line (a frame or an event) of session ``conn`` (``raw``:
-        the frame's bytes as the line holds them, when the caller has them)."""
+        the frame's bytes as the line holds them, when the caller has them; ``frame``: what
+        ``parse_frame`` gives of them, when the caller parsed them)."""
         event: JsonObject = {"seq": self._next(), "conn": conn, **line}
         direction = line.get("dir")
         if not isinstance(direction, str):
@@ -174,8 +192,10 @@ class StreamBuilder:
             return event
         kind = line.get("kind", "message")
         if kind in ("message", "batch"):
-            self.frame = parse_frame(raw if raw is not None else frame_bytes(line))
-            info = describe_message(self.frame)
+            if frame is OMITTED:
+                frame = parse_frame(raw if raw is not None else frame_bytes(line))
+            self.frame = frame
+            info = describe_message(frame)
         else:
             self.frame, info = None, {}
         if kind not in ("message", "batch"):
@@ -198,6 +218,9 @@ def policy_marks(marks: tuple[object, ...]) -> list[JsonObject]:
     (``null``: the default), the decision, the option answered, whether the message went on;
     for a tool call that ran without asking, ``"unasked": true`` (and ``"cancelled": true``
     when its session was cancelled)."""
+    # (Here: the policy's modules are loaded once a frame it marked is shown, not at start-up.)
+    from acp_proxy.policy.policy_link import UNASKED, AuditEntry
+
     out: list[JsonObject] = []
     for mark in marks:
         if type(mark) is not AuditEntry:

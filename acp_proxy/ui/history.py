@@ -2,10 +2,11 @@
 
 Contract: owns the bytes of the Server-Sent Events stream the hub published (each event one
 chunk ``id: SEQ\\ndata: JSON\\n\\n``), kept as one contiguous byte stream in **blocks** (one
-joined ``bytes`` per batch of events), the oldest dropped whole past its byte bound. A reader's
-place in it is a byte offset into that stream since the first event (``end`` is the total), so
-handing a reader its backlog costs one slice per block, however many events they hold and
-however many readers there are. Pure: no I/O, no clock; it never parses an event on the hot
+joined ``bytes`` per batch of events), the oldest dropped whole past its byte bound (which
+counts ``outside`` too: what its owner holds of the stream elsewhere, not published yet). A
+reader's place in it is a byte offset into that stream since the first event (``end`` is the
+total), so handing a reader its backlog costs one slice per block, however many events they
+hold and however many readers there are. Pure: no I/O, no clock; it never parses an event on the hot
 path (only the cold paths that split blocks back into events do: a replay as JSON Lines, an
 export).
 
@@ -57,10 +58,13 @@ class History:
         "held",
         "last_seq",
         "limit",
+        "outside",
     )
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit  # bytes held at most (but always the newest block)
+        self.limit = limit  # bytes held at most (but always the newest block)...
+        # ... together with these, held elsewhere (the frames the hub has not described yet)
+        self.outside = 0
         self._blocks: list[bytes] = []  # sealed blocks; ``[:_base]`` are dropped (emptied)
         self._starts: list[int] = []  # the stream offset of each block's first byte
         self._firsts: list[int] = []  # the seq of each block's first event
@@ -87,8 +91,8 @@ class History:
         self.last_seq = seq
         if self._open_bytes >= BLOCK_BYTES:
             self.seal()
-        elif self.held > self.limit:
-            self._trim()
+        elif self.held + self.outside > self.limit:
+            self.trim()
 
     def seal(self) -> None:
         """Join the open chunks into a block (readers are handed whole blocks only)."""
@@ -101,12 +105,13 @@ class History:
         self._gz.append(None)
         self._open = []
         self._open_bytes = 0
-        self._trim()
+        self.trim()
 
-    def _trim(self) -> None:
+    def trim(self) -> None:
+        """Drop the oldest blocks until what is held, with ``outside``, fits in ``limit``."""
         blocks = self._blocks
         # The newest block stays, whatever its size (an event bigger than the bound).
-        while self.held > self.limit and self._base < len(blocks) - 1:
+        while self.held + self.outside > self.limit and self._base < len(blocks) - 1:
             base = self._base
             self.held -= len(blocks[base])
             gz = self._gz[base]
@@ -149,8 +154,8 @@ class History:
         if offset < self.start:
             return None
         found = self._slices(offset, max_bytes, gzip)
-        if self.held > self.limit:
-            self._trim()  # compressed copies count too (what was handed out stays referenced)
+        if self.held + self.outside > self.limit:
+            self.trim()  # compressed copies count too (what was handed out stays referenced)
         return found
 
     def _slices(
@@ -203,8 +208,8 @@ class History:
         if seq >= self.last_seq:
             return [], missing
         parts, _ = self._slices(self.offset_of(seq + 1), self.end, gzip)
-        if self.held > self.limit:
-            self._trim()
+        if self.held + self.outside > self.limit:
+            self.trim()
         return parts, missing
 
     def data(self, since: int = 0) -> Iterator[bytes]:

@@ -18,7 +18,6 @@ of a session; nothing is served without it. Four rules, each against a known att
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Final
@@ -79,6 +78,8 @@ def token_matches(request: Request, token: str) -> bool:
         auth = request.headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
+    import hmac  # (here: its ``hashlib`` is not loaded at start-up for a check made later)
+
     return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 

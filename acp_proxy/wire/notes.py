@@ -120,6 +120,19 @@ class Observed:
 
 
 @value
+class Passed:
+    """Frames forwarded exactly as they came (``watch=True`` only, see ``Connection``): one note
+    for each run of them in a read, the cheapest report of the fast paths. ``parts`` are their
+    bytes as read, each one frame or several joined with ``\\n`` (``count`` frames in all): what
+    the core did not parse, a reader that wants to know what they are parses itself
+    (``acp_proxy.wire.connection.observe.passed_kind``)."""
+
+    direction: Direction
+    parts: tuple[bytes, ...]
+    count: int
+
+
+@value
 class NotParsed:
     """A frame something needed to parse was forwarded untouched instead (never dropped): it is
     over the parse budget, or neither parser can read it (``reason`` says which)."""
@@ -160,6 +173,7 @@ Note: TypeAlias = (
     | UnusualVersion
     | PendingFull
     | Observed
+    | Passed
     | SkippedV1
 )
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, cast
 
 import orjson
@@ -16,7 +18,8 @@ from acp_schema import validate_v1, validate_v2
 from acp_proxy.config import Config, MiddlewareSpec, parse_config
 from acp_proxy.policy.policy_link import NAME, AuditEntry, PolicyMiddleware
 from acp_proxy.rules.engine import RulesMiddleware
-from acp_proxy.shell.ui.hub import UiHub, UiTap
+from acp_proxy.shell.ui.hub import UiHub
+from acp_proxy.shell.ui.tap import UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView
 from acp_proxy.wire.chain import Direction
@@ -151,9 +154,11 @@ class _Session:
     """What ``SessionMetrics`` reads of a session (nothing, until it ends)."""
 
 
-def observed(text: str) -> tuple[Metrics, UiHub, int]:
-    """``DECIDED`` through an observing connection, told to the metrics and the live view."""
-    conn = Connection(config(text).build_chain(), observe=True)
+def observed(text: str, watch: bool = False, blocks: bool = False) -> tuple[Metrics, UiHub, int]:
+    """``DECIDED`` through an observing connection (``watch``: a watching one, as a session
+    with the live view alone has), told to the metrics and the live view (``blocks``: the
+    frames of each direction in a row read as one block)."""
+    conn = Connection(config(text).build_chain(), observe=not watch, watch=watch)
     metrics = Metrics(max_pending=100)
     watcher = SessionMetrics(metrics, cast(SessionView, _Session()))
     hub = UiHub()
@@ -162,8 +167,16 @@ def observed(text: str) -> tuple[Metrics, UiHub, int]:
     for result in opened(conn, 1):
         watcher.on_notes(result.notes, 1.0)
         tap.on_notes(result.notes, tap.start)
-    for side, raw in DECIDED:
-        notes = conn.handle(side, Line(raw)).notes
+    reads = (
+        [
+            (side, [Block(b"\n".join(raw for _, raw in run))])
+            for side, run in groupby(DECIDED, itemgetter(0))
+        ]
+        if blocks
+        else [(side, [Line(raw)]) for side, raw in DECIDED]
+    )
+    for side, events in reads:
+        notes = conn.handle_many(side, events, join=True).notes
         watcher.on_notes(notes, 2.0)
         tap.on_notes(notes, tap.start + 2.0)
     hub.drain()
@@ -421,6 +434,24 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)
         assert b'"example.dev/route":"edge"' in outputs[0][2][0]  # the rule did annotate
+
+
+def test_the_live_view_shows_the_decisions_the_same_when_its_session_only_watches() -> None:
+    text = POLICY.format(on_unasked="cancel", mode="enforce")
+    _, observing, conn_id = observed(text)
+    _, watching, _ = observed(text, watch=True)
+    shown = [e for e in observing.events(conn_id) if "policy" in e]
+    assert len(shown) > 3
+    assert list(watching.events(conn_id)) == list(observing.events(conn_id))
+
+
+def test_the_live_view_shows_a_block_read_beside_the_policy_as_its_lines_read_apart() -> None:
+    """A block's notifications that only the policy reads take the read lane: watched, they are
+    shown in their place, as the per-line path shows them."""
+    text = POLICY.format(on_unasked="cancel", mode="enforce")
+    _, observing, conn_id = observed(text)
+    _, watching, _ = observed(text, watch=True, blocks=True)
+    assert list(watching.events(conn_id)) == list(observing.events(conn_id))
 
 
 def test_a_call_that_ran_unasked_is_summarised_only_when_a_deny_rule_may_match_it() -> None:

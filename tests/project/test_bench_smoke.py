@@ -397,3 +397,24 @@ def test_slow_client_pairs_on_and_off_by_round_and_its_editor_parses_every_line(
     # A bootstrap of three differences: the interval holds the median, inside their range.
     assert -5.0 - 1e-9 <= low <= 10.0 <= high <= 20.0 + 1e-9
     assert got["same"] and got["timed"] and got["refused"]
+
+
+def test_ui_cost_bench_prints_each_variant_and_the_ratios(tmp_path: Path) -> None:
+    # The live view's cost, same run; shape only, never a timing.
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "ui_cost.py"),
+            *("--size", "64K", "--repeat", "1", "--data", str(tmp_path)),
+            *("--variants", "off", "ui", "ui+1"),
+        ],
+        capture_output=True,
+        cwd=str(ROOT),
+        timeout=120,
+        check=True,
+    )
+    lines = done.stdout.decode().splitlines()
+    assert lines[0].startswith("mixed v2 stream: ") and lines[0].endswith(", 1 runs each")
+    assert [line.split()[0] for line in lines[1:4]] == ["off", "ui", "ui+1"]
+    assert all(" wall " in line and " peak RSS " in line for line in lines[1:4])
+    assert [line.split(" wall ")[0].strip() for line in lines[4:]] == ["ui / off", "ui+1 / ui"]

@@ -21,6 +21,7 @@ from ui_inproc import serving
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.shell.ui import hub as ui_hub
+from acp_proxy.shell.ui import tap as ui_tap
 from acp_proxy.shell.ui.hub import HubLimits, UiHub
 from acp_proxy.ui import events, export
 from acp_proxy.wire.chain import Direction
@@ -47,11 +48,13 @@ def _update(i: int) -> bytes:
 
 
 class _Session:
-    config = SimpleNamespace(source=None, rule_names=(), rules=(), middleware=())
+    config = SimpleNamespace(
+        source=None, rule_names=(), rules=(), middleware=(), max_parse_bytes=1 << 20
+    )
 
 
 def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ui_hub, "INGEST_BYTES", 128 * KIB)
+    monkeypatch.setattr(ui_hub, "INGEST_BYTES", 640 * KIB)  # (the first read fits)
     monkeypatch.setattr(ui_hub, "VIEWS_BYTES", 512 * KIB, raising=False)
     hub = UiHub(mode="live", limits=HubLimits(history_bytes=MIB))
     session = _Session()
@@ -92,7 +95,7 @@ def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -
     finally:
         tracemalloc.stop()
     bound = hub.bound_bytes()
-    assert bound == MIB + 128 * KIB + 512 * KIB
+    assert bound == MIB + 640 * KIB + 512 * KIB
     assert hub.held_bytes() <= bound
     assert held <= bound + MIB  # (the builder's and joiner's own small state)
     assert peak <= bound + SLICE_ALLOCATES
@@ -103,8 +106,8 @@ def test_the_hub_holds_no_more_than_its_bound(monkeypatch: pytest.MonkeyPatch) -
     assert published["lost"] == hub.ingest_lost
     assert published["lost_events"] < len(notes) // 500 * 2
     # The big frame's first bytes are shown, and how much of it was left out.
-    assert first["truncated"] == len(big) - ui_hub.FRAME_SHOWN
-    assert first["raw"] == big[: ui_hub.FRAME_SHOWN].decode()
+    assert first["truncated"] == len(big) - ui_tap.FRAME_SHOWN
+    assert first["raw"] == big[: ui_tap.FRAME_SHOWN].decode()
 
 
 async def _fetch(port: int, target: str) -> tuple[bytes, int, str]:

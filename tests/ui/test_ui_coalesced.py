@@ -11,7 +11,8 @@ import orjson
 from ui_coalescing import CHUNKS, TEXT, chunks_read, paused_client, shown
 
 from acp_proxy.config import CoalesceConfig
-from acp_proxy.shell.ui.hub import UiHub, UiTap
+from acp_proxy.shell.ui.hub import UiHub
+from acp_proxy.shell.ui.tap import UiTap
 from acp_proxy.ui import events as stream
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutboundQueue, OutFrame

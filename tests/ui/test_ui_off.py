@@ -1,4 +1,5 @@
-"""With the live view off, nothing of it is loaded; with it on, its tap sees the session.
+"""With the live view off, nothing of it is loaded; with it on, its tap sees the session, and
+what describes frames is loaded only when someone looks.
 
 A whole stdio session runs in a child interpreter (``cli.main`` in-process there, so its
 ``sys.modules`` can be read afterwards); the child prints the modules of the live view it
@@ -49,5 +50,7 @@ def test_nothing_of_the_live_view_is_imported_when_it_is_off() -> None:
 def test_the_live_view_is_imported_when_on() -> None:
     modules, out = _session("--ui", "tcp://127.0.0.1:0")
     assert "acp_proxy.shell.ui.live_server" in modules
-    assert "acp_proxy.ui.entities" in modules
+    assert "acp_proxy.shell.ui.tap" in modules
+    # Nobody looked: no entity view was made, its module (and the client model) not loaded.
+    assert "acp_proxy.ui.entities" not in modules
     assert orjson.loads(out)["result"]["protocolVersion"] == 2

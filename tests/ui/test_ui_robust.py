@@ -140,7 +140,15 @@ def test_a_frame_the_view_fails_on_is_still_published(monkeypatch: pytest.Monkey
             (),
             {
                 "config": type(
-                    "C", (), {"source": None, "rule_names": (), "rules": (), "middleware": ()}
+                    "C",
+                    (),
+                    {
+                        "source": None,
+                        "rule_names": (),
+                        "rules": (),
+                        "middleware": (),
+                        "max_parse_bytes": 1 << 20,
+                    },
                 )()
             },
         )()

@@ -3,22 +3,20 @@ signal, the supervision flags, and the early start.
 
 Contract: owns what must exist before (and without) anyio: the ``preexec_fn`` that ties the agent
 to the proxy (``PR_SET_PDEATHSIG``), the subreaper flag and the process-wide supervision state
-(``enable_supervision``), the pipes and the ``Popen`` of one agent (``start_agent``), and the
-early start (``start_early`` / ``take_early``). ``acp_proxy.shell.agent.process`` wraps a started
-agent
-for the event loop (``spawn_agent``) and does everything after. Imports nothing heavy: the
-command line starts the agent from here before it imports anyio and the runtime.
+(``enable_supervision``), the pipes and the ``Popen`` of one agent (``start_agent``), and the early
+start (``start_early`` / ``take_early``). ``acp_proxy.shell.agent.process`` wraps a started agent
+for the event loop (``spawn_agent``) and does everything after. Imports nothing heavy: the command
+line starts the agent from here before it imports anyio and the runtime.
 
-The early start (start-up as users feel it): for a plain stdio session the CLI starts
-the agent as soon as the command line and the config are known, and only then imports anyio,
-asyncio and the runtime, so the agent's own start-up (a Node agent's is longer than those
-imports: docs/performance.md, "Figures behind the code") runs while the proxy gets ready instead
-of after it. Without a config file
-the config is known from the command line alone, and the agent starts before the config model
-is even imported: this module imports neither the config nor ``dataclasses`` (the agent's
-settings come as ``AgentSettings``). Until the runtime installs its signal handlers, SIGINT,
-SIGTERM and SIGHUP are recorded (``catch_signals``), and the runtime then shuts the agent down
-with the usual ladder, as for a signal that comes later.
+The early start (start-up as users feel it): for a plain stdio session the CLI starts the agent as
+soon as the command line and the config are known, and only then imports anyio, asyncio and the
+runtime, so the agent's own start-up (a Node agent's is longer than those imports:
+docs/performance.md, "Figures behind the code") runs while the proxy gets ready instead of after
+it. Without a config file the config is known from the command line alone, and the agent starts
+before the config model is even imported: this module imports neither the config nor
+``dataclasses`` (the agent's settings come as ``AgentSettings``). Until the runtime installs its
+signal handlers, SIGINT, SIGTERM and SIGHUP are recorded (``catch_signals``), and the runtime then
+shuts the agent down with the usual ladder, as for a signal that comes later.
 """
 
 from __future__ import annotations

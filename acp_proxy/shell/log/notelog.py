@@ -26,6 +26,7 @@ from acp_proxy.wire.connection.pipeline import (
     UnusualVersion,
     VersionNegotiated,
 )
+from acp_proxy.wire.notes import Passed
 
 if TYPE_CHECKING:
     from acp_proxy.record.settings import RecordConfig
@@ -59,6 +60,8 @@ class NoteLog:
         log = self.log
         frame_log = self.frame_log
         for note in notes:
+            if type(note) is Passed:  # (frames a watcher keeps: nothing to log)
+                continue
             if type(note) is FrameInfo:
                 if frame_log is not None:
                     frame_log.frame(note)

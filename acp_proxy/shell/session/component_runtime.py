@@ -1,20 +1,19 @@
 """``acp-proxy component``: the proxy as one component of a conductor's proxy chain.
 
-Contract: owns the component's one stdio connection to its conductor: it reads lines, lets the
-pure ``wire.conductor.component.Link`` say which side each belongs to, and presents the two sides
-to an
+Contract: owns the component's one stdio connection to its conductor: it reads lines, lets the pure
+``wire.conductor.component.Link`` say which side each belongs to, and presents the two sides to an
 ordinary ``PumpSession`` as two byte streams (``client``: what the predecessor sent, plain;
 ``agent``: what the successor sent, unwrapped), so rules, middleware, coalescing, recording,
-metrics and traces run on the inner messages exactly as standalone. What the session writes
-toward a side goes back through the link (wrapped toward the successor) and out in whole lines.
-It never parses a message itself and spawns nothing.
+metrics and traces run on the inner messages exactly as standalone. What the session writes toward
+a side goes back through the link (wrapped toward the successor) and out in whole lines. It never
+parses a message itself and spawns nothing.
 
 Bounds: each side's stream holds at most ``SIDE_CHUNKS`` chunks of lines (a chunk is at most one
 read, ``READ_SIZE``, plus one partial line of at most ``max_frame_bytes``); the partial line is
-bounded by ``max_frame_bytes`` (the project's ``LineSplitter``: a longer one is discarded up to
-its newline, with a log line, and a request in it gets the proxy's -32600 error).
-Both directions share the conductor's one input, so a side that stops taking lines (its queue
-toward the other side full) stops the reading of both: the connection itself is shared.
+bounded by ``max_frame_bytes`` (the project's ``LineSplitter``: a longer one is discarded up to its
+newline, with a log line, and a request in it gets the proxy's -32600 error). Both directions share
+the conductor's one input, so a side that stops taking lines (its queue toward the other side full)
+stops the reading of both: the connection itself is shared.
 """
 
 from __future__ import annotations

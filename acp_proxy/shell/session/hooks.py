@@ -34,9 +34,13 @@ class SessionObserver(Protocol):
 
     A ``PumpSession`` with observers runs its ``Connection`` in observe mode: every frame read
     comes with an ``Observed`` note (the raw frame, what was sent instead, the replies, each
-    message's method / id / the method a response answers). Observers run on the session's task,
-    synchronously, so they must be quick and must never raise (a failing observer would stop the
-    session); heavy work (files, exporters) goes behind a bounded buffer of their own.
+    message's method / id / the method a response answers). An observer whose class sets
+    ``frames_only = True`` reads no more of a frame than its bytes, what was sent instead, the
+    replies and who changed it: when every observer of a session is such, its ``Connection``
+    watches instead (``watch=True``: the fast paths stay, the frames they forwarded as they came
+    arrive as ``Passed`` runs). Observers run on the session's task, synchronously, so they must
+    be quick and must never raise (a failing observer would stop the session); heavy work
+    (files, exporters) goes behind a bounded buffer of their own.
     """
 
     def on_notes(self, notes: tuple[Note, ...], now: float) -> None:
@@ -59,6 +63,12 @@ class CoalesceObserver(Protocol):
         """Toward ``direction``'s receiver, ``merge.merged`` frames the session had read (and
         told ``on_notes`` about) were written as ``merge.written`` frames of ``merge.size``
         bytes: the receiver was slow, and they waited. Called when they are written."""
+
+
+def frames_only(observers: tuple[SessionObserver, ...]) -> bool:
+    """Whether a session with ``observers`` may watch rather than observe (see
+    ``SessionObserver``)."""
+    return bool(observers) and all(getattr(o, "frames_only", False) is True for o in observers)
 
 
 def coalesce_observers(observers: tuple[SessionObserver, ...]) -> tuple[CoalesceObserver, ...]:

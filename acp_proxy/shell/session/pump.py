@@ -101,13 +101,16 @@ class PumpSession:
             self._frame_log = FrameLog(self.log, config.record)
         self._log_notes = NoteLog(self.log, self._frame_log, debug, config.record)
         contents = self._frame_log is not None and self._frame_log.contents
+        # Observers that read only the frames (the live view) let the core keep its fast paths.
+        watch = hooks.frames_only(self.observers)
         self.connection = connection or Connection(
             config.build_chain(),
             non_json=config.non_json,
             inspect_all=debug,
             max_parse_bytes=config.max_parse_bytes,
             max_pending=config.max_pending_requests,
-            observe=bool(self.observers) or contents,
+            observe=(bool(self.observers) and not watch) or contents,
+            watch=watch,
         )
         self._client_rx = client_rx
         self._agent_rx = agent_rx

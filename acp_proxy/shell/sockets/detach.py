@@ -1,17 +1,16 @@
 """``detach_grace``: an agent that outlives its client's connection, and reattaching to it.
 
 Contract: owns the sessions a ``--listen`` server keeps across client connections. A
-``HeldSession`` runs one agent session (``runtime.run_agent_session``) against a client side
-of its own (``_ClientRx`` and ``_ClientTx``: the PumpSession reads and writes them as if they
-were the socket), and plugs real client connections in and out of it. When the client's
-connection ends, the agent, its running turn and its sessions stay for ``detach_grace``
-seconds; what the agent sends meanwhile is kept (``wire.attach.Ledger``, bounded, counted in the
-buffer budget); a new connection that sends ``initialize`` then ``session/load`` (or
-``session/resume``) naming one of its sessions gets the replay and goes live
-(``HeldSession.reattach``; the opening that leads there is ``reattach.opening``'s). When the
-grace time ends with no reattach, the agent's requests are answered (``cancelled`` for a
-permission request) and the agent is stopped with the stdio ladder. Only whole lines cross
-between connections.
+``HeldSession`` runs one agent session (``runtime.run_agent_session``) against a client side of its
+own (``_ClientRx`` and ``_ClientTx``: the PumpSession reads and writes them as if they were the
+socket), and plugs real client connections in and out of it. When the client's connection ends, the
+agent, its running turn and its sessions stay for ``detach_grace`` seconds; what the agent sends
+meanwhile is kept (``wire.attach.Ledger``, bounded, counted in the buffer budget); a new connection
+that sends ``initialize`` then ``session/load`` (or ``session/resume``) naming one of its sessions
+gets the replay and goes live (``HeldSession.reattach``; the opening that leads there is
+``reattach.opening``'s). When the grace time ends with no reattach, the agent's requests are
+answered (``cancelled`` for a permission request) and the agent is stopped with the stdio ladder.
+Only whole lines cross between connections.
 """
 
 from __future__ import annotations

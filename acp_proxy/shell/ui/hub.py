@@ -1,16 +1,21 @@
-"""The live view's hub: the session tap, the event history and the observers' cursors.
+"""The live view's hub: the frames tapped, the event history and the observers' cursors.
 
 Contract: owns what the ``--ui`` server publishes. ``UiHub`` is a ``hooks.ProcessObserver``:
-each session gets a ``UiTap`` (a ``SessionObserver``), which only copies references to the
-frames it is told about into the hub's ingest queue (bounded by ``INGEST_BYTES``, each item
-counted with its own cost; a frame's first ``FRAME_SHOWN`` bytes only; past the bound frames
-are counted as lost where they were dropped, never waited for) and returns: the session never
-waits for the view. The hub's own task turns them into record lines (``acp_proxy.record.format``,
-redaction included), stream events (``acp_proxy.ui.events``) and entity views
-(``acp_proxy.ui.entities``, within ``VIEWS_BYTES`` together), in slices that take at most a
-share of the loop's time, and keeps the last ``history_bytes`` of events for replay and for
-every observer. A frame it fails on is logged and skipped: no exception of the view reaches
-the session.
+each session gets a ``UiTap`` (``acp_proxy.shell.ui.tap``), which hands the hub references to
+the frames it is told about (a frame's first ``FRAME_SHOWN`` bytes only), never waits and
+returns: the session never waits for the view. The hub keeps them raw in a ring
+(``acp_proxy.ui.pending``) and describes them only when someone looks: it turns them into
+record lines (``acp_proxy.record.format``, redaction included), stream events
+(``acp_proxy.ui.events``) and entity views (``acp_proxy.ui.entities``, within ``VIEWS_BYTES``
+together) as they come while an observer is subscribed, and all of them before it answers a
+request (``catch_up``), in slices that take at most ``WATCHED_SHARE`` of the loop's time. While
+nobody looks, nothing is described: the ring and the events held share ``history_bytes``, the
+oldest going first (events block by block, then frames, counted as lost where they were),
+and the ring holds at most ``INGEST_BYTES`` (its oldest frames go); while an observer is
+subscribed, the ring holds at most ``INGEST_BYTES`` too, and a frame past it is counted as lost
+where it was dropped, never waited for. The last ``history_bytes`` of events
+are kept for replay and for every observer. A frame the hub fails on is logged and skipped: no
+exception of the view reaches the session.
 
 An observer is a cursor into that one shared history (a byte offset into the stream it holds
 in blocks, ``acp_proxy.ui.history``), not a copy: publishing an event costs the same with 50
@@ -26,59 +31,40 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import deque
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
 
 from acp_proxy import __version__
-from acp_proxy.base.jsontypes import OMITTED, JsonObject, JsonValue
+from acp_proxy.base.jsontypes import OMITTED, Field, JsonObject, JsonValue
 from acp_proxy.base.values import value
-from acp_proxy.record.format import (
-    AGENT_TO_CLIENT,
-    CLIENT_TO_AGENT,
-    Redactor,
-    event_line,
-    frame_entry,
-)
+from acp_proxy.config import DEFAULT_MAX_PARSE_BYTES
+from acp_proxy.record.format import Redactor, event_line, frame_entry
 from acp_proxy.shell.log.logsetup import get_logger
+from acp_proxy.shell.ui.tap import FRAME_SHOWN, ITEM_BYTES, UiTap, cut
 from acp_proxy.ui.display import shown
-from acp_proxy.ui.entities import EntityView
-from acp_proxy.ui.events import StreamBuilder, policy_marks
+from acp_proxy.ui.events import StreamBuilder, passed, policy_marks
 from acp_proxy.ui.history import History
-from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.coalesce.take import Coalesced
-from acp_proxy.wire.notes import Observed, VersionNegotiated
+from acp_proxy.ui.pending import Pending
+
+if TYPE_CHECKING:
+    from acp_proxy.ui.entities import EntityView
 
 # Bounds (docs/live-view.md, "Bounds"); the settings of ``ui:`` override the first three.
 HISTORY_BYTES: Final = 64 * 1024 * 1024  # events kept for replay (oldest dropped first)
 OBSERVER_BYTES: Final = 8 * 1024 * 1024  # one observer's queue: past it, cut off
 MAX_OBSERVERS: Final = 64  # subscriptions at once; more are refused (503)
-INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet turned into events
+INGEST_BYTES: Final = 16 * 1024 * 1024  # frames tapped, not yet described (the ring)
 VIEWS_BYTES: Final = 32 * 1024 * 1024  # the entity views' parsed values, all sessions together
-FRAME_SHOWN: Final = 256 * 1024  # the bytes of a frame the view keeps (the rest is counted)
-ITEM_BYTES: Final = 256  # what a tapped item costs beside its frames' bytes (counted)
-IDLE_SHARE: Final = 0.1  # of the loop's time the hub's publishing takes at most, unwatched...
-WATCHED_SHARE: Final = 0.5  # ... and with an observer, or a request in the last WATCHED_S
-WATCHED_S: Final = 5.0
+WATCHED_SHARE: Final = 0.5  # of the loop's time the hub's describing takes at most
 MAX_SESSIONS: Final = 256  # sessions whose entity view is kept (the oldest ended go first)
 PUBLISH_INTERVAL_S: Final = 0.02  # the hub publishes in batches, at most this often
 DRAIN_SLICE: Final = 256  # frames turned into events between two yields to the loop
 LAG_CHECK_EVERY: Final = 64  # events between two checks of the observers' backlogs
 # What is shown of a frame larger than FRAME_SHOWN whose kept part may hold a secret.
 TOO_LARGE: Final = b'"[REDACTED: a frame too large to redact key by key]"'
-NOTE_BYTES: Final = 512  # what a tapped merge note holds (counted in INGEST_BYTES)
-
-_DIR: Final = {
-    Direction.CLIENT_TO_AGENT: CLIENT_TO_AGENT,
-    Direction.AGENT_TO_CLIENT: AGENT_TO_CLIENT,
-}
-_OTHER: Final = {
-    Direction.CLIENT_TO_AGENT: AGENT_TO_CLIENT,
-    Direction.AGENT_TO_CLIENT: CLIENT_TO_AGENT,
-}
 
 
 @value
@@ -88,6 +74,16 @@ class HubLimits:
     history_bytes: int = HISTORY_BYTES
     observer_bytes: int = OBSERVER_BYTES
     max_observers: int = MAX_OBSERVERS
+
+
+def _rule_keys(rules: Any) -> JsonObject:
+    """The entity keys each of ``rules`` writes (the rules' module is loaded only when there
+    are rules: it is then already)."""
+    if not rules:
+        return {}
+    from acp_proxy.rules.engine import entity_keys_by_rule
+
+    return {name: list[JsonValue](keys) for name, keys in entity_keys_by_rule(rules).items()}
 
 
 def sse_chunk(seq: int | None, data: bytes) -> bytes:
@@ -123,13 +119,28 @@ class Observer:
 
 
 class _Session:
-    __slots__ = ("conn", "ended", "header", "view")
+    __slots__ = ("_view", "conn", "ended", "header", "max_parse")
 
-    def __init__(self, conn: int, header: JsonObject) -> None:
+    def __init__(self, conn: int, header: JsonObject, max_parse: int) -> None:
         self.conn = conn
         self.header = header
-        self.view = EntityView.for_header(header)
+        self.max_parse = max_parse  # its parse budget (what a frame that passed as it came is)
+        self._view: EntityView | None = None
         self.ended = False
+
+    @property
+    def view(self) -> EntityView:
+        """Its entity view (made, and its module loaded, when first asked for: a view that
+        describes nothing never needs one)."""
+        if self._view is None:
+            from acp_proxy.ui.entities import EntityView
+
+            self._view = EntityView.for_header(self.header)
+        return self._view
+
+    @view.setter
+    def view(self, view: EntityView) -> None:
+        self._view = view
 
 
 class UiHub:
@@ -139,12 +150,13 @@ class UiHub:
         self,
         *,
         mode: str = "live",
-        redactor: Redactor | None = None,
+        redactor: Redactor | Callable[[], Redactor] | None = None,
         limits: HubLimits | None = None,
     ) -> None:
         limits = limits if limits is not None else HubLimits()
         self.mode = mode
-        self.redactor = redactor if redactor is not None else Redactor.build()
+        # Built when first needed (a callable: built then), by a view that describes something.
+        self._redactor = redactor if redactor is not None else Redactor.build
         self.history_bytes = limits.history_bytes
         self.observer_bytes = limits.observer_bytes
         self.max_observers = limits.max_observers
@@ -156,31 +168,43 @@ class UiHub:
         self.observers: set[Observer] = set()
         self.sessions: dict[int, _Session] = {}
         self._next_conn = 0
-        self._ingest: deque[tuple[Any, ...]] = deque()
-        self.ingest_held = 0
-        self.ingest_lost = 0  # tapped frames dropped (the ingest queue was full), in all
+        self.pending = Pending()  # what the taps gave, not described yet
         self.views_held = 0  # the entity views' ``held``, summed
-        self.asked = -WATCHED_S  # when a request last asked for what the hub holds
         self.failed = 0  # tapped items the view failed to turn into events (logged, skipped)
-        self._ingest_ready = anyio.Event()
+        self.described = 0  # frames described (turned into events), in all
+        self._ingest_ready = anyio.Event()  # set when an observer waits for what was tapped
         self._ingest_ready_set = False  # mirrors it
+        self._resume_at = 0.0  # describing goes on from then (``perf_counter``), not before
         self._newest: UiTap | None = None
         # Each live session's tap, for its agent's stderr (held no longer than the session).
         self._taps: weakref.WeakKeyDictionary[Any, UiTap] = weakref.WeakKeyDictionary()
 
+    @property
+    def redactor(self) -> Redactor:
+        """What removes the secrets from what the view shows (built on first use)."""
+        if not isinstance(self._redactor, Redactor):
+            self._redactor = self._redactor()
+        return self._redactor
+
     # -- accounting -----------------------------------------------------------------------------
 
     def bound_bytes(self) -> int:
-        """The most the hub holds: its history, the ingest queue and the entity views. Observers
-        add no copy: each one's backlog is part of the history (and at most
-        ``observer_bytes``)."""
+        """The most the hub holds: its history and the frames not described yet (together
+        ``history_bytes``, plus ``INGEST_BYTES`` of frames while an observer is subscribed),
+        and the entity views. Observers add no copy: each one's backlog is part of the history
+        (and at most ``observer_bytes``)."""
         return self.history_bytes + INGEST_BYTES + VIEWS_BYTES
 
     def held_bytes(self) -> int:
         """What the hub holds now: the history (which holds every observer's backlog), the
-        frames tapped, not yet published (with what each item costs), and what the entity views
+        frames tapped, not yet described (with what each item costs), and what the entity views
         keep."""
-        return self.history.held + self.ingest_held + self.views_held
+        return self.history.held + self.pending.held + self.views_held
+
+    @property
+    def ingest_lost(self) -> int:
+        """Tapped frames dropped before they were described, in all."""
+        return self.pending.lost
 
     @property
     def end(self) -> int:
@@ -199,8 +223,6 @@ class UiHub:
     # -- hooks.ProcessObserver ------------------------------------------------------------------
 
     def session_observer(self, session: Any) -> UiTap:
-        from acp_proxy.rules.engine import entity_keys_by_rule
-
         config = session.config
         header: JsonObject = {
             "acp-proxy-record": 1,
@@ -208,14 +230,11 @@ class UiHub:
             "version": __version__,
             "config": config.source,
             "rules": list(config.rule_names),
-            "rule_keys": {
-                name: list[JsonValue](keys)
-                for name, keys in entity_keys_by_rule(config.rules).items()
-            },
+            "rule_keys": _rule_keys(config.rules),
             "middleware": [spec.name for spec in config.middleware],
         }
-        conn = self.open_session(header)
-        self._newest = self._taps[session] = UiTap(self, conn)
+        conn = self.open_session(header, config.max_parse_bytes, queued=True)
+        self._newest = self._taps[session] = UiTap(self, conn, config.max_parse_bytes)
         return self._newest
 
     def agent_stderr(self, line: bytes, session: Any = None) -> None:
@@ -227,7 +246,7 @@ class UiHub:
         if tap is not None:
             t = time.monotonic() - tap.start
             if len(line) > FRAME_SHOWN:
-                line = _cut(line, FRAME_SHOWN)
+                line = cut(line, FRAME_SHOWN)
             size = len(line) + ITEM_BYTES
             self.ingest((tap.conn, t, "stderr", line, size), size)
 
@@ -239,14 +258,22 @@ class UiHub:
 
     # -- sessions and events --------------------------------------------------------------------
 
-    def open_session(self, header: JsonObject) -> int:
+    def open_session(
+        self, header: JsonObject, max_parse: int = DEFAULT_MAX_PARSE_BYTES, queued: bool = False
+    ) -> int:
+        """A new session (``header``: its record header; ``max_parse``: its parse budget); its
+        event is published now, or with ``queued`` (a live session) in its place among the
+        frames tapped."""
         self._next_conn += 1
         conn = self._next_conn
         header.setdefault("conn", conn)
-        self.sessions[conn] = _Session(conn, header)
+        self.sessions[conn] = _Session(conn, header, max_parse)
         if len(self.sessions) > MAX_SESSIONS:
             self._forget_ended(1)
-        self.publish(self.builder.session(conn, header))
+        if queued:
+            self.ingest((conn, 0.0, "session", None, ITEM_BYTES), ITEM_BYTES)
+        else:
+            self.publish(self.builder.session(conn, header))
         return conn
 
     def _forget_ended(self, count: int, need: int = 0) -> None:
@@ -263,14 +290,19 @@ class UiHub:
                 del self.sessions[old.conn]
                 count -= 1
             elif old.view.held:
+                from acp_proxy.ui.entities import EntityView
+
                 old.view = EntityView()
                 old.view.stop(0)
 
-    def add_line(self, conn: int, line: JsonObject, raw: bytes | None = None) -> None:
+    def add_line(
+        self, conn: int, line: JsonObject, raw: bytes | None = None, frame: Field = OMITTED
+    ) -> None:
         """One record line of session ``conn`` (a frame or a record event; ``raw``: the
-        frame's bytes as the line holds them, when the caller has them)."""
+        frame's bytes as the line holds them, when the caller has them; ``frame``: their
+        ``parse_frame``, when the caller parsed them)."""
         builder = self.builder
-        event = builder.line(conn, line, raw)
+        event = builder.line(conn, line, raw, frame)
         session = self.sessions.get(conn)
         if session is not None:
             if line.get("event") == "end":
@@ -352,11 +384,15 @@ class UiHub:
     # -- observers ------------------------------------------------------------------------------
 
     def subscribe(self) -> Observer | None:
-        """A new observer whose cursor is the newest event (the replay is sent before it)."""
+        """A new observer whose cursor is the newest event (the replay is sent before it; the
+        caller caught up first: ``catch_up``). From now on, what is tapped is described as it
+        comes."""
         if len(self.observers) >= self.max_observers:
             return None
         observer = Observer(self.observer_bytes, self.history.end)
         self.observers.add(observer)
+        if self.pending:
+            self._wake()
         return observer
 
     def unsubscribe(self, observer: Observer) -> None:
@@ -371,67 +407,101 @@ class UiHub:
     # -- the live tap -----------------------------------------------------------------------------
 
     def ingest(self, item: tuple[Any, ...], size: int) -> None:
-        """Queue one tapped item (``size``: what it holds); past ``INGEST_BYTES`` it is dropped
-        and counted where it would have been, in its session (one ``lost`` marker for a run of
-        drops, so the markers too stay within one item of the bound)."""
-        ingest = self._ingest
-        if self.ingest_held + size > INGEST_BYTES and ingest:
-            self.ingest_lost += 1
-            last = ingest[-1]
-            if last[2] == "lost":
-                counts = last[3]
-                counts[item[0]] = counts.get(item[0], 0) + 1
-            else:
-                ingest.append((item[0], item[1], "lost", {item[0]: 1}, ITEM_BYTES))
-                self.ingest_held += ITEM_BYTES
+        """Queue one tapped item (``size``: what it costs, its last field). While an observer
+        is subscribed, past ``INGEST_BYTES`` it is dropped and counted where it would have been,
+        in its session (one ``lost`` marker for a run of drops). While nobody looks, the oldest
+        items go past ``INGEST_BYTES`` (counted as lost at the head), and the items and the
+        events held share ``history_bytes``: the oldest events go first, then the oldest
+        items."""
+        pending = self.pending
+        if self.observers:
+            if pending.held + size > INGEST_BYTES and pending.items:
+                pending.refuse(item)
+                return
+            pending.add(item)
+            if not self._ingest_ready_set:
+                self._wake()
             return
-        ingest.append(item)
-        self.ingest_held += size
-        if not self._ingest_ready_set:
-            self._ingest_ready_set = True
-            self._ingest_ready.set()
+        history = self.history
+        if pending.held + size > INGEST_BYTES:  # (the ring's own bound)
+            pending.drop_oldest(INGEST_BYTES - size)
+        if pending.held + size + history.held > self.history_bytes:
+            history.outside = pending.held + size
+            history.trim()
+            room = self.history_bytes - history.held - size
+            if pending.held > room:
+                pending.drop_oldest(room)
+        history.outside = pending.held + size
+        pending.add(item)
 
-    def watched(self) -> bool:
-        """Whether someone looks: an observer, or a request in the last ``WATCHED_S``."""
-        return bool(self.observers) or time.monotonic() - self.asked < WATCHED_S
+    def _wake(self) -> None:
+        self._ingest_ready_set = True
+        self._ingest_ready.set()
 
     async def run(self) -> None:
-        """Turn tapped frames into events, in batches, until cancelled.
-
-        In slices, each followed by a pause long enough that publishing takes at most its share
-        of the loop's time (``IDLE_SHARE`` when nobody looks, ``WATCHED_SHARE`` when someone
-        does): the session never waits for the view for longer than a slice, and a view that
-        cannot keep up drops frames at the ingest queue (counted as ``lost``), it does not slow
-        the session down."""
+        """Describe what is tapped while an observer is subscribed, in batches, until
+        cancelled (``describe_slice``: at most ``WATCHED_SHARE`` of the loop's time). The
+        session never waits for the view for longer than a slice, and a view that cannot keep
+        up drops frames at the queue (counted as ``lost``), it does not slow the session
+        down."""
         while True:
             await self._ingest_ready.wait()
             self._ingest_ready = anyio.Event()
             self._ingest_ready_set = False
-            while True:
-                start = time.perf_counter()
-                more = self.drain(DRAIN_SLICE)
-                if not more:
-                    break
-                share = WATCHED_SHARE if self.watched() else IDLE_SHARE
-                await anyio.sleep((time.perf_counter() - start) * (1 / share - 1))
+            while self.observers and await self.describe_slice():
+                pass
             await anyio.sleep(PUBLISH_INTERVAL_S)
 
+    async def catch_up(self) -> None:
+        """Return once everything tapped before the call is described (a request answers from
+        what the hub holds: it waits for this first), in slices (``describe_slice``)."""
+        pending = self.pending
+        target = pending.added
+        while pending.left < target and await self.describe_slice():
+            pass
+
+    async def describe_slice(self) -> bool:
+        """Describe a slice of ``DRAIN_SLICE`` frames; whether more is left. Between slices,
+        whoever describes waits long enough that describing takes at most ``WATCHED_SHARE``
+        of the loop's time: the sessions and the observers run in between."""
+        while (wait := self._resume_at - time.perf_counter()) > 0:
+            await anyio.sleep(wait)
+        start = time.perf_counter()
+        more = self.drain(DRAIN_SLICE)
+        now = time.perf_counter()
+        self._resume_at = now + (now - start) * (1 / WATCHED_SHARE - 1)
+        return more
+
     def drain(self, limit: int | None = None) -> bool:
-        """Publish what was tapped so far (at most ``limit`` frames); whether more is left."""
-        ingest = self._ingest
-        count = len(ingest) if limit is None else min(limit, len(ingest))
-        items = [ingest.popleft() for _ in range(count)]
-        # One redaction screen for the whole slice (most slices hold nothing to redact).
+        """Describe what was tapped so far (at most ``limit`` frames): publish its events;
+        whether more is left."""
+        pending = self.pending
+        items = pending.take(limit)
+        self.history.outside = pending.held
+        # Runs as frames, and one redaction screen for the whole slice (most slices hold
+        # nothing to redact).
+        work: list[tuple[Any, ...]] = []
         frames: list[bytes] = []
         for item in items:
-            if item[2] == "frame":
+            what = item[2]
+            if what == "run":
+                conn, t, _, direction, runs, _, _ = item
+                for run in runs:
+                    parts = run.split(b"\n")
+                    frames += parts
+                    for raw in parts:
+                        work.append(
+                            (conn, t, "frame", direction, raw, None, (), None, False, 0, ())
+                        )
+                continue
+            if what == "frame":
                 frames.append(item[4])
                 if item[5]:
                     frames.extend(item[5])
+            work.append(item)
         redactor = self.redactor
         screened = None if redactor.clean(frames) else redactor
-        for item in items:
-            self.ingest_held -= item[-1]
+        for item in work:
             try:
                 self._publish_item(item, screened)
             except Exception as exc:  # the view's own failure: the session never sees it
@@ -440,33 +510,12 @@ class UiHub:
                     "the live view failed to show a frame", error=f"{type(exc).__name__}: {exc}"
                 )
         self.published()
-        return bool(ingest)
+        return bool(pending)
 
     def _publish_item(self, item: tuple[Any, ...], screened: Redactor | None) -> None:
         conn, t, what = item[0], item[1], item[2]
         if what == "frame":
-            _, _, _, direction, raw, sent, changed_by, kind, generated, cut, policy, _ = item
-            if cut:
-                # Only the first FRAME_SHOWN bytes are kept: not JSON, so not redactable key by
-                # key. A part that may hold anything to redact is not shown at all.
-                raw = TOO_LARGE if self.redactor.needs_work(raw) else raw
-                if sent:
-                    sent = [TOO_LARGE if self.redactor.needs_work(f) else f for f in sent]
-            line, cleaned = frame_entry(
-                t,
-                direction,
-                raw,
-                screened,
-                sent=sent,
-                changed_by=changed_by,
-                kind=kind,
-                generated=generated,
-            )
-            if cut:
-                line["truncated"] = cut
-            if policy:
-                line["policy"] = policy
-            self.add_line(conn, line, cleaned)
+            self._publish_frame(item, screened)
         elif what == "stderr":
             cleaned, _ = self.redactor.frame(item[3])
             text = shown(cleaned.rstrip(b"\r").decode("utf-8", "replace"))
@@ -474,8 +523,43 @@ class UiHub:
         elif what == "lost":
             for lost_conn, frames in item[3].items():
                 self.add_line(lost_conn, orjson.loads(event_line(t, "lost", frames=frames)))
+        elif what == "session":
+            session = self.sessions.get(conn)
+            if session is not None:  # (else forgotten: MAX_SESSIONS)
+                self.publish(self.builder.session(conn, session.header))
         else:
             self.add_line(conn, orjson.loads(event_line(t, what, **item[3])))
+
+    def _publish_frame(self, item: tuple[Any, ...], screened: Redactor | None) -> None:
+        conn, t, _, direction, raw, sent, changed_by, kind, generated, cut, marks = item[:11]
+        self.described += 1
+        value: Field = OMITTED
+        if kind is None:  # it passed as it came: what it is is found now, in one parse
+            session = self.sessions.get(conn)
+            budget = session.max_parse if session is not None else DEFAULT_MAX_PARSE_BYTES
+            kind, value = passed(raw, budget)
+        if cut:
+            # Only the first FRAME_SHOWN bytes are kept: not JSON, so not redactable key by
+            # key. A part that may hold anything to redact is not shown at all.
+            raw = TOO_LARGE if self.redactor.needs_work(raw) else raw
+            if sent:
+                sent = [TOO_LARGE if self.redactor.needs_work(f) else f for f in sent]
+            value = OMITTED
+        line, cleaned = frame_entry(
+            t,
+            direction,
+            raw,
+            screened,
+            sent=sent,
+            changed_by=changed_by,
+            kind=kind,
+            generated=generated,
+        )
+        if cut:
+            line["truncated"] = cut
+        if marks and (policy := policy_marks(marks)):
+            line["policy"] = list[JsonValue](policy)
+        self.add_line(conn, line, cleaned, value if cleaned is raw else OMITTED)
 
     def published(self) -> None:
         """End of a batch: its events become one block of the history, the observers' backlogs
@@ -483,118 +567,3 @@ class UiHub:
         self.history.seal()
         if self.observers:
             self.check_lag()
-
-
-class UiTap:
-    """The ``SessionObserver`` of one session for the live view: copies references, returns."""
-
-    __slots__ = ("conn", "hub", "start")
-
-    def __init__(self, hub: UiHub, conn: int) -> None:
-        self.hub = hub
-        self.conn = conn
-        self.start = time.monotonic()
-
-    def on_notes(self, notes: tuple[Any, ...], now: float) -> None:
-        t = now - self.start
-        hub = self.hub
-        for note in notes:
-            if type(note) is Observed:
-                changed_by: list[str] = []
-                policy: list[JsonObject] | None = None
-                for info in note.messages:
-                    if info.changed_by:
-                        changed_by.extend(n for n in info.changed_by if n not in changed_by)
-                    if info.marks:
-                        policy = (policy or []) + policy_marks(info.marks)
-                raw, sent = note.raw, note.sent
-                size = len(raw)
-                if sent:
-                    size += sum(map(len, sent))
-                cut = 0
-                if size > FRAME_SHOWN:
-                    raw, sent, cut = _shown(raw, sent, size)
-                    size -= cut
-                size += ITEM_BYTES
-                hub.ingest(
-                    (
-                        self.conn,
-                        t,
-                        "frame",
-                        _DIR[note.direction],
-                        raw,
-                        sent,
-                        changed_by,
-                        note.kind,
-                        False,
-                        cut,
-                        policy,
-                        size,
-                    ),
-                    size,
-                )
-                for reply in note.replies:
-                    self._generated(_OTHER[note.direction], reply, t)
-            elif type(note) is VersionNegotiated:
-                fields = {"protocolVersion": note.version}
-                hub.ingest((self.conn, t, "version", fields, ITEM_BYTES), ITEM_BYTES)
-
-    def on_generated(self, direction: Direction, frames: tuple[bytes, ...], now: float) -> None:
-        t = now - self.start
-        for frame in frames:
-            self._generated(_DIR[direction], frame, t)
-
-    def _generated(self, direction: str, frame: bytes, t: float) -> None:
-        size, cut = len(frame), 0
-        if size > FRAME_SHOWN:
-            frame, _, cut = _shown(frame, None, size)
-        size += ITEM_BYTES - cut
-        item = (self.conn, t, "frame", direction, frame, None, (), "message", True, cut, None, size)
-        self.hub.ingest(item, size)
-
-    def on_coalesced(self, direction: Direction, merge: Coalesced, now: float) -> None:
-        fields = {
-            "direction": _DIR[direction],
-            "update": merge.kind,
-            "entity": list(merge.entity),
-            "frames": merge.merged,
-            "written": merge.written,
-            "bytes": merge.size,
-        }
-        item = (self.conn, now - self.start, "coalesced", fields, NOTE_BYTES)
-        self.hub.ingest(item, NOTE_BYTES)  # (more than the note and its item hold)
-
-    def event(self, name: str, now: float, **fields: object) -> None:  # as Recorder.event
-        self.hub.ingest((self.conn, now - self.start, name, fields, NOTE_BYTES), NOTE_BYTES)
-
-    def on_end(self, session: Any, now: float) -> None:
-        summary = dict(session.summary())
-        version = summary.pop("version", None)
-        fields = {"exit": None, "protocolVersion": version, "summary": summary}
-        self.hub.ingest((self.conn, now - self.start, "end", fields, ITEM_BYTES), ITEM_BYTES)
-
-
-def _cut(frame: bytes, keep: int) -> bytes:
-    """The first ``keep`` bytes of ``frame`` at most, not ending inside a UTF-8 sequence."""
-    if len(frame) <= keep:
-        return frame
-    while keep > 0 and frame[keep] & 0xC0 == 0x80:
-        keep -= 1
-    return frame[:keep]
-
-
-def _shown(
-    raw: bytes, sent: tuple[bytes, ...] | None, size: int
-) -> tuple[bytes, tuple[bytes, ...] | None, int]:
-    """What the view keeps of a frame and the frames sent instead (``size`` bytes together):
-    ``FRAME_SHOWN`` bytes at most, the frame first; and how many bytes it leaves out."""
-    kept = _cut(raw, FRAME_SHOWN)
-    left = FRAME_SHOWN - len(kept)
-    if sent:
-        shown_sent = []
-        for frame in sent:
-            part = _cut(frame, left)
-            shown_sent.append(part)
-            left -= len(part)
-        sent = tuple(shown_sent)
-    return kept, sent, size - (FRAME_SHOWN - left)

@@ -21,19 +21,18 @@ and there is no framing, masking or upgrade to implement.
 
 from __future__ import annotations
 
+import base64
 import errno
 import functools
 import io
 import os
-import secrets
+import pkgutil
 import signal
 import socket
 import stat
 import sys
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from importlib import resources
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import orjson
@@ -52,6 +51,9 @@ from acp_proxy.shell.ui.routes import SECURITY_HEADERS, text
 from acp_proxy.telemetry.endpoint import Request, parse_head
 from acp_proxy.ui import events, security
 from acp_proxy.ui.history import GZIP_HEADER, deflated
+
+if TYPE_CHECKING:
+    from acp_proxy.record.format import Redactor
 
 MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT_S: Final = 10.0  # a request head must be whole by then
@@ -79,7 +81,9 @@ RECORDS_EXPOSURE: Final = (
 
 def page_bytes() -> bytes:
     """The page (package data: ``acp_proxy/ui/page.html``)."""
-    return (resources.files("acp_proxy.ui") / "page.html").read_bytes()
+    page = pkgutil.get_data("acp_proxy.ui", "page.html")
+    assert page is not None, "the package's loader reads its data"
+    return page
 
 
 class UiServer:
@@ -185,7 +189,8 @@ class UiServer:
         return request
 
     async def _answer(self, stream: SocketStream, request: Request) -> None:
-        self.hub.asked = time.monotonic()  # someone looks: the hub publishes at its watched pace
+        if request.path not in ("/", "/index.html"):
+            await self.hub.catch_up()  # what was tapped before the request, described
         if request.path == "/events" and request.method == "GET":
             try:
                 await self._events(stream, request)
@@ -354,7 +359,9 @@ async def _serving(
     listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
     if isinstance(listener, int):
         return listener
-    token = secrets.token_urlsafe(32)
+    # 32 random bytes, URL-safe (``secrets.token_urlsafe``, without loading ``secrets``, whose
+    # ``random`` and ``hashlib`` cost the start-up more than the rest of the view).
+    token = base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
     host = listener.address.host
     names = [host]
     if allow_remote:
@@ -380,10 +387,9 @@ async def run_with_ui(
     """Serve the live view at ``settings.address`` while ``main(*args)`` runs; returns its
     exit code. The listener is bound before ``main`` starts; a refusal exits before anything
     is spawned. What it shows is redacted by the ``record:`` settings' rules."""
-    from acp_proxy.shell.record.recorder import build_redactor
-
     limits = HubLimits(settings.history_bytes, settings.observer_bytes, settings.max_observers)
-    hub = UiHub(mode="live", redactor=build_redactor(record), limits=limits)
+    # The redactor is built when the view first describes something (nobody may ever look).
+    hub = UiHub(mode="live", redactor=lambda: _redactor(record), limits=limits)
     assert settings.address is not None
     made = await _serving(
         settings.address, settings.allow_remote, hub, what="live view", exposure=UI_EXPOSURE
@@ -399,8 +405,8 @@ async def run_with_ui(
             for sock in listener.sockets:
                 tg.start_soon(server.serve, sock)
             code = await main(*args)
-            while hub.drain(DRAIN_SLICE):  # in slices: the observers take their share between
-                await anyio.sleep(0)
+            while hub.observers and hub.drain(DRAIN_SLICE):  # in slices: the observers take
+                await anyio.sleep(0)  # their share between (nobody looks: nothing to describe)
             # The observers get what the session produced (briefly), then the reason they end.
             with anyio.move_on_after(CATCH_UP_S):
                 while any(o.cut is None and not hub.caught_up(o) for o in hub.observers):
@@ -415,6 +421,13 @@ async def run_with_ui(
         hooks.uninstall(hub)
         listener.close()
     return code
+
+
+def _redactor(record: RecordConfig) -> Redactor:
+    """The redactor of the ``record:`` settings (its module loaded only then)."""
+    from acp_proxy.shell.record.recorder import build_redactor
+
+    return build_redactor(record)
 
 
 def open_record(path: str) -> io.BufferedReader:

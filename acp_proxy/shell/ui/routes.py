@@ -2,8 +2,8 @@
 
 Contract: owns what ``/``, ``/api/sessions``, ``/api/entities``, ``/history`` and ``/export``
 answer (``respond``), and the HTTP heads they go out with; never writes to a socket (the server,
-``acp_proxy.shell.ui.live_server``, sends what it returns) and never writes to a session. A body
-that
+``acp_proxy.shell.ui.live_server``, sends what it returns, once the hub described what it was
+told before the request: ``UiHub.catch_up``) and never writes to a session. A body that
 grows with the session (``/history``, ``/export``) is not built whole: it is an async iterator
 of bounded pieces read from the hub's history as they are sent (``PIECE_BYTES`` of events at a
 time, nothing pinned beyond the piece in hand), and the export's parsing and encoding run in a

@@ -115,7 +115,7 @@ class Batches:
             for r in outcome.replies:
                 replies.append(reply_bytes(r, entry_raw if "id" in r else None, entry))
                 stats.errors_replied += "error" in r
-            if inspect_all:
+            if inspect_all or host._watching:  # (watching: who changed it)
                 acc.notes.append(
                     frame_info(
                         direction,

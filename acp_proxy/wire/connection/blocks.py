@@ -19,15 +19,37 @@ from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.divert import FRAME_STARTS
 from acp_proxy.wire.connection.host import UNSET, Acc, Host, Unset
+from acp_proxy.wire.connection.observe import described, passes
 from acp_proxy.wire.connection.rewrite import Rewriter
 from acp_proxy.wire.framing import Block, Line, Oversize
-from acp_proxy.wire.notes import Note, Result
+from acp_proxy.wire.notes import Note, Passed, Result
 from acp_proxy.wire.raw import block_scan
 from acp_proxy.wire.raw.block_scan import contains
 from acp_proxy.wire.raw.prefilter import ESCAPES, ID_KEY, agent_needs_parse, client_needs_parse
 
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
+
+
+class _Passing:
+    """The frames of a read that passed as they came and are not reported yet (watching):
+    reported as one ``Passed`` when a frame that did not pass, or the read's end, comes."""
+
+    __slots__ = ("count", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.count = 0
+
+    def add(self, part: bytes, n: int) -> None:
+        self.parts.append(part)
+        self.count += n
+
+    def report(self, direction: Direction, notes: list[Note]) -> None:
+        if self.parts:
+            notes.append(Passed(direction, tuple(self.parts), self.count))
+            self.parts = []
+            self.count = 0
 
 
 class Blocks:
@@ -52,7 +74,11 @@ class Blocks:
         self._needles_by_state: dict[tuple[Direction, bool], tuple[bytes, ...] | None] = {}
 
     def many(
-        self, direction: Direction, events: Iterable[Line | Oversize | Block], join: bool
+        self,
+        direction: Direction,
+        events: Iterable[Line | Oversize | Block],
+        join: bool,
+        passing: _Passing | None = None,
     ) -> Result:
         """``Connection.handle_many``: each event in order, the results concatenated.
 
@@ -61,7 +87,9 @@ class Blocks:
         joined with ``b"\\n"``, ``message=None``). The outbound queue splits such a frame into
         its lines when it has to wait (its merge pass), so coalescing still sees every
         line.
-        """
+
+        Watching, the frames that pass as they came are reported together (``passing``: those
+        of the read this is part of, not reported yet)."""
         forward: list[OutFrame] = []
         reply: list[OutFrame] = []
         notes: list[Note] = []
@@ -69,6 +97,9 @@ class Blocks:
         a2c = direction is _A2C
         host = self._host
         fast = not host._inspect_all
+        own = passing is None and host._watching
+        if own:
+            passing = _Passing()
         for item in events:
             event = item
             if type(event) is Block:
@@ -79,11 +110,11 @@ class Blocks:
                     event = Line(event.raw)
                 else:
                     if run:
-                        self._flush_run(direction, run, forward, join)
+                        self._flush_run(direction, run, forward, join, passing)
                         run = []
                     acc = Acc()
                     acc.forward, acc.reply, acc.notes = forward, reply, notes
-                    self.block(direction, event, acc, join=join)
+                    self.block(direction, event, acc, join=join, passing=passing)
                     continue
             interested: tuple[bool, ...] | Unset | None = UNSET
             if fast and type(event) is Line:
@@ -101,7 +132,7 @@ class Blocks:
                     run.append(raw)
                     continue
             if run:
-                self._flush_run(direction, run, forward, join)
+                self._flush_run(direction, run, forward, join, passing)
                 run = []
             assert not isinstance(event, Block)
             if not isinstance(interested, Unset) and type(event) is Line:
@@ -110,29 +141,59 @@ class Blocks:
                     res = host._agent_line(event.raw, interested)
                 else:
                     res = host._client_line(event.raw, interested)
+                if passing is not None:  # watching (``handle`` reports for itself)
+                    if passes(event, event.raw, res):
+                        forward.append(res.forward[0])
+                        passing.add(event.raw, 1)
+                        continue
+                    res = described(direction, event, event.raw, res)
             else:
                 res = host.handle(direction, event)
+            if passing is not None:
+                passing.report(direction, notes)
             forward.extend(res.forward)
             if res.reply:
                 reply.extend(res.reply)
             if res.notes:
                 notes.extend(res.notes)
         if run:
-            self._flush_run(direction, run, forward, join)
+            self._flush_run(direction, run, forward, join, passing)
+        if own:
+            assert passing is not None
+            passing.report(direction, notes)
         return Result(tuple(forward), tuple(reply), tuple(notes))
 
     def _flush_run(
-        self, direction: Direction, run: list[bytes], forward: list[OutFrame], join: bool
+        self,
+        direction: Direction,
+        run: list[bytes],
+        forward: list[OutFrame],
+        join: bool,
+        passing: _Passing | None,
     ) -> None:
         n = len(run)
         self._host._count_passed(direction, n)
         version = self._host.version
         if join:
-            forward.append(OutFrame(b"\n".join(run) if n > 1 else run[0], None, version, n))
+            joined = b"\n".join(run) if n > 1 else run[0]
+            forward.append(OutFrame(joined, None, version, n))
+            if passing is not None:
+                passing.add(joined, n)
         else:
             forward.extend([OutFrame(raw, None, version) for raw in run])
+            if passing is not None:
+                passing.parts.extend(run)
+                passing.count += n
 
-    def block(self, direction: Direction, block: Block, acc: Acc, *, join: bool) -> None:
+    def block(
+        self,
+        direction: Direction,
+        block: Block,
+        acc: Acc,
+        *,
+        join: bool,
+        passing: _Passing | None = None,
+    ) -> None:
         """The lines of ``block``, results added to ``acc``.
 
         Only the lines that something may need go through the per-line path: those holding a
@@ -149,7 +210,7 @@ class Blocks:
         waiting = host._has_links and not host._chain_on
         needles = None if host._inspect_all or waiting else self._block_needles(direction)
         if needles is None:
-            acc.extend(self.many(direction, block.lines(), join))
+            acc.extend(self.many(direction, block.lines(), join, passing))
             return
         # One pass (``acp_proxy.wire.raw.block_scan``, C when built): the lines that hold a needle
         # or do
@@ -176,9 +237,12 @@ class Blocks:
         for line_index, start, stop in specials:
             if line_index > index:
                 if special:  # one call per group (a block of updates that all need a look)
-                    acc.extend(self.many(direction, special, join))
+                    acc.extend(self.many(direction, special, join, passing))
                     special = []
-                self._plain_run(direction, raw[pos : start - 1], line_index - index, acc, join)
+                part = raw[pos : start - 1]
+                self._plain_run(
+                    direction, part, line_index - index, acc, join=join, passing=passing
+                )
             index = line_index + 1
             pos = stop + 1
             line = raw[start:stop]
@@ -191,26 +255,34 @@ class Blocks:
                 out = self._rw.lane(direction, line, self._max_parse)
                 if out is not None:
                     if special:
-                        acc.extend(self.many(direction, special, join))
+                        acc.extend(self.many(direction, special, join, passing))
                         special = []
-                    acc.forward.append(out)
+                    acc.forward.append(out)  # (never watching: no fused path then)
                     continue
             if reading and line[:2] == b'{"' and not contains(line, ID_KEY):
                 # The lines before it first: a reader keeps state (the policy's tool calls, a
                 # permission request that asked about one), so it sees them in order.
                 if special:
-                    acc.extend(self.many(direction, special, join))
+                    acc.extend(self.many(direction, special, join, passing))
                     special = []
                 read = self._rw.read_lane(direction, line, self._max_parse)
                 if read is not None:
+                    if passing is not None:  # watching: reported as the per-line path does
+                        event = Line(line)
+                        if passes(event, line, read):
+                            acc.forward.extend(read.forward)
+                            passing.add(line, 1)
+                            continue
+                        passing.report(direction, acc.notes)
+                        read = described(direction, event, line, read)
                     acc.extend(read)
                     continue
             if line and not line.isspace():  # blank lines are dropped, as ``Block.lines`` does
                 special.append(Line(line))
         if special:
-            acc.extend(self.many(direction, special, join))
+            acc.extend(self.many(direction, special, join, passing))
         if lines > index:
-            self._plain_run(direction, raw[pos:], lines - index, acc, join)
+            self._plain_run(direction, raw[pos:], lines - index, acc, join=join, passing=passing)
 
     def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
         """What makes a line of a block need the per-line path; None: every line does. Built
@@ -265,11 +337,23 @@ class Blocks:
                 return False
         return True
 
-    def _plain_run(self, direction: Direction, run: bytes, n: int, acc: Acc, join: bool) -> None:
+    def _plain_run(
+        self,
+        direction: Direction,
+        run: bytes,
+        n: int,
+        acc: Acc,
+        *,
+        join: bool,
+        passing: _Passing | None,
+    ) -> None:
         """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""
         host = self._host
         if join:
             host._count_passed(direction, n)
             acc.forward.append(OutFrame(run, None, host.version, n))
+            if passing is not None:
+                passing.add(run, n)
         else:
-            self._flush_run(direction, run.split(b"\n") if n > 1 else [run], acc.forward, False)
+            lines = run.split(b"\n") if n > 1 else [run]
+            self._flush_run(direction, lines, acc.forward, False, passing)

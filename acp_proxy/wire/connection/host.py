@@ -65,6 +65,7 @@ class Host(Protocol):
     _chain_on: bool
     _has_links: bool
     _inspect_all: bool
+    _watching: bool
     _fused: object
     _fused_interest: tuple[bool, ...]
     _lane_blockers: tuple[bytes, ...]

@@ -23,9 +23,7 @@ Rules:
 3. Version. Before the ``initialize`` response fixes ``protocolVersion`` (ACP digest §2.3: "the
    negotiated version is ``result.protocolVersion`` in the ``initialize`` response") the chain is
    not run and frames pass untouched, pipelined ones included.
-4. Batches: see ``acp_proxy.wire.connection.batches`` (one array in, one array out, only changed
-entries
-   re-encoded).
+4. Batches: see ``batches`` (one array in, one array out, only changed entries re-encoded).
 5. Tracking. Client requests awaiting the agent's response, and agent requests awaiting the
    client's, are kept by ``tracking.RequestTracker`` (bounded; a request past the bound is
    answered with an error instead of forwarded); a response removes its id.
@@ -34,6 +32,9 @@ entries
    what its head says.
 6. The round trip (``handle_line`` / ``_tracked``) is the hottest path: a request or response no
    middleware may act on is parsed once and tracked in one step, with no call it can avoid.
+7. Observing: ``observe`` parses every frame and describes each (``Observed``); ``watch`` (the
+   live view; ``observe`` wins) keeps the fast paths and reports what they forwarded as it came
+   as ``Passed`` runs, every other frame as ``Observed`` (``observe.watched``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from acp_proxy.wire.connection.divert import (
 )
 from acp_proxy.wire.connection.host import UNSET, NotParsedWhy, Unset
 from acp_proxy.wire.connection.negotiate import negotiated_version
-from acp_proxy.wire.connection.observe import frame_info, method_of, observed
+from acp_proxy.wire.connection.observe import frame_info, method_of, observed, watched
 from acp_proxy.wire.connection.oversize import oversize
 from acp_proxy.wire.connection.rewrite import Rewriter, encode
 from acp_proxy.wire.connection.tracking import RequestTracker, is_id
@@ -89,7 +90,12 @@ from acp_proxy.wire.notes import (
 )
 from acp_proxy.wire.raw import rawjson, rawscan
 from acp_proxy.wire.raw.block_scan import contains
-from acp_proxy.wire.raw.prefilter import ID_KEY, agent_needs_parse, client_needs_parse, parse_cost
+from acp_proxy.wire.raw.prefilter import (
+    ID_KEY,
+    agent_needs_parse,
+    client_needs_parse,
+    parse_cost,
+)
 
 # Bounded memory (docs/bounds.md): the parse budget and the pending-request tables
 # (``DEFAULT_MAX_PARSE_BYTES``, ``DEFAULT_MAX_PENDING`` from config) and the bytes of their ids.
@@ -135,6 +141,7 @@ class Connection:
         "_tracker",
         "_watch",
         "_watched",
+        "_watching",
         "chain",
         "stats",
         "version",
@@ -149,10 +156,12 @@ class Connection:
         max_parse_bytes: int = DEFAULT_MAX_PARSE_BYTES,
         max_pending: int = DEFAULT_MAX_PENDING,
         observe: bool = False,
+        watch: bool = False,
     ) -> None:
         self.chain = chain
         # Observing needs every frame on its own and parsed: it implies ``inspect_all``.
-        self._observe = observe
+        self._observe = observe or watch
+        self._watching = watch and not observe
         inspect_all = inspect_all or observe
         self._answers: dict[JsonValue, str] = {}  # responses of the current frame: id -> method
         self._max_parse = max_parse_bytes
@@ -161,8 +170,7 @@ class Connection:
         self._inspect_all = inspect_all
         self._has_links = len(chain) > 0
         self._chain_on = False  # links exist and the version is known: run the chain
-        # Which links may act on a frame (``acp_proxy.wire.interest``); read on the hot path
-        # as this object's own attributes.
+        # Which links may act on a frame (``wire.interest``), as this object's own attributes.
         interest = LinkInterest(chain)
         self._link_interest = interest
         self._interested = interest.of
@@ -171,12 +179,11 @@ class Connection:
         self._routed = interest.routed
         self._general = interest.general
         self._watch = interest.watch
-        self._fused = interest.fused
+        self._fused = None if self._watching else interest.fused  # (it names no rule it ran)
         self._fused_interest = interest.fused_interest
         self._lane_blockers = interest.lane_blockers
-        # Requests awaiting an answer, both ways, bounded (``acp_proxy.wire.connection.tracking``);
-        # and the
-        # watched client requests (``LinkInterest.watch``) waiting, each with its method.
+        # Requests awaiting an answer, both ways, bounded (``tracking``); and the watched client
+        # requests (``LinkInterest.watch``) waiting, each with its method.
         self._tracker = RequestTracker(max_pending)
         self._watched: dict[JsonValue, str] = {}
         self._set_contexts()
@@ -225,7 +232,7 @@ class Connection:
             assert isinstance(event, Oversize)
             raw = event.head
             res = oversize(self, direction, event)
-        return observed(direction, event, raw, res)
+        return (watched if self._watching else observed)(direction, event, raw, res)
 
     def handle_line(self, direction: Direction, raw: bytes) -> JsonObject | Result:
         """``handle_many(direction, [Line(raw)])`` for one non-empty line, without the event
@@ -235,7 +242,7 @@ class Connection:
         tracked, and to be forwarded exactly as it came (``Result((OutFrame(raw, message,
         version),))``, which the shell writes without building it). Anything else comes back
         as the general path's ``Result``. The middleware's interest is looked for once."""
-        if self._inspect_all:
+        if self._inspect_all or self._watching:
             return self.handle_many(direction, [Line(raw)])
         interested = self._interested(raw) if self._needles_on else None
         if interested is None and contains(raw, ID_KEY):

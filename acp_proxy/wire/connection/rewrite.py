@@ -26,6 +26,7 @@ from acp_proxy.wire.connection.observe import frame_info, method_of, update_kind
 from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 from acp_proxy.wire.notes import (
     Dropped,
+    FrameInfo,
     MiddlewareFailed,
     Note,
     Result,
@@ -112,7 +113,11 @@ class Rewriter:
                     host._track(direction, out, acc_notes, raw if out is message else None)
                     notes = tuple(acc_notes)
                 # (No ``Rewritten`` note: only debug logging shows it, and debug means
-                # ``inspect_all``, which takes the general path below.)
+                # ``inspect_all``, which takes the general path below. Watching, who changed
+                # the frame is said.)
+                if host._watching:
+                    info = self.info(direction, raw, message, outcome)
+                    notes = (*notes, info)
                 return Result((OutFrame(data, out, version),), (), notes)
         acc = Acc()
         acc.notes.extend(notes)
@@ -125,17 +130,8 @@ class Rewriter:
             for out, data in zip(outcome.messages, encoded, strict=True):
                 acc.forward.append(OutFrame(data, out, version))
                 host._track(direction, out, acc.notes, None)
-        if inspect_all:
-            acc.notes.append(
-                frame_info(
-                    direction,
-                    message,
-                    len(raw),
-                    outcome.changed_by,
-                    host._answers,
-                    marks=outcome.marks,
-                )
-            )
+        if inspect_all or host._watching:
+            acc.notes.append(self.info(direction, raw, message, outcome))
         for reply in outcome.replies:
             # A response keeps the request's id bytes; a notification is encoded on its own.
             acc.reply.append(
@@ -143,6 +139,16 @@ class Rewriter:
             )
         host._count_out(direction, len(acc.forward))
         return acc.result()
+
+    def info(
+        self, direction: Direction, raw: bytes, message: JsonObject, outcome: Outcome
+    ) -> FrameInfo:
+        """What observers are told of a message the chain ran on (``FrameInfo``)."""
+        host = self._host
+        changed_by = outcome.changed_by
+        return frame_info(
+            direction, message, len(raw), changed_by, host._answers, marks=outcome.marks
+        )
 
     # --- the fused v2 path --------------------------------------------------------------------
 
@@ -174,6 +180,8 @@ class Rewriter:
             acc = list(notes)
             self.report(message, before, acc, False)
             notes = tuple(acc)
+        if host._watching:  # (as the per-line path says what the chain ran on; no fused path)
+            notes = (*notes, self.info(direction, raw, message, before))
         replies = tuple(self.reply_frame(r) for r in before.replies)
         data = None
         if side != interested:  # the fusable link is interested too

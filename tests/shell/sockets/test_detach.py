@@ -522,7 +522,8 @@ async def test_the_live_view_is_told_of_a_detach() -> None:
     from acp_proxy.config import Config
     from acp_proxy.shell.log.logsetup import get_logger
     from acp_proxy.shell.sockets.detach import HeldSession
-    from acp_proxy.shell.ui.hub import UiHub, UiTap
+    from acp_proxy.shell.ui.hub import UiHub
+    from acp_proxy.shell.ui.tap import UiTap
 
     hub = UiHub()
     tap = UiTap(hub, hub.open_session({"acp-proxy-record": 1}))
