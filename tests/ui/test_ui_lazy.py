@@ -16,8 +16,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_blocks import TagToolCalls
-from test_watch import AGENT_LINES, USER_LINES
+from line_fixtures import AGENT_LINES, USER_LINES, TagToolCalls
 from ui_inproc import serving
 
 from acp_proxy.base.jsontypes import JsonObject

@@ -14,18 +14,13 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from line_fixtures import CLIENT_LINES, LINES, TagToolCalls, notif
 
-from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import NonJsonPolicy
 from acp_proxy.wire.chain import (
-    FORWARD,
-    BaseMiddleware,
     Chain,
     Direction,
     Link,
-    MessageContext,
-    Replace,
-    Verdict,
 )
 from acp_proxy.wire.connection.pipeline import Connection, Result
 from acp_proxy.wire.framing import Block, Line, LineSplitter
@@ -62,23 +57,6 @@ A2C = Direction.AGENT_TO_CLIENT
 C2A = Direction.CLIENT_TO_AGENT
 
 
-class TagToolCalls(BaseMiddleware):
-    """Rewrites tool_call_update notifications (needle-filtered, like the rules middleware)."""
-
-    needles: tuple[bytes, ...] = (b'"tool_call_update"',)
-
-    def __call__(self, message: JsonObject, ctx: MessageContext) -> Verdict:
-        params = message.get("params")
-        if not isinstance(params, dict):
-            return FORWARD
-        update = params.get("update")
-        if not isinstance(update, dict) or update.get("sessionUpdate") != "tool_call_update":
-            return FORWARD
-        meta: JsonObject = {"x.dev/k": 1}
-        new_update: JsonObject = {**update, "_meta": meta}
-        return Replace(({**message, "params": {**params, "update": new_update}},))
-
-
 class TagWithNeedles(TagToolCalls):
     """The same middleware behind other needles (hostile ones included: blank, one byte)."""
 
@@ -89,48 +67,6 @@ class TagWithNeedles(TagToolCalls):
 # Needles a middleware may declare: the usual one, and ones that hit blank, whitespace and
 # every line, or (holding a newline) none.
 ODD_NEEDLES = [(b'"tool_call_update"',), (b" ",), (b"",), (b"\n",), (b"t", b"\r"), (b"{",)]
-
-
-def notif(kind: str, extra: str = "") -> bytes:
-    return (
-        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
-        b'{"sessionUpdate":"' + kind.encode() + b'","toolCallId":"t"' + extra.encode() + b"}}}"
-    )
-
-
-LINES = [
-    b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2,"info":{"name":"a","version":"1"},"capabilities":{}}}',
-    notif("agent_message_chunk"),
-    notif("tool_call_update"),
-    notif("tool_call_update", ',"t2":"\\u00e9"'),
-    notif("agent_message_chunk", ',"x":"caf\\u00e9 \\/ ok"'),
-    notif("plan_update", ',"n":123456789012345678901234567890'),
-    b'{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s"}}',
-    b'{"jsonrpc":"2.0","id":3,"result":{}}',
-    b'{"jsonrpc":"2.0","id":"late","result":null}',
-    b"[" + notif("tool_call_update") + b"," + notif("agent_message_chunk") + b"]",
-    b"plain text banner",
-    b"\x1b[0m" + notif("agent_message_chunk"),
-    b"  " + notif("agent_message_chunk"),
-    b"",
-    b"   ",
-    b"{not json",
-    notif("agent_message_chunk") + b"\r",
-]
-
-CLIENT_LINES = [
-    b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":2}}',
-    b'{"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":"s"}}',
-    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"s"}}',
-    b'{"jsonrpc":"2.0","id":7,"result":{"outcome":{"outcome":"cancelled"}}}',
-    # Escaped client frames are parsed on the per-line path (``_client_needs_parse``), so one
-    # with a broken escape is reported NotParsed; the block path used to forward it silently.
-    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"caf\\u00e9"}}',
-    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"\\u00zz"}}',
-    b'{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"a\\/b"}}',
-    b"garbage",
-    b"",
-]
 
 
 @dataclass

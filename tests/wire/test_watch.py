@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_blocks import CLIENT_LINES, LINES, TagToolCalls
+from line_fixtures import AGENT_LINES, LINES, USER_LINES, TagToolCalls
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.config import NonJsonPolicy, parse_config
@@ -41,17 +41,6 @@ rules:
     set_meta: {example.dev/route: edge}
     remove_meta: [zed.dev/debugMode]
 """
-
-AGENT_LINES = [
-    *LINES,
-    b'{"jsonrpc":"2.0","method":"session/update","params":{"update":',  # starts like JSON
-    b'{"jsonrpc":"2.0","method":"x","params":[' + b"1," * 700 + b"1]}",  # over the budget
-    b'[{"jsonrpc":"2.0","id":9,"method":"fs/read_text_file","params":{}}]',
-    b"[]",
-    b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":'
-    b'{"sessionUpdate":"tool_call_update","toolCallId":"c","_meta":{"zed.dev/debugMode":1}}}}',
-]
-USER_LINES = [*CLIENT_LINES, b'{"a":', b"5", b' {"jsonrpc":"2.0","method":"m"}']
 
 
 class MarkingTag(TagToolCalls):
