@@ -445,3 +445,29 @@ async def test_a_traceparent_read_before_the_version_is_known_still_parents_the_
         span = spans[name]
         assert (span.trace_id.hex(), span.parent_span_id.hex()) == (TRACE, PARENT), name
         assert span.trace_state == "vendor=x"
+
+
+def test_a_detach_and_a_reattach_are_spans(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``detach_grace``: the process observer makes a span of each detach event, with the
+    frames a reattach replayed."""
+    from acp_proxy.config import TracingConfig
+    from acp_proxy.shell.session import hooks
+    from acp_proxy.shell.telemetry.tracing import Tracing
+
+    env = _env(receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)  # the exporter reads it
+    tracing = Tracing(TracingConfig(enabled=True), env)
+    hooks.install(tracing)
+    try:
+        hooks.detach_event("detach", 0)
+        hooks.detach_event("reattach", 5)
+    finally:
+        hooks.uninstall(tracing)
+        tracing.flush()
+    spans = _by_name(receiver)
+    assert sorted(spans) == ["acp-proxy detach", "acp-proxy reattach"]
+    attributes = {a.key: a.value for a in spans["acp-proxy reattach"].attributes}
+    assert attributes["acp_proxy.detach.event"].string_value == "reattach"
+    assert attributes["acp_proxy.detach.replayed"].int_value == 5

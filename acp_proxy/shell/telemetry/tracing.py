@@ -203,6 +203,17 @@ class Tracing:
     def listening(self, accepting: bool) -> None:
         pass
 
+    def detach_event(self, event: str, replayed: int) -> None:
+        """``detach_grace``: one span per detach, reattach (with the frames replayed), refusal,
+        takeover or expired grace time, so that a trace shows where a session changed hands."""
+        if not self.admit():
+            return
+        span = self.tracer.start_span(
+            f"acp-proxy {event}",
+            attributes={"acp_proxy.detach.event": event, "acp_proxy.detach.replayed": replayed},
+        )
+        span.end()
+
     def flush(self) -> None:
         """Export what is left and shut the exporter down, with a deadline of ``FLUSH_S``, and
         none of it spent on a collector that is not answering (blocking: see
