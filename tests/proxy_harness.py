@@ -228,6 +228,24 @@ def close_pipes(proc: subprocess.Popen[bytes]) -> None:
                 pipe.close()
 
 
+def end_process(proc: subprocess.Popen[bytes], timeout: float, *, terminate: bool = False) -> None:
+    """A test's process ended whatever happened in the test: its input closed (and SIGTERM with
+    ``terminate``), ``timeout`` seconds to exit, then SIGKILL; our ends of its pipes closed. A
+    test that failed with the process's output still full (a paused client) leaves no process
+    behind."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+    if terminate and proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    close_pipes(proc)
+
+
 # -- backpressure, seen from outside -------------------------------------------------------------
 def unread_in_pipe(fd: int) -> tuple[int, int]:
     """(bytes written to the pipe of ``fd`` and not read yet, its capacity): Linux answers

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from proxy_harness import close_pipes, proxy_env
+from proxy_harness import end_process, proxy_env
 from ui_session import URL
 
 CHUNKS = 6000
@@ -105,8 +105,6 @@ def paused_client() -> Iterator[PausedClient]:
                 break
         yield session
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=20)
+        end_process(proc, 20)
         if draining.is_alive():
             draining.join(10)  # the proxy exited: its stderr is at EOF
-        close_pipes(proc)

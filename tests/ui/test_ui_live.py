@@ -18,7 +18,7 @@ import anyio
 import orjson
 import pytest
 from http_client import http
-from proxy_harness import REPO, close_pipes, proxy_env
+from proxy_harness import REPO, end_process, proxy_env
 
 TINY = [sys.executable, "-S", str(REPO / "tests" / "tiny_agent.py")]
 UI_URL = re.compile(r"live view at (http://\S+)")
@@ -48,12 +48,8 @@ def proxy(*options: str) -> Iterator[tuple[subprocess.Popen[bytes], queue.Queue[
     try:
         yield proc, lines
     finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.terminate()
-        proc.wait(timeout=20)
+        end_process(proc, 20, terminate=True)
         pumping.join(10)  # the proxy exited: its stderr is at EOF
-        close_pipes(proc)
 
 
 def _wait_for(lines: queue.Queue[str], pattern: str) -> str:
@@ -190,12 +186,9 @@ def test_the_agents_stderr_is_shown_redacted() -> None:
         assert event["line"] == "booting [REDACTED]"
         assert event["conn"] == 1
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=20)
+        end_process(proc, 20)
         if draining is not None:
             draining.join(10)  # the proxy exited: its stderr is at EOF
-        close_pipes(proc)
 
 
 # An agent that says on its stderr which request it is answering, then answers it.
@@ -263,7 +256,5 @@ def test_each_connections_agent_stderr_is_shown_in_its_session() -> None:
     finally:
         for client in clients:
             client.close()
-        proc.terminate()
-        proc.wait(timeout=20)
+        end_process(proc, 20, terminate=True)
         pumping.join(10)  # the proxy exited: its stderr is at EOF
-        close_pipes(proc)
