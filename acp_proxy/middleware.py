@@ -22,6 +22,7 @@ from acp_proxy.wire.chain import (
     Middleware,
     Replace,
     Reply,
+    Ticking,
     Verdict,
 )
 
@@ -38,5 +39,6 @@ __all__ = [
     "Middleware",
     "Replace",
     "Reply",
+    "Ticking",
     "Verdict",
 ]

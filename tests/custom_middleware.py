@@ -6,7 +6,14 @@ Not a test module: these classes stand for what a user writes in their own packa
 from __future__ import annotations
 
 from acp_proxy.base.jsontypes import JsonObject
-from acp_proxy.wire.chain import FORWARD, BaseMiddleware, MessageContext, Replace, Verdict
+from acp_proxy.middleware import (
+    FORWARD,
+    BaseMiddleware,
+    MessageContext,
+    Replace,
+    Ticking,
+    Verdict,
+)
 
 NOT_CALLABLE = 42
 
@@ -120,3 +127,19 @@ class FixedName(BaseMiddleware):
     """A class-level ``name``: known without building an instance."""
 
     name = "fixed"
+
+
+class Ticker(BaseMiddleware, Ticking):
+    """Keeps time: its first tick tells the client ``x/tick``, its second raises (a bug in a
+    user's middleware), its third tells the client ``x/tick`` again."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def on_tick(self) -> tuple[tuple[JsonObject, ...], tuple[JsonObject, ...]]:
+        self.ticks += 1
+        if self.ticks == 2:
+            raise RuntimeError("tick bug")
+        if self.ticks > 3:
+            return (), ()
+        return (), ({"jsonrpc": "2.0", "method": "x/tick", "params": {"n": self.ticks}},)

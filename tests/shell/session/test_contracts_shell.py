@@ -325,6 +325,25 @@ async def test_custom_middleware_by_import_path_with_options(tmp_path: Path) -> 
     assert ran.events("exit")[0]["rewritten"] == 1
 
 
+async def test_a_user_middleware_that_keeps_time_sends_on_its_ticks(tmp_path: Path) -> None:
+    """``Ticking`` (the public base): what ``on_tick`` returns toward the client is sent about
+    once a second while the session runs; a tick that raises is logged and the session goes on."""
+    text = "middleware:\n  - use: custom_middleware:Ticker\n"
+    cmd = proxy_cmd("--config", write_config(tmp_path / "tick.yaml", text), "--log-format", "json")
+    tick = b'{"jsonrpc":"2.0","method":"x/tick","params":{"n":%d}}\n'
+    async with interactive(cmd, env_with()) as s:
+        await s.send(request(1, "initialize", {}))
+        with anyio.fail_after(TIMEOUT):
+            got = [await s.out.line() for _ in range(3)]
+        # The ticks in order; the answer to initialize wherever it fell among them.
+        assert [line for line in got if line != init_response(1)] == [tick % 1, tick % 3]
+        assert init_response(1) in got
+        rc, rest, events = await s.finish()
+    assert rc == 0 and rest == b""
+    failed = [e for e in events if e["event"] == "a middleware failed on its tick"]
+    assert len(failed) == 1 and failed[0]["level"] == "error"
+
+
 async def test_raising_middleware_fails_open_and_forwards_the_exact_bytes(tmp_path: Path) -> None:
     config = write_config(tmp_path / "boom.yaml", "middleware:\n  - use: custom_middleware:Boom\n")
     record = tmp_path / "agent_received"
