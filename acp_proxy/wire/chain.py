@@ -181,8 +181,8 @@ class Ticking(abc.ABC):
     """A middleware with work that falls due with time rather than with a message: a turn that
     runs past a limit while its agent says nothing (the budgets' ``turn_seconds``). The session
     calls ``on_tick`` about once a second while it runs; it gives the messages to send toward
-    the agent and toward the client (usually none) and must not raise. Implementations name it
-    among their bases."""
+    the agent and toward the client (usually none; a few at most: they are queued without
+    waiting for room) and must not raise. Implementations name it among their bases."""
 
     @abc.abstractmethod
     def on_tick(self) -> tuple[tuple[JsonObject, ...], tuple[JsonObject, ...]]: ...

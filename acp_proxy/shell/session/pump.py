@@ -29,6 +29,7 @@ import anyio
 import anyio.abc
 import orjson
 
+from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.base.values import value
 from acp_proxy.config import Config
 from acp_proxy.shell.log.logsetup import debug_enabled, get_logger
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
 
 # How often the links that keep time are asked what falls due (``Ticking``).
 TICK_S = 1.0
+
+
+def _frames(messages: tuple[JsonObject, ...], version: int | None) -> tuple[OutFrame, ...]:
+    """Messages of the proxy's own, encoded once, as frames to write."""
+    return tuple(OutFrame(orjson.dumps(m), m, version) for m in messages)
 
 
 @value(frozen=False)
@@ -225,9 +231,10 @@ class PumpSession:
 
     async def _tick(self, ticking: list[Ticking]) -> None:
         """About once a second: what the links that keep time send (the budgets' cancel of a
-        turn that ran too long while its agent said nothing), written like the proxy's own
-        replies: toward the agent first in line, toward the client after what waits."""
-        version = self.connection.version
+        turn that ran too long while its agent said nothing), dispatched like what the core
+        returns for a read: toward the client as forwarded frames, toward the agent as the
+        proxy's own replies (first in line). Queued without waiting for room: what a tick
+        returns is a few messages (``Ticking``)."""
         while True:
             await anyio.sleep(TICK_S)
             for link in ticking:
@@ -236,15 +243,10 @@ class PumpSession:
                 except Exception:  # a link's bug must not end the session
                     self.log.exception("a middleware failed on its tick", middleware=repr(link))
                     continue
-                if to_agent:
-                    self.to_agent.push_reply(
-                        tuple(OutFrame(orjson.dumps(m), m, version) for m in to_agent)
-                    )
-                if to_client:
-                    now = time.monotonic()
-                    frames = tuple(OutFrame(orjson.dumps(m), m, version) for m in to_client)
-                    if self.to_client.push(frames, now):
-                        self.to_client.flush_now(now)
+                if to_agent or to_client:
+                    version = self.connection.version  # negotiated by now, or still None
+                    result = Result(_frames(to_client, version), _frames(to_agent, version), ())
+                    self._dispatch(Direction.AGENT_TO_CLIENT, result, self.to_client, self.to_agent)
 
     def _account(self) -> None:
         """Report this session's buffered bytes to the shared budget."""
