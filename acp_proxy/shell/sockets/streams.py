@@ -1,9 +1,10 @@
 """Connected sockets as byte streams: the session's side of a socket, and closing it politely.
 
-Contract: owns a connected stream socket as a ``transports.FdStream`` (options: no Nagle, large
-kernel buffers; ``send_eof`` half-closes), the opening line put back in front of the stream it was
-read from, and closing a connection with a last message (``close_with``) so that the client
-reads the message and EOF, not a reset. Only moves bytes; never looks inside a frame.
+Contract: owns a connected stream socket as a ``transports.FdStream`` (options: no Nagle, TCP
+keepalive, large kernel buffers; ``send_eof`` half-closes), the opening line put back in front of
+the stream it was read from, and closing a connection with a last message (``close_with``) so
+that the client reads the message and EOF, not a reset. Only moves bytes; never looks inside a
+frame.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from acp_proxy.shell.streams.transports import STREAM_ERRORS, FdStream, ioctl_in
 REFUSAL_S = 1.0
 DRAIN_BYTES = 256 * 1024
 SOCKET_BUFFER = 1024 * 1024
+# TCP keepalive on every TCP connection (listened or connected): a peer whose host vanished
+# (a laptop closed, a network dropped, no FIN or RST ever sent) is found after KEEPALIVE_IDLE_S
+# of silence plus KEEPALIVE_COUNT unanswered probes KEEPALIVE_INTERVAL_S apart (about two
+# minutes), and its session ends or detaches as if the peer had closed. The kernel answers the
+# probes, so a peer that is alive but paused (not reading, stopped) is never taken for dead.
+KEEPALIVE_IDLE_S = 60
+KEEPALIVE_INTERVAL_S = 15
+KEEPALIVE_COUNT = 4
 
 
 class SocketStream(FdStream):
@@ -34,6 +43,7 @@ class SocketStream(FdStream):
             # Frames are small and interactive: do not let Nagle hold a response back.
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
         # Like the 1 MiB pipe buffers of stdio (transports.enlarge_pipe): a bigger kernel buffer
         # means fewer partial writes, so the proxy rarely has a backlog toward a fast peer and
         # stays on its direct-write path. Unix sockets default to ~200 KiB, less than
@@ -64,6 +74,21 @@ class SocketStream(FdStream):
     async def aclose(self) -> None:
         await super().aclose()
         self.sock.close()
+
+
+def keepalive(sock: socket.socket) -> None:
+    """Turn TCP keepalive on with the module's timings (where the platform has them; failure
+    leaves the connection as it was)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+        ):
+            option = getattr(socket, name, None)  # Linux names; macOS has TCP_KEEPALIVE
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class PrefixedReceiveStream(anyio.abc.ByteReceiveStream):

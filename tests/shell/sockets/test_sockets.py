@@ -326,6 +326,52 @@ async def test_client_disconnect_mid_stream_kills_only_its_agent() -> None:
     assert closed_a["agent_pid"] == a_pid
 
 
+def keepalive_timers(port: int) -> list[str]:
+    """The timers of the established TCP sockets whose local port is ``port`` (``ss -o``)."""
+    out = subprocess.run(
+        ["ss", "-tnoH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [field for line in out.splitlines() for field in line.split() if "timer:(" in field]
+
+
+@pytest.mark.anyio
+async def test_tcp_connections_have_keepalive() -> None:
+    """A listened TCP connection asks the kernel to probe a silent peer (a peer whose host
+    vanished without a FIN is found and its session ends), with the module's timings."""
+    from acp_proxy.shell.sockets import streams
+
+    with anyio.fail_after(TIMEOUT):
+        async with listening("--listen", "tcp://127.0.0.1:0", agent=TINY) as proxy:
+            port = int((await proxy.address()).rpartition(":")[2])
+            client = await proxy.connect()
+            lines = Lines(client)
+            await agent_pid(lines, client)
+            (timer,) = keepalive_timers(port)
+            assert timer.startswith("timer:(keepalive,"), timer
+            await client.send_eof()
+            assert await lines.rest() == b""
+            await client.aclose()
+            proxy.terminate()
+            assert await proxy.wait() == 0
+    # The timings, read back from a socket the class set up.
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.create_connection(server.getsockname()) as near,
+    ):
+        sock = streams.SocketStream(near.dup()).sock
+        options = [
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        ]
+        sock.close()
+    assert options == [1, 60, 15, 4]
+
+
 # -- the agent over a socket (--connect) --------------------------------------------------------
 
 
