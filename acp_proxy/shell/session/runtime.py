@@ -355,6 +355,7 @@ async def run_remote_agent_session(
     shutdown: anyio.Event,
     agent_label: str,
     observers: Sequence[SessionObserver] = (),
+    on_session: Callable[[PumpSession], None] | None = None,
 ) -> tuple[bool, PumpSession]:
     """Pump one client stream pair to/from an agent reached over a socket (``--connect``).
 
@@ -363,7 +364,7 @@ async def run_remote_agent_session(
     Returns ``(lost, session)``: ``lost`` is True when the agent side ended while the client was
     still sending, in which case every client request in flight got a -32603 error response
     naming the address (a lost connection answers the requests in flight with errors).
-    The caller owns (and closes) all streams.
+    The caller owns (and closes) all streams; ``on_session`` is told the session once it exists.
     """
     grace = config.agent.grace_period_s
     input_closed = anyio.Event()
@@ -387,6 +388,8 @@ async def run_remote_agent_session(
         on_agent_input_closed=input_closed.set,
         observers=observers,
     )
+    if on_session is not None:
+        on_session(session)
 
     async def on_shutdown() -> None:
         await shutdown.wait()

@@ -1,7 +1,8 @@
 """``detach_grace``: an agent that outlives its client's connection, and reattaching to it.
 
 Contract: owns the sessions a ``--listen`` server keeps across client connections. A
-``HeldSession`` runs one agent session (``runtime.run_agent_session``) against a client side of its
+``HeldSession`` runs one agent session (``runtime.run_agent_session``, or
+``run_remote_agent_session`` for the agent behind ``--connect``) against a client side of its
 own (``_ClientRx`` and ``_ClientTx``: the PumpSession reads and writes them as if they were the
 socket), and plugs real client connections in and out of it. When the client's connection ends, the
 agent, its running turn and its sessions stay for ``detach_grace`` seconds; what the agent sends
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -34,6 +36,7 @@ from acp_proxy.wire.attach import (
 )
 
 _ID = b'"id"'
+_T = TypeVar("_T")
 # Bytes from the client queued toward the session before the client's reader waits.
 _ROOM = 256 * 1024
 # The JSON-RPC error code of a refused reattach (implementation-defined server error).
@@ -165,24 +168,51 @@ class HeldSession:
     # -- the agent's side ----------------------------------------------------------------------
 
     async def run(self, agent: Any, observers: list[Any]) -> tuple[int | None, Any]:
-        """Run the agent session to its end (returns its return code and ``PumpSession``)."""
+        """Run the spawned ``agent``'s session to its end (its return code and
+        ``PumpSession``)."""
         from acp_proxy.shell.session.runtime import run_agent_session
 
+        return await self._run(
+            run_agent_session(
+                self.config,
+                agent,
+                self.rx,
+                self.tx,
+                log=self.log,
+                shutdown=self.shutdown,
+                observers=observers,
+                on_session=self._started,
+            )
+        )
+
+    async def run_remote(
+        self, agent_stream: anyio.abc.ByteStream, label: str, observers: list[Any]
+    ) -> tuple[bool, Any]:
+        """Run the session of the agent on ``agent_stream`` (``--connect``) to its end: whether
+        its connection was lost, and the ``PumpSession``. The caller closes the stream."""
+        from acp_proxy.shell.session.runtime import run_remote_agent_session
+
+        return await self._run(
+            run_remote_agent_session(
+                self.config,
+                agent_stream,
+                self.rx,
+                self.tx,
+                log=self.log,
+                shutdown=self.shutdown,
+                agent_label=label,
+                observers=observers,
+                on_session=self._started,
+            )
+        )
+
+    async def _run(self, session: Coroutine[Any, Any, _T]) -> _T:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._grace)
-                rc, session = await run_agent_session(
-                    self.config,
-                    agent,
-                    self.rx,
-                    self.tx,
-                    log=self.log,
-                    shutdown=self.shutdown,
-                    observers=observers,
-                    on_session=self._started,
-                )
+                result = await session
                 tg.cancel_scope.cancel()
-            return rc, session
+            return result
         finally:
             self.ended.set()
             self._budget.add(-self._counted)

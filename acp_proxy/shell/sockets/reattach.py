@@ -3,7 +3,8 @@
 Contract: owns what ``--listen`` does with a connection when ``detach_grace`` is on
 (``serve_detachable``): while agents are held, a new connection's ``initialize`` may be answered
 from a held agent's answer and its ``session/load`` / ``session/resume`` may reattach it to that
-agent (``opening``); otherwise a new agent is started and held (``HeldSession``, ``detach``),
+agent (``opening``); otherwise a new agent is started (or, with ``--connect``, connected to)
+and held (``HeldSession``, ``detach``),
 running in the server's task group until it ends (``run_held``: the record's end, the log line,
 the server's count of held agents). The server (``server``) keeps the table of held agents and
 stops them at shutdown.
@@ -11,6 +12,7 @@ stops them at shutdown.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -19,6 +21,8 @@ import anyio.abc
 from acp_proxy.config import Config
 from acp_proxy.shell.agent.process import describe_status, spawn_agent
 from acp_proxy.shell.agent.spawn import SpawnError
+from acp_proxy.shell.sockets.address import Address
+from acp_proxy.shell.sockets.connect import ConnectError, connect
 from acp_proxy.shell.sockets.detach import HeldSession
 from acp_proxy.shell.sockets.opening import error_line
 from acp_proxy.shell.sockets.streams import PrefixedReceiveStream, close_with
@@ -33,6 +37,7 @@ class Server(Protocol):
 
     config: Config
     agent_argv: list[str]
+    agent_address: Address | None
     holds: dict[int, HeldSession]
     tasks: anyio.abc.TaskGroup | None
 
@@ -66,50 +71,82 @@ async def serve_detachable(
     if isinstance(opened, str):
         return opened
     head, answered = opened
-    try:
-        agent = await spawn_agent(server.agent_argv, config.agent)
-    except SpawnError as exc:
-        log.error("cannot start the agent", error=str(exc))
-        await close_with(stream, error_line(f"acp-proxy: cannot start the agent: {exc}"))
-        return f"agent not started: {exc}"
-    log = log.bind(agent_pid=agent.pid)
-    log.info("agent started", agent=server.agent_argv)
     held = HeldSession(config, conn, log)
     if answered is not None:
         held.ledger.swallow(answered)
-    held.recorder = open_recorder(config, log=log, agent=server.agent_argv, conn=conn)
+    address = server.agent_address
+    if address is None:
+        try:
+            agent = await spawn_agent(server.agent_argv, config.agent)
+        except SpawnError as exc:
+            log.error("cannot start the agent", error=str(exc))
+            await close_with(stream, error_line(f"acp-proxy: cannot start the agent: {exc}"))
+            return f"agent not started: {exc}"
+        held.log = log = log.bind(agent_pid=agent.pid)
+        log.info("agent started", agent=server.agent_argv)
+        held.recorder = open_recorder(config, log=log, agent=server.agent_argv, conn=conn)
+        observers = [held.recorder] if held.recorder else []
+
+        async def run() -> tuple[str, dict[str, Any], int | None]:
+            rc, session = await held.run(agent, observers)
+            status = f"agent {describe_status(rc)}" if rc is not None else "failed"
+            return status, session.summary(), rc
+
+    else:
+        # The agent behind ``--connect``: its connection is held like a spawned agent, and
+        # closed (half-closed first, as at a connection's end) when the grace time ends.
+        label = str(address)
+        try:
+            agent_stream = await connect(address, config.connect_timeout_s, config)
+        except ConnectError as exc:
+            log.error("cannot connect to the agent", error=str(exc))
+            await close_with(stream, error_line(f"acp-proxy: {exc}"))
+            return str(exc)
+        held.recorder = open_recorder(config, log=log, connect=label, conn=conn)
+        observers = [held.recorder] if held.recorder else []
+
+        async def run() -> tuple[str, dict[str, Any], int | None]:
+            try:
+                lost, session = await held.run_remote(agent_stream, label, observers)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await agent_stream.aclose()
+            status = f"agent connection to {label} " + ("lost" if lost else "closed")
+            return status, session.summary(), None
+
     server.holds[conn] = held
     held.attach_first(stream)
     assert server.tasks is not None
-    server.tasks.start_soon(run_held, server, held, agent)
+    server.tasks.start_soon(run_held, server, held, run)
     await held.serve(stream, PrefixedReceiveStream(head, stream))
     return "agent session ended" if held.ended.is_set() else "client detached"
 
 
-async def run_held(server: Server, held: HeldSession, agent: Any) -> None:
-    """Run ``held``'s agent session to its end, then finish its record and forget it."""
+async def run_held(
+    server: Server,
+    held: HeldSession,
+    run: Callable[[], Awaitable[tuple[str, dict[str, Any], int | None]]],
+) -> None:
+    """Run ``held``'s agent session to its end (``run``: its status, summary and the agent's
+    return code, ``None`` for an agent on a socket), then finish its record and forget it."""
     from acp_proxy.shell.record.recorder import exit_info
 
+    status = "failed"
     rc: int | None = None
     summary: dict[str, Any] = {}
     recorder = held.recorder
     try:
-        rc, session = await held.run(agent, [recorder] if recorder else [])
-        summary = session.summary()
+        status, summary, rc = await run()
     except Exception:  # isolation, as for a connection
         held.log.exception("session failed")
     finally:
         if recorder is not None:
             with anyio.CancelScope(shield=True):
-                info = exit_info(rc) if rc is not None else None
+                info = exit_info(rc) if rc is not None else {"status": status}
                 await anyio.to_thread.run_sync(recorder.finish, info)
         del server.holds[held.id]
         server.maybe_idle()
-        held.log.info(
-            "agent session ended",
-            status=f"agent {describe_status(rc)}" if rc is not None else "failed",
-            **summary,
-        )
+        held.log.info("agent session ended", status=status, **summary)
 
 
 class LineReader:

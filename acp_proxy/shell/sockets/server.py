@@ -272,7 +272,7 @@ class _Server:
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
-            if self.config.detach_grace_s > 0 and self.agent_address is None:
+            if self.config.detach_grace_s > 0:
                 from acp_proxy.shell.sockets.reattach import serve_detachable
 
                 status = await serve_detachable(
@@ -465,7 +465,7 @@ async def _serve(
         connect=str(agent_address) if agent_address else None,
         max_connections=config.max_connections,
         handshake_timeout_s=config.handshake_timeout_s,
-        detach_grace_s=config.detach_grace_s if agent_address is None else 0,
+        detach_grace_s=config.detach_grace_s,
         config=config.source,
         rules=list(config.rule_names),
     )

@@ -607,3 +607,58 @@ async def test_a_websocket_client_reattaches_like_a_socket_one(tmp_path: Path) -
             assert await proxy.wait() == 0
             await second.process.aclose()
     assert not alive(pid)
+
+
+@pytest.mark.anyio
+async def test_the_agent_behind_connect_is_held_like_a_spawned_one(tmp_path: Path) -> None:
+    """``--listen`` with ``--connect``: the agent's connection outlives the editor's. The agent
+    here is served by another proxy (``--listen unix:// -- AGENT``); the editor's
+    ``--connect`` dies mid-turn, a new one reattaches and gets every frame after the drop once,
+    then the prompt's answer, from the same agent; the relay's shutdown closes the agent's
+    connection, and the agent ends with it."""
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 2, "after": 3, "go": str(go), "done": str(done)}
+    config = config_file(tmp_path)
+    agent_socket = f"unix://{tmp_path / 'agent.sock'}"
+    with anyio.fail_after(TIMEOUT):
+        async with listening("--config", config, "--listen", agent_socket, agent=AGENT) as host:
+            await host.address()
+            async with listening(
+                "--config", config, "--listen", "tcp://127.0.0.1:0", "--connect", agent_socket,
+                "--detach-grace", "60",
+            ) as relay:  # fmt: skip
+                address = await relay.address()
+                assert (await relay.event("listening"))["detach_grace_s"] == 60
+                first = await open_client(address, config)
+                pid = await start_turn(first, **spec)
+                await kill(first)
+                await relay.event("client detached; keeping the agent")
+                go.touch()
+                await wait_file(done)
+                assert alive(pid)
+                second = await open_client(address, config)
+                await reattach(second)
+                got = [await second.line() for _ in range(4)]
+                assert got == [
+                    *(chunk(f"after-{i}") for i in range(3)),
+                    answer(1, {"stopReason": "end_turn"}),
+                ]
+                await second.send(request(7, "_test/pid"))
+                assert await second.line() == answer(7, {"pid": pid})
+                event = await relay.event("client reattached")
+                assert (event["replayed"], event["redelivered"]) == (3, 0)
+                assert host.count("connection opened") == 1  # one agent connection, kept
+                await second.stdin.aclose()
+                await wait_until(
+                    lambda: relay.count("client detached; keeping the agent") == 2,
+                    "the second client detached",
+                    settle=0,
+                )
+                relay.terminate()
+                assert await relay.wait() == 0
+                await second.process.aclose()
+            closed = await relay.event("agent session ended")
+            assert closed["status"] == f"agent connection to {agent_socket} closed"
+            await gone(pid)  # the relay closed the agent's connection: the host stopped it
+            host.terminate()
+            assert await host.wait() == 0
