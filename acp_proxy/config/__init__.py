@@ -52,6 +52,7 @@ The format (docs/configuration.md is the user-facing reference)::
     connect_timeout: SECONDS
     max_connections: INT
     handshake_timeout: SECONDS
+    ws_ping_interval: SECONDS          # ws:// and wss://: a ping after that long without a frame
     detach_grace: SECONDS              # with listen: keep an agent after its client left
     detach_buffer_bytes: INT | "4MiB"
     detach_buffer_frames: INT

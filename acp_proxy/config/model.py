@@ -151,6 +151,8 @@ class Config:
     max_connections: int = 64
     # --listen: a connection whose first line has not arrived by then is closed.
     handshake_timeout_s: float = 30.0
+    # ws:// and wss://: a ping after this many seconds without a frame sent (0: never).
+    ws_ping_interval_s: float = 20.0
     # --listen: seconds an agent outlives its client's connection, waiting for a reattach
     # (0: it is stopped when the connection ends); what it sends meanwhile is kept within these.
     detach_grace_s: float = 0.0

@@ -215,6 +215,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         positive=True,
     ),
     Setting(
+        "ws_ping_interval",
+        Kind.SECONDS,
+        "With a `ws://` or `wss://` address (`listen` or `connect`): seconds without a frame "
+        "sent after which a WebSocket ping is sent, so that proxies and load balancers on the "
+        "way do not close a quiet session (0: never). No pong is awaited.",
+        attr="ws_ping_interval_s",
+    ),
+    Setting(
         "detach_grace",
         Kind.SECONDS,
         "With `listen`: seconds an agent, its running turn and its sessions outlive the client's "

@@ -7,12 +7,16 @@ per text frame. Each received text message becomes one line, its bytes unchanged
 ``\\n``; each line the session writes becomes one text frame, its bytes unchanged, without the
 ``\\n``. The one rewrite: a received message with a raw line break (pretty-printed JSON) has each
 ``\\n`` turned into a space (JSON whitespace: the message means the same, and stays one line).
-The session's end of input (``send_eof``) sends nothing (a WebSocket has no half-close); the
-close frame (1000) goes when the connection is closed. A binary frame is refused (close 1003);
-a message over ``max_frame_bytes`` (the proxy's line limit) closes the connection with 1009
-before it is buffered whole. The protocol is ``websockets``' Sans-I/O layer, without
-compression (no extension is offered or accepted: a small compressed frame cannot expand
-into a large one).
+A connection that has sent no frame for ``ws_ping_interval`` seconds sends a ping (while the
+session waits for the peer's next message), so that proxies and load balancers on the way (nginx
+closes a proxied WebSocket after 60 s without data by default) do not end a quiet session; no
+pong is awaited (a peer that is paused is not dead; one whose host vanished is found by TCP
+keepalive). The session's end of input (``send_eof``) sends nothing (a WebSocket has no half-
+close); the close frame (1000) goes when the connection is closed. A binary frame is refused
+(close 1003); a message over ``max_frame_bytes`` (the proxy's line limit) closes the connection
+with 1009 before it is buffered whole. The protocol is ``websockets``' Sans-I/O layer, without
+compression (no extension is offered or accepted: a small compressed frame cannot expand into a
+large one).
 
 Also here: the bearer token (``load_token``: a file or an environment variable, never the
 command line) and the TLS contexts of both ends. The token is never logged: errors name the
@@ -27,6 +31,7 @@ import logging
 import os
 import ssl
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,9 +165,13 @@ class WsStream(anyio.abc.ByteStream):
     # a server's connection over a plain socket (``ws://``); see ``_try_send``.
     try_send: Callable[[bytes | memoryview], int]
 
-    def __init__(self, transport: anyio.abc.ByteStream, protocol: Protocol) -> None:
+    def __init__(
+        self, transport: anyio.abc.ByteStream, protocol: Protocol, *, ping_s: float = 0.0
+    ) -> None:
         self.transport = transport
         self.protocol = protocol
+        self.ping_s = ping_s  # 0: never ping
+        self.sent_at = time.monotonic()  # when a frame last went out (see ``_receive``)
         self._ready: collections.deque[bytes] = collections.deque()
         self._fragments: list[bytes] | None = None
         self._partial = b""  # a line the session has not finished writing
@@ -199,6 +208,7 @@ class WsStream(anyio.abc.ByteStream):
         out += protocol.data_to_send()
         framed = b"".join(out)
         written = self._raw_try_send(framed)
+        self.sent_at = time.monotonic()
         if written == len(framed):
             return end + 1
         self._pending = framed[written:]
@@ -214,7 +224,26 @@ class WsStream(anyio.abc.ByteStream):
             if self._pending:  # made before anything the protocol holds now
                 chunks.insert(0, self._pending)
                 self._pending = b""
+            if chunks:
+                self.sent_at = time.monotonic()
             await send_all(self.transport, chunks)
+
+    async def _receive(self) -> bytes:
+        """The transport's next bytes; meanwhile a ping each time ``ping_s`` passes without a
+        frame sent. (A cancelled transport receive consumes nothing: the socket's and TLS's.)"""
+        if not self.ping_s:
+            return await self.transport.receive()
+        while True:
+            wait = self.sent_at + self.ping_s - time.monotonic()
+            if wait > 0:
+                with anyio.move_on_after(wait):
+                    return await self.transport.receive()
+                continue
+            if self.protocol.state is State.OPEN:
+                self.protocol.send_ping(b"")
+                with contextlib.suppress(*WEBSOCKET_ERRORS):
+                    await self.flush()
+            self.sent_at = time.monotonic()
 
     def absorb(self, events: list[Any]) -> None:
         """Take frames that came with the handshake's last read."""
@@ -250,7 +279,7 @@ class WsStream(anyio.abc.ByteStream):
             if self._ended or self.protocol.state is State.CLOSED:
                 raise anyio.EndOfStream
             try:
-                data = await self.transport.receive()
+                data = await self._receive()
             except (anyio.EndOfStream, *WEBSOCKET_ERRORS):
                 self.protocol.receive_eof()
                 self._ended = True

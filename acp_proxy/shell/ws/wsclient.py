@@ -90,6 +90,6 @@ async def upgrade(
     if protocol.handshake_exc is not None:
         await close_transport(transport)
         raise UpgradeRefused(f"the WebSocket upgrade is not valid: {protocol.handshake_exc}")
-    ws = WsStream(transport, protocol)
+    ws = WsStream(transport, protocol, ping_s=config.ws_ping_interval_s)
     ws.absorb(events[1:])
     return ws

@@ -71,6 +71,7 @@ class WsServer:
     consent: bool  # may bind a non-loopback address
     exposure: tuple[str, str]  # what a refusal to bind says
     jwt: JwtVerifier | None = None
+    ping_s: float = 0.0  # ``ws_ping_interval``
     remote: bool = False
     port: int = 0
     names: list[str] = field(default_factory=list)
@@ -195,7 +196,7 @@ class WsServer:
         except WEBSOCKET_ERRORS:
             await close_transport(transport)
             return None, "client connection lost during the upgrade"
-        return WsStream(transport, protocol), ""
+        return WsStream(transport, protocol, ping_s=self.ping_s), ""
 
     async def _refuse(
         self,
@@ -264,4 +265,5 @@ def websocket_server(config: Config, address: Address, log: Any) -> WsServer:
         consent=consent,
         exposure=exposure,
         jwt=verifier,
+        ping_s=config.ws_ping_interval_s,
     )

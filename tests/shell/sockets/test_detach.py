@@ -20,9 +20,9 @@ import anyio.abc
 import orjson
 import pytest
 from acp_schema import validate_v1, validate_v1_message
+from listen_harness import PROXY, alive, gone, listening
 from proxy_harness import REPO, TESTS, Lines, proxy_env, request, wait_until, write_config
 from telemetry_harness import scrape, value
-from test_sockets import PROXY, alive, gone, listening
 
 from acp_proxy.shell.streams.transports import NonBlockingSend
 

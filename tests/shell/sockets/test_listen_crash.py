@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from listen_harness import TIMEOUT, listening
 from proxy_harness import Lines, request
-from test_sockets import TIMEOUT, listening
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
+from listen_harness import listening
 from proxy_harness import REPO, Lines, blocked_writing, children, request, wait_until, write_config
-from test_sockets import listening
 
 from acp_proxy.wire.framing import HEAD_BYTES, Line, LineSplitter, Oversize
 

@@ -18,8 +18,8 @@ import anyio.abc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from listen_harness import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 from proxy_harness import FAKE_AGENT, Lines, init_response, request, run, write_config
-from test_sockets import PROXY, TIMEOUT, TINY, Proxy, exchange, listening
 
 from acp_proxy.shell.sockets.opening import (
     OPENING_HOLD_BYTES,

@@ -16,8 +16,8 @@ import anyio
 import anyio.abc
 import orjson
 import pytest
+from listen_harness import PROXY, TIMEOUT, TINY, Proxy, listening, stream_note
 from proxy_harness import REPO, init_response, proxy_env, request, write_config
-from test_sockets import PROXY, TIMEOUT, TINY, Proxy, listening, stream_note
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -510,3 +510,58 @@ def test_config_addresses_and_sections(tmp_path: Path, text: str, error: str) ->
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path / "c.yaml", text), {})
     assert error in str(caught.value)
+
+
+# -- keeping a quiet session open ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_quiet_session_is_pinged_and_goes_on(tmp_path: Path) -> None:
+    """``ws_ping_interval``: after that long without a frame, the listener pings (what keeps a
+    load balancer from closing a quiet session); the client's pongs are taken, and the session
+    goes on exactly."""
+    from websockets.client import ClientProtocol
+    from websockets.frames import Frame, Opcode
+    from websockets.http11 import Response
+    from websockets.uri import parse_uri
+
+    config = token_config(tmp_path, "ws_ping_interval: 0.2\n")
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", config, "--listen", "ws://127.0.0.1:0/acp", agent=TINY
+        ) as proxy:
+            url = await ws_url(proxy)
+            stream = await anyio.connect_tcp("127.0.0.1", int(url.split(":")[2].split("/")[0]))
+            client = ClientProtocol(parse_uri(url))
+            opening = client.connect()
+            opening.headers["Authorization"] = f"Bearer {TOKEN}"
+            client.send_request(opening)
+            await stream.send(b"".join(client.data_to_send()))
+
+            async def events() -> list[object]:
+                while not (got := client.events_received()):
+                    client.receive_data(await stream.receive())
+                await stream.send(b"".join(client.data_to_send()))  # pongs
+                return list(got)
+
+            (answer,) = await events()
+            assert isinstance(answer, Response) and answer.status_code == 101
+            client.send_text(request(1, "initialize", {"protocolVersion": 2}).rstrip(b"\n"))
+            await stream.send(b"".join(client.data_to_send()))
+            frames: list[Frame] = []
+            while not any(f.opcode is Opcode.PING for f in frames):
+                frames += [e for e in await events() if isinstance(e, Frame)]
+            texts = [f.data for f in frames if f.opcode is Opcode.TEXT]
+            assert texts == [init_response(1).rstrip(b"\n")]
+            assert {f.opcode for f in frames} == {Opcode.TEXT, Opcode.PING}
+            client.send_text(b'{"jsonrpc":"2.0","id":2,"method":"x","params":{"k":1}}')
+            await stream.send(b"".join(client.data_to_send()))
+            later: list[Frame] = []
+            while not any(f.opcode is Opcode.TEXT for f in later):
+                later += [e for e in await events() if isinstance(e, Frame)]
+            texts = [f.data for f in later if f.opcode is Opcode.TEXT]
+            assert texts == [b'{"jsonrpc":"2.0","id":2,"result":{"echo":{"k":1}}}']
+            await stream.aclose()
+            await proxy.event("connection closed", conn=1)
+            proxy.terminate()
+            assert await proxy.wait() == 0

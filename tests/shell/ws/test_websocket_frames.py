@@ -204,6 +204,7 @@ async def test_upgrade_in_process_never_logs_the_token(
             tg.start_soon(serve)
             if opened:
                 client = await upgrade(ours, address, config, 10)
+                assert client.ping_s == config.ws_ping_interval_s == 20  # the default
                 await client.send(b'{"jsonrpc":"2.0","id":1,"method":"x"}\n')
             else:
                 with pytest.raises(UpgradeRefused) as refused:
@@ -216,3 +217,33 @@ async def test_upgrade_in_process_never_logs_the_token(
     assert secret not in caplog.text
     assert all(secret not in line for line in notes.lines)
     assert len(notes.lines) == 1 and "WebSocket upgrade refused" in notes.lines[0]
+
+
+@pytest.mark.anyio
+async def test_a_quiet_connection_is_pinged_while_it_waits() -> None:
+    """No frame sent for ``ping_s`` while the session waits for the peer: a ping goes out (and
+    again after as long); the peer's pong and its next message are taken as usual."""
+    ours, theirs = memory_pipe_pair(1000)
+    ws = WsStream(ours, ServerProtocol(state=State.OPEN, max_size=None), ping_s=0.05)
+    peer = ClientProtocol(parse_uri("ws://h/"), state=State.OPEN, max_size=None)
+    got: list[bytes] = []
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def read() -> None:
+                    got.append(await ws.receive())
+
+                tg.start_soon(read)
+                pings: list[Frame] = []
+                while len(pings) < 2:
+                    peer.receive_data(await theirs.receive())
+                    frames = [e for e in peer.events_received() if isinstance(e, Frame)]
+                    assert all(f.opcode is Opcode.PING for f in frames), frames
+                    pings += frames
+                await theirs.send(b"".join(peer.data_to_send()))  # the pongs
+                peer.send_text(b'{"jsonrpc":"2.0","id":1,"method":"x"}')
+                await theirs.send(b"".join(peer.data_to_send()))
+    finally:
+        close_memory_pipes()
+    assert got == [b'{"jsonrpc":"2.0","id":1,"method":"x"}\n']

@@ -19,8 +19,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
+from listen_harness import TIMEOUT, TINY, listening
 from proxy_harness import init_response, request, write_config
-from test_sockets import TIMEOUT, TINY, listening
 from test_websocket import raw_upgrade, ws_url
 from websockets.asyncio.client import connect as ws_connect
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import anyio
 import pytest
+from listen_harness import TIMEOUT, TINY, listening
 from proxy_harness import REPO, TESTS, proxy_env
-from test_sockets import TIMEOUT, TINY, listening
 from test_websocket import TOKEN, token_config, ws_url
 
 CLIENT = TESTS / "agents" / "ts_ws_client.mjs"
