@@ -310,3 +310,22 @@ def test_tests_mirror_the_package() -> None:
     for folder in sorted({p.parent for p in tests.rglob("test_*.py")}):
         top = folder.relative_to(tests).parts[0]
         assert top in rooms | {"project"}, folder
+
+
+def test_a_test_module_imports_test_modules_of_its_own_folder_only() -> None:
+    """A test module found only through another folder's path works only when pytest happened
+    to collect that folder first (it is not found when the file runs alone): what several
+    folders share is a harness module at the top of ``tests/``."""
+    tests = REPO / "tests"
+    stray: list[str] = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for name in names:
+                if name.startswith("test_") and not (path.parent / f"{name}.py").exists():
+                    stray.append(f"{path.relative_to(tests)} imports {name}")
+    assert stray == []
