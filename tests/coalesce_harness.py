@@ -5,12 +5,19 @@ from __future__ import annotations
 import base64
 import binascii
 import decimal
+import importlib.util
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.meta.state import ClientModel
+
+# The random streaming agent of the paused-client tests (only the standard library).
+RANDOM_AGENT = Path(__file__).parent / "random_stream_agent.py"
 
 
 def normalized(state: dict[str, Any]) -> dict[str, Any]:
@@ -76,3 +83,22 @@ def messages_of(raw: bytes) -> list[JsonObject]:
     # An exact parse: a merge that respelled a number would change the state.
     value = json.loads(raw, parse_float=decimal.Decimal)
     return value if isinstance(value, list) else [value]
+
+
+def random_agent_stream(seed: int, updates: int) -> list[bytes]:
+    """The lines ``random_stream_agent.py --seed seed --updates updates`` writes after its
+    answer to ``initialize`` (each without its newline)."""
+    spec = importlib.util.spec_from_file_location("random_stream_agent", RANDOM_AGENT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines: list[bytes] = module.stream(seed, updates)
+    return lines
+
+
+def v2_client_state(lines: list[bytes]) -> dict[str, Any]:
+    """What a v2 client shows after ``lines`` (adjacent plain texts read as one)."""
+    model = ClientModel(2)
+    for line in lines:
+        model.apply(orjson.loads(line))
+    return normalized(model.snapshot())

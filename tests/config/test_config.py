@@ -29,8 +29,8 @@ R = "rules:\n  - name: r\n"  # the start of a one-rule file
 TOP = (
     "rules, middleware_paths, middleware, v1, max_frame_bytes, max_buffer_bytes, max_parse_bytes, "
     "max_pending_requests, non_json, agent, coalesce, listen, connect, connect_timeout, "
-    "max_connections, handshake_timeout, ws_ping_interval, detach_grace, detach_buffer_bytes, detach_buffer_frames, "
-    "takeover, allow_remote, metrics_allow_remote, metrics, tracing, "
+    "max_connections, handshake_timeout, ws_ping_interval, detach_grace, detach_buffer_bytes, "
+    "detach_buffer_frames, takeover, allow_remote, metrics_allow_remote, metrics, tracing, "
     "record, ui, tls, auth, policy, budgets"
 )
 KINDS = (

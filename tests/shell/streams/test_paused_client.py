@@ -16,7 +16,6 @@ kind) where it struck, with timing as it comes.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import select
@@ -24,38 +23,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from acp_schema import validate_v2_message
-from coalesce_harness import normalized
+from coalesce_harness import RANDOM_AGENT, random_agent_stream, v2_client_state
 from proxy_harness import REPO, close_pipes
 
-from acp_proxy.meta.state import ClientModel
-
 ROOT = REPO
-AGENT = ROOT / "tests" / "random_stream_agent.py"
+AGENT = RANDOM_AGENT
 UPDATES = 40_000
 # A run reads ~10 MB after pauses of at most ~1.5 s in all; a hung one never ends.
 RUN_BOUND_S = 30.0
 
 
-def _agent_stream(seed: int, updates: int) -> list[bytes]:
-    spec = importlib.util.spec_from_file_location("random_stream_agent", AGENT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    lines: list[bytes] = module.stream(seed, updates)
-    return lines
-
-
-def _state(lines: list[bytes]) -> dict[str, Any]:
-    """What a v2 client shows after ``lines`` (adjacent plain texts read as one)."""
-    model = ClientModel(2)
-    for line in lines:
-        model.apply(orjson.loads(line))
-    return normalized(model.snapshot())
+_agent_stream = random_agent_stream
+_state = v2_client_state
 
 
 def _pattern(seed: int) -> list[tuple[float, int]]:
