@@ -173,7 +173,7 @@ class WsStream(anyio.abc.ByteStream):
         self.ping_s = ping_s  # 0: never ping
         self.sent_at = time.monotonic()  # when a frame last went out (see ``_receive``)
         self._ready: collections.deque[bytes] = collections.deque()
-        self._fragments: list[bytes] | None = None
+        self._fragments: bytearray | None = None  # a message's fragments so far
         self._partial = b""  # a line the session has not finished writing
         self._pending = b""  # frames made by _try_send that the kernel did not take yet
         self._ended = False  # no more messages will come (close frame, EOF, error)
@@ -257,11 +257,13 @@ class WsStream(anyio.abc.ByteStream):
             if frame.fin:
                 self._deliver(frame.data)
             else:
-                self._fragments = [bytes(frame.data)]
+                self._fragments = bytearray(frame.data)
         elif frame.opcode is Opcode.CONT and self._fragments is not None:
-            self._fragments.append(bytes(frame.data))
+            # One buffer, not one entry per frame: empty continuation frames never bring a
+            # message nearer its size limit, so a list of them would grow without bound.
+            self._fragments += frame.data
             if frame.fin:
-                self._deliver(b"".join(self._fragments))
+                self._deliver(bytes(self._fragments))
                 self._fragments = None
         elif frame.opcode is Opcode.BINARY:
             self.protocol.fail(1003, "ACP messages are text frames")

@@ -247,3 +247,45 @@ async def test_a_quiet_connection_is_pinged_while_it_waits() -> None:
     finally:
         close_memory_pipes()
     assert got == [b'{"jsonrpc":"2.0","id":1,"method":"x"}\n']
+
+
+@pytest.mark.anyio
+async def test_a_message_in_many_empty_fragments_holds_no_more_than_its_bytes() -> None:
+    """A hostile peer sends a text message as a first fragment and then empty continuation
+    frames without end (6 bytes each on the wire; they never bring the message nearer its size
+    limit): what the connection holds for the message is its bytes, not one entry per frame."""
+    import tracemalloc
+
+    ours, theirs = memory_pipe_pair(0)
+    ws = WsStream(ours, ServerProtocol(state=State.OPEN, max_size=1 << 20))
+    peer = ClientProtocol(parse_uri("ws://h/"), state=State.OPEN, max_size=None)
+    empties = 20_000
+    got: list[bytes] = []
+    try:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+
+                async def read() -> None:
+                    got.append(await ws.receive())
+
+                tg.start_soon(read)
+                peer.send_text(b'{"jsonrpc":"2.0",', fin=False)
+                await theirs.send(b"".join(peer.data_to_send()))
+                await anyio.wait_all_tasks_blocked()
+                tracemalloc.start()
+                try:
+                    before = tracemalloc.get_traced_memory()[0]
+                    for _ in range(empties // 10_000):
+                        for _ in range(10_000):
+                            peer.send_continuation(b"", fin=False)
+                        await theirs.send(b"".join(peer.data_to_send()))
+                    await anyio.wait_all_tasks_blocked()
+                    held = tracemalloc.get_traced_memory()[0] - before
+                finally:
+                    tracemalloc.stop()
+                peer.send_continuation(b'"method":"x"}', fin=True)
+                await theirs.send(b"".join(peer.data_to_send()))
+    finally:
+        close_memory_pipes()
+    assert got == [b'{"jsonrpc":"2.0","method":"x"}\n']
+    assert held < 64 * 1024, held  # one entry per empty frame: 8 bytes each, 160 kB
