@@ -135,10 +135,13 @@ class _ClientTx(anyio.abc.ByteSendStream):
 class HeldSession:
     """One agent session that client connections attach to, one at a time."""
 
-    def __init__(self, config: Config, hid: int, log: Any) -> None:
+    def __init__(self, config: Config, hid: int, log: Any, principal: str | None = None) -> None:
         self.config = config
         self.id = hid
         self.log = log
+        # Whom the first connection's token named (a JWT's issuer and subject): only a
+        # connection of the same principal may reattach (``reattach.find``).
+        self.principal = principal
         self.ledger = Ledger(config.detach_buffer_bytes, config.detach_buffer_frames)
         self.ledger.detach()  # until a client is attached, what the agent sends is kept
         self.rx = _ClientRx()

@@ -52,9 +52,12 @@ async def serve_detachable(
     *,
     shutdown: anyio.Event,
     log: Any,
+    principal: str | None = None,
 ) -> str:
     """Serve connection ``conn`` (its first line ``first`` read): join a held agent
-    (``opening``) or start one that outlives this connection; returns the connection's status."""
+    (``opening``) or start one that outlives this connection; returns the connection's status.
+    ``principal``: whom the connection's token names; it joins only agents held for the same
+    one, and the agent it starts is held for it."""
     from acp_proxy.shell.record.recorder import open_recorder
 
     config = server.config
@@ -66,12 +69,12 @@ async def serve_detachable(
             tg.cancel_scope.cancel()
 
         tg.start_soon(on_shutdown)
-        opened = await opening(server.holds, stream, first, config, log)
+        opened = await opening(server.holds, stream, first, config, log, principal=principal)
         tg.cancel_scope.cancel()
     if isinstance(opened, str):
         return opened
     head, answered = opened
-    held = HeldSession(config, conn, log)
+    held = HeldSession(config, conn, log, principal)
     if answered is not None:
         held.ledger.swallow(answered)
     address = server.agent_address
@@ -174,20 +177,31 @@ class LineReader:
         return data
 
 
-def latest_with_init(holds: dict[int, HeldSession], version: object) -> HeldSession | None:
-    """The newest held session whose agent answered ``initialize`` with protocol ``version``
-    (what a new connection's ``initialize`` asking for it is answered from while it may be a
-    reattach)."""
+def latest_with_init(
+    holds: dict[int, HeldSession], version: object, principal: str | None = None
+) -> HeldSession | None:
+    """The newest held session of ``principal`` whose agent answered ``initialize`` with
+    protocol ``version`` (what a new connection's ``initialize`` asking for it is answered from
+    while it may be a reattach)."""
     for held in reversed(holds.values()):
         result = held.ledger.init_result
-        if result is not None and result.get("protocolVersion") == version and held.joinable:
+        if (
+            result is not None
+            and result.get("protocolVersion") == version
+            and held.joinable
+            and held.principal == principal
+        ):
             return held
     return None
 
 
-def find(holds: dict[int, HeldSession], session: str) -> HeldSession | None:
+def find(
+    holds: dict[int, HeldSession], session: str, principal: str | None = None
+) -> HeldSession | None:
+    """The held agent of ``principal`` that has ``session``. Another principal's is never
+    found: a load naming it is a load like any other (a new agent), whether it exists or not."""
     for held in holds.values():
-        if session in held.ledger.sessions and held.joinable:
+        if session in held.ledger.sessions and held.joinable and held.principal == principal:
             return held
     return None
 
@@ -198,6 +212,8 @@ async def opening(
     first: bytes,
     config: Config,
     log: Any,
+    *,
+    principal: str | None = None,
 ) -> tuple[bytes, Any] | str:
     """A new connection's opening while agents are held: an ``initialize`` asking for the
     protocol version a held agent answered with is answered from that answer, then a
@@ -211,7 +227,7 @@ async def opening(
     if line1 is None:
         return _LEFT
     init = initialize_request(line1)
-    template = latest_with_init(holds, init[1]) if init is not None else None
+    template = latest_with_init(holds, init[1], principal) if init is not None else None
     if init is None or template is None:
         return line1 + b"\n" + reader.rest(), None
     rid = init[0]
@@ -225,7 +241,7 @@ async def opening(
         if line2 is None:
             return _LEFT
         request = reattach_request(line2)
-        held = find(holds, request[2]) if request is not None else None
+        held = find(holds, request[2], principal) if request is not None else None
         if request is None or held is None:
             return line1 + b"\n" + line2 + b"\n" + reader.rest(), rid
         refusal = await held.reattach(client, reader.rest(), request, line2)

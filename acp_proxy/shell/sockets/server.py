@@ -263,12 +263,14 @@ class _Server:
         summary: dict[str, Any] = {}
         recorder: Recorder | None = None
         rc: int | None = None
+        principal: str | None = None  # whom the client's token names (a JWT's iss and sub)
         try:
             if self.websocket is not None:
                 upgraded, status = await self.websocket.upgrade(stream, peer, log)
                 if upgraded is None:
                     return
                 stream = upgraded
+                principal = upgraded.principal
             first, status = await self._opening(conn, stream, peer, log)
             if first is None:
                 return
@@ -276,7 +278,13 @@ class _Server:
                 from acp_proxy.shell.sockets.reattach import serve_detachable
 
                 status = await serve_detachable(
-                    self, conn.id, stream, first, shutdown=conn.shutdown, log=log
+                    self,
+                    conn.id,
+                    stream,
+                    first,
+                    shutdown=conn.shutdown,
+                    log=log,
+                    principal=principal,
                 )
                 return
             # The agent starts only now: a client that sends nothing, or an HTTP request,

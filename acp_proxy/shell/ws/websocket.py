@@ -171,6 +171,9 @@ class WsStream(anyio.abc.ByteStream):
         self.transport = transport
         self.protocol = protocol
         self.ping_s = ping_s  # 0: never ping
+        # Whom the client's token names (a JWT's issuer and subject), when it names someone:
+        # only the same principal may reattach to the sessions it leaves (``detach_grace``).
+        self.principal: str | None = None
         self.sent_at = time.monotonic()  # when a frame last went out (see ``_receive``)
         self._ready: collections.deque[bytes] = collections.deque()
         self._fragments: bytearray | None = None  # a message's fragments so far

@@ -6,7 +6,9 @@ imported only when ``auth.jwks_file`` is set): its signature by a key of the JWK
 at start (the key its ``kid`` names, or the set's only key), with that key's own algorithm and
 never another (no ``none``, no HMAC: only asymmetric keys, RSA, EC or OKP, are accepted in the
 set), its ``iss`` and ``aud`` the configured ones, its ``exp`` required and not past (30 s of
-leeway for clocks). A refusal's reason names the claim that failed, never the token.
+leeway for clocks). A refusal's reason names the claim that failed, never the token. A valid
+token's ``iss`` and ``sub`` name the principal a held session belongs to (``detach_grace``: only
+the same principal may reattach to it).
 """
 
 from __future__ import annotations
@@ -55,9 +57,14 @@ class JwtVerifier:
 
     def refusal(self, token: str) -> str | None:
         """Why ``token`` is refused, or ``None`` when it is valid."""
+        return self.check(token)[0]
+
+    def check(self, token: str) -> tuple[str | None, str | None]:
+        """Why ``token`` is refused (or ``None``), and whom it names when it is valid: its
+        ``iss`` and ``sub`` (``None`` without a ``sub``)."""
         try:
             key = self._key(token)
-            jwt.decode(
+            claims = jwt.decode(
                 token,
                 key=key,
                 algorithms=[key.algorithm_name],
@@ -67,5 +74,6 @@ class JwtVerifier:
                 options={"require": ["exp", "iss", "aud"]},
             )
         except jwt.PyJWTError as exc:
-            return str(exc) or type(exc).__name__
-        return None
+            return str(exc) or type(exc).__name__, None
+        subject = claims.get("sub")
+        return None, (f"{claims['iss']} {subject}" if isinstance(subject, str) else None)

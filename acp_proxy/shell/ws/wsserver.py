@@ -103,6 +103,22 @@ class WsServer:
 
     def refusal(self, request: Request) -> tuple[int, str] | None:
         """Why ``request`` is refused (the module's checks, in order), or ``None``."""
+        return self.checked(request)[0]
+
+    def checked(self, request: Request) -> tuple[tuple[int, str] | None, str | None]:
+        """Why ``request`` is refused (or ``None``), and the principal its token names."""
+        why = self._refusal(request)
+        if why is not None or (self.token is None and self.jwt is None):
+            return why, None
+        bad, principal = self.bearer(request.headers)
+        if bad is not None:
+            return (
+                401,
+                f"a valid bearer token is required in the Authorization header ({bad})",
+            ), None
+        return None, principal
+
+    def _refusal(self, request: Request) -> tuple[int, str] | None:
         if request.query:
             return 401, "a token goes in the Authorization header, never in the URL"
         if request.method != "GET":
@@ -114,24 +130,21 @@ class WsServer:
             return 421, "this server answers only to its own address as Host"
         if not origin_allowed(headers, secure=self.tls is not None):
             return 403, "cross-origin requests are refused"
-        if self.token is not None or self.jwt is not None:
-            why = self.bearer_refusal(headers)
-            if why is not None:
-                return 401, f"a valid bearer token is required in the Authorization header ({why})"
         return None
 
-    def bearer_refusal(self, headers: Mapping[str, str]) -> str | None:
+    def bearer(self, headers: Mapping[str, str]) -> tuple[str | None, str | None]:
         """Why the request's bearer token is not accepted (the shared token, or a JWT), or
-        ``None``; never the token itself."""
+        ``None``, never the token itself; and the principal it names (a JWT's issuer and
+        subject; ``None`` for the shared token, whose holders are one principal)."""
         auth = headers.get("authorization", "")
         if auth[:7].lower() != "bearer ":
-            return "none given"
+            return "none given", None
         given = auth[7:].strip()
         if self.token is not None and hmac.compare_digest(given.encode(), self.token.encode()):
-            return None
+            return None, None
         if self.jwt is not None:
-            return self.jwt.refusal(given)
-        return "not the token"
+            return self.jwt.check(given)
+        return "not the token", None
 
     async def upgrade(
         self, stream: anyio.abc.ByteStream, peer: str, log: Any
@@ -172,7 +185,7 @@ class WsServer:
         request = parse_head(head)
         if request is None:
             return await self._refuse(transport, 400, "not an HTTP request", peer=peer, log=log)
-        why = self.refusal(request)
+        why, principal = self.checked(request)
         if why is not None:
             return await self._refuse(transport, *why, peer=peer, log=log, path=request.path)
         protocol = ServerProtocol(max_size=self.max_bytes, logger=SILENT)
@@ -196,7 +209,11 @@ class WsServer:
         except WEBSOCKET_ERRORS:
             await close_transport(transport)
             return None, "client connection lost during the upgrade"
-        return WsStream(transport, protocol, ping_s=self.ping_s), ""
+        upgraded = WsStream(transport, protocol, ping_s=self.ping_s)
+        upgraded.principal = principal
+        if principal is not None:
+            log.info("WebSocket client authenticated", principal=principal)
+        return upgraded, ""
 
     async def _refuse(
         self,

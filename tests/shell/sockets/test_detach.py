@@ -662,3 +662,92 @@ async def test_the_agent_behind_connect_is_held_like_a_spawned_one(tmp_path: Pat
             await gone(pid)  # the relay closed the agent's connection: the host stopped it
             host.terminate()
             assert await host.wait() == 0
+
+
+@pytest.mark.anyio
+async def test_only_the_principal_that_left_a_session_may_reattach_to_it(tmp_path: Path) -> None:
+    """Over a WebSocket with JWTs, a held agent belongs to the subject whose token opened it:
+    another subject's ``session/load`` naming its session is a load like any other (its own new
+    agent answers it: the held one is neither found nor touched), and the same subject
+    reattaches as usual."""
+    import json as jsonlib
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from jwt.algorithms import ECAlgorithm
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    jwks = tmp_path / "jwks.json"
+    jwk = jsonlib.loads(ECAlgorithm.to_jwk(key.public_key()))
+    jwks.write_text(jsonlib.dumps({"keys": [{**jwk, "kid": "k1", "alg": "ES256"}]}))
+    issuer, audience = "https://issuer.example", "acp-agents"
+    server = config_file(
+        tmp_path,
+        f"auth:\n  jwks_file: {jwks}\n  jwt_issuer: {issuer}\n  jwt_audience: {audience}\n",
+    )
+
+    def client_config(subject: str) -> str:
+        claims = {"iss": issuer, "aud": audience, "sub": subject, "exp": int(time.time()) + 300}
+        token = tmp_path / f"{subject}.jwt"
+        token.write_text(jwt.encode(claims, key, algorithm="ES256", headers={"kid": "k1"}))
+        token.chmod(0o600)
+        return write_config(tmp_path / f"{subject}.yaml", PLAIN + f"auth:\n  token_file: {token}\n")
+
+    alice, mallory = client_config("alice"), client_config("mallory")
+    go, done = tmp_path / "go", tmp_path / "done"
+    spec = {"before": 1, "after": 2, "go": str(go), "done": str(done)}
+    with anyio.fail_after(TIMEOUT):
+        async with listening(
+            "--config", server, "--listen", "ws://127.0.0.1:0/acp", "--detach-grace", "60",
+            agent=AGENT,
+        ) as proxy:  # fmt: skip
+            address = await proxy.address()
+            first = await open_client(address, alice)
+            pid = await start_turn(first, **spec)
+            await kill(first)
+            await proxy.event("client detached; keeping the agent")
+            go.touch()
+            await wait_file(done)
+            # Another subject names alice's session: its own agent answers the load.
+            other = await open_client(address, mallory)
+            await reattach(other)
+            assert await other.line() == chunk("history")
+            assert await other.line() == answer(1, {})
+            await other.send(request(2, "_test/pid"))
+            other_pid = int(orjson.loads(await other.line())["result"]["pid"])
+            assert other_pid != pid
+            assert proxy.count("client reattached") == 0
+            await kill(other)  # now an agent is held for each subject, both with sess-1
+            await wait_until(
+                lambda: proxy.count("client detached; keeping the agent") == 2,
+                "the other subject's client detached",
+                settle=0,
+            )
+            # The other subject reattaches: to its own agent, never to alice's.
+            other = await open_client(address, mallory)
+            await reattach(other)
+            assert await other.line() == answer(1, {})
+            await other.send(request(2, "_test/pid"))
+            assert await other.line() == answer(2, {"pid": other_pid})
+            await kill(other)
+            # Alice gets her session, with everything it sent while she was away.
+            second = await open_client(address, alice)
+            await reattach(second)
+            got = [await second.line() for _ in range(3)]
+            assert got == [
+                chunk("after-0"),
+                chunk("after-1"),
+                answer(1, {"stopReason": "end_turn"}),
+            ]
+            await second.send(request(7, "_test/pid"))
+            assert await second.line() == answer(7, {"pid": pid})
+            reattached = [e for e in proxy.events if e["event"] == "client reattached"]
+            assert [e["replayed"] for e in reattached] == [0, 2]
+            principals = {e["principal"] for e in proxy.events if "principal" in e}
+            assert principals == {f"{issuer} alice", f"{issuer} mallory"}
+            await second.stdin.aclose()
+            proxy.terminate()
+            assert await proxy.wait() == 0
+            await second.process.aclose()
+    assert not alive(pid) and not alive(other_pid)
