@@ -118,10 +118,15 @@ def _build_accelerator(tree: Path) -> None:
     tree: without it an older tree would run its pure-Python fallbacks and look slower than it
     was. Best effort: a tree without ``_scan.c``, or no compiler, runs as it is (said on
     stderr)."""
-    source = tree / "acp_proxy" / "wire" / "_scan.c"
+    # Where the scanner sits depends on the tree's age (``wire/raw/`` since the regroup).
+    sources = [tree / "acp_proxy" / "wire" / d / "_scan.c" for d in ("raw", ".")]
+    source = next((s for s in sources if s.exists()), None)
+    if source is None:
+        print(f"note: {tree.name} has no C accelerator (no _scan.c)", file=sys.stderr)
+        return
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = source.with_name("_scan" + suffix)
-    if not source.exists() or target.exists():
+    if target.exists():
         return
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     include = sysconfig.get_paths()["include"]
