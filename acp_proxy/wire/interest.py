@@ -11,14 +11,16 @@ flag the connection sets (``on``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from acp_proxy.base.jsontypes import JsonObject
 from acp_proxy.wire.chain import Chain, Direction, FastAnnotator, needle_escapes
 from acp_proxy.wire.raw.block_scan import contains, scan
 from acp_proxy.wire.raw.prefilter import has_any
 
-# Per link, whether it may act on a frame; ``None``: no link may (``wire.connection.host.UNSET``:
-# not yet
-# computed).
+# Per link, whether it may act on a frame; ``None``: no link may (``connection.connstate.UNSET``:
+# not yet computed).
 Interest = tuple[bool, ...] | None
 
 
@@ -75,7 +77,7 @@ class LinkInterest:
         # other links, if any, declare their concerns (they never change a notification); a
         # frame one of them wants (``fused_interest`` differs) takes the chain instead, and so
         # does a lane line holding one of their needles (``lane_blockers``).
-        self.fused: object = None
+        self.fused: Callable[[JsonObject, Direction], Any] | None = None
         annotators = [
             (i, mw) for i, link in enumerate(chain.links)
             if isinstance(mw := link.middleware, FastAnnotator) and mw.fusable

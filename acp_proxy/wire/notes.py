@@ -188,6 +188,10 @@ class Result:
 
 
 EMPTY = Result()
+# ``Connection.handle_line``'s answer for a request or response that goes on exactly as it came,
+# tracked: ``Result((OutFrame(line, None, version),))`` without building it (the round trip's
+# hot path). Compared by identity (``is AS_CAME``): a ``Result`` of its own, never ``EMPTY``.
+AS_CAME = Result()
 
 
 @value(frozen=False)

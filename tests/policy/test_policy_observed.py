@@ -23,7 +23,7 @@ from acp_proxy.shell.ui.tap import UiTap
 from acp_proxy.telemetry import labels
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics, SessionView
 from acp_proxy.wire.chain import Direction
-from acp_proxy.wire.connection.pipeline import Connection, Result
+from acp_proxy.wire.connection.pipeline import AS_CAME, Connection, Result
 from acp_proxy.wire.framing import Block, Line
 
 C2A, A2C = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
@@ -358,25 +358,23 @@ policy:
 def test_requests_reach_the_policy_by_method_and_other_frames_take_the_fast_paths() -> None:
     conn = Connection(config(FS_ONLY).build_chain())
     opened(conn, 1)
-    # The round trip's lane: a request and a response no link concerns come back parsed
-    # alone (not a ``Result``), tracked.
+    # The round trip's lane: a request and a response no link concerns go on as they came
+    # (``AS_CAME``), tracked.
     prompt = frame({"id": 5, "method": "session/prompt", "params": {"sessionId": "sess_1"}})
-    assert conn.handle_line(C2A, prompt) == orjson.loads(prompt)
-    assert conn.handle_line(A2C, frame({"id": 5, "result": {"stopReason": "end_turn"}})) == {
-        "jsonrpc": "2.0",
-        "id": 5,
-        "result": {"stopReason": "end_turn"},
-    }
+    assert conn.handle_line(C2A, prompt) is AS_CAME
+    assert conn.pending_client_requests == 1
+    assert conn.handle_line(A2C, frame({"id": 5, "result": {"stopReason": "end_turn"}})) is AS_CAME
+    assert conn.pending_client_requests == 0
     # A notification is not even looked at: no link has a needle (no rule decides a
     # permission request, so tool calls are not read).
     chunk = update("tool_call", toolCallId="x", kind="execute", status="completed")
-    assert conn._interested(chunk) is None
-    assert conn._needles_on is False
+    assert conn._state.interested(chunk) is None
+    assert conn._state.needles_on is False
     # A request the policy decides reaches it by its method, whatever its bytes say.
     escaped = rb'{"jsonrpc":"2.0","id":6,"method":"fs\/read_text_file","params":'
     escaped += rb'{"sessionId":"sess_1","path":"/w/p/.env"}}'
     refused = conn.handle_line(A2C, escaped)
-    assert isinstance(refused, Result)
+    assert refused is not AS_CAME
     assert orjson.loads(refused.reply[0].raw)["error"]["code"] == -32001
 
 
@@ -429,7 +427,7 @@ def test_frames_no_rule_concerns_leave_as_without_a_policy(
             out.append([f.raw for f in result.forward])
         outputs.append(out)
         if version == 2:
-            assert conn._fused is not None  # beside the policy too
+            assert conn._state.fused is not None  # beside the policy too
             assert chained == []
     assert outputs[0] == outputs[1]
     if version == 2:  # (in v1 the rule leaves a tool call update alone: not safe there)

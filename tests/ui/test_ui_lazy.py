@@ -30,7 +30,7 @@ from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.pipeline import Connection
 from acp_proxy.wire.framing import LineSplitter
-from acp_proxy.wire.notes import Result
+from acp_proxy.wire.notes import AS_CAME, Result
 
 A2C = Direction.AGENT_TO_CLIENT
 C2A = Direction.CLIENT_TO_AGENT
@@ -91,7 +91,7 @@ def feed(
         line = splitter.single_line(chunk)
         if line is not None:
             got = conn.handle_line(direction, line)
-            res = got if isinstance(got, Result) else Result((OutFrame(line, got, None),))
+            res = Result((OutFrame(line, None, None),)) if got is AS_CAME else got
         else:
             res = conn.handle_many(direction, splitter.feed_blocks(chunk), join=True)
         if res.notes:

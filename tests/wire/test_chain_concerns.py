@@ -18,7 +18,7 @@ from acp_proxy.wire.chain import (
     MessageContext,
     Verdict,
 )
-from acp_proxy.wire.connection.pipeline import Connection, Result
+from acp_proxy.wire.connection.pipeline import AS_CAME, Connection
 from acp_proxy.wire.framing import Line
 
 C2A, A2C = Direction.CLIENT_TO_AGENT, Direction.AGENT_TO_CLIENT
@@ -87,10 +87,10 @@ def test_a_routed_request_reaches_its_link_and_nothing_else_does() -> None:
     mw = Concerned()
     conn = negotiated(mw)
     other = frame({"id": 2, "method": "x/other", "params": {}})
-    assert conn.handle_line(A2C, other) == orjson.loads(other)  # the round trip's lane
+    assert conn.handle_line(A2C, other) is AS_CAME  # the round trip's lane
     ask = frame({"id": 3, "method": "x/ask", "params": {}})
     result = conn.handle_line(A2C, ask)
-    assert isinstance(result, Result)
+    assert result is not AS_CAME
     assert [f.raw for f in result.forward] == [ask]
     assert [f.raw for f in result.reply] == [b'{"jsonrpc":"2.0","method":"x/noted","params":{}}']
     # In a batch, the routed entry only.
@@ -107,7 +107,7 @@ def test_a_watched_response_is_told_to_its_link_and_the_table_is_bounded() -> No
     conn = negotiated(mw, max_pending=8)
     conn.handle(C2A, Line(frame({"id": 7, "method": "x/open", "params": {}})))
     response = frame({"id": 7, "result": {"sessionId": "s"}})
-    assert isinstance(conn.handle_line(A2C, response), Result)  # the general path
+    assert conn.handle_line(A2C, response) is not AS_CAME  # the general path
     assert mw.answers == [("x/open", {"jsonrpc": "2.0", "id": 7, "result": {"sessionId": "s"}})]
     # A response to another request is not told.
     conn.handle(C2A, Line(frame({"id": 8, "method": "x/other"})))

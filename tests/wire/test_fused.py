@@ -111,7 +111,7 @@ def frames(draw: st.DrawFn) -> bytes:
 def _connection(rule_list: list[Rule], *, fused: bool) -> Connection:
     conn = Connection(Chain([Link(RulesMiddleware(rule_list))]))
     if not fused:
-        conn._fused = None
+        conn._state.fused = None
     conn.handle(Direction.CLIENT_TO_AGENT, Line(b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'))
     conn.handle(
         Direction.AGENT_TO_CLIENT, Line(b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}')

@@ -729,7 +729,7 @@ def test_prefilter_matches_chain_interested(
     chain = Chain([Link(Needles(n)) for n in spec])
     conn = connect(*chain.links)
     expected = chain.interested(raw)
-    assert conn._interested(raw) == (expected if any(expected) else None)
+    assert conn._state.interested(raw) == (expected if any(expected) else None)
 
 
 # --- the parse budget ---------------------------------------------------------------

@@ -13,7 +13,6 @@ through the ``-32603`` errors each would owe at exit, which echo every pending i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +29,8 @@ from acp_proxy.shell.session.pump import PumpSession
 from acp_proxy.shell.streams.transports import FdStream
 from acp_proxy.wire.chain import Chain, Direction, Link
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.pipeline import Connection, Result
+from acp_proxy.wire.connection.lines import Lines
+from acp_proxy.wire.connection.pipeline import AS_CAME, Connection, Result
 from acp_proxy.wire.framing import Line
 from acp_proxy.wire.raw import rawjson
 
@@ -97,12 +97,12 @@ def _connection(
 
 
 def _lane(conn: Connection, direction: Direction, raw: bytes) -> Result:
-    """What the shell does with a line read alone: ``handle_line``, whose tracked message
-    stands for the frame forwarded as it came."""
+    """What the shell does with a line read alone: ``handle_line``, whose ``AS_CAME`` stands
+    for the frame forwarded as it came."""
     got = conn.handle_line(direction, raw)
-    if isinstance(got, Result):
-        return got
-    return Result((OutFrame(raw, got, conn.version),))
+    if got is AS_CAME:
+        return Result((OutFrame(raw, None, conn.version),))
+    return got
 
 
 def _owed(conn: Connection) -> tuple[list[bytes], list[bytes]]:
@@ -139,7 +139,8 @@ def test_the_lane_gives_the_general_paths_output(
         b = slow.handle(direction, Line(raw))
         assert [f.raw for f in a.forward] == [f.raw for f in b.forward]
         for x, y in zip(a.forward, b.forward, strict=True):
-            assert rawjson.json_equal(x.message, y.message)
+            if x.message is not None:  # (the lane gives bytes only, as they came)
+                assert rawjson.json_equal(x.message, y.message)
             assert x.version == y.version
         assert [f.raw for f in a.reply] == [f.raw for f in b.reply]
         assert a.notes == b.notes
@@ -153,27 +154,27 @@ def test_the_lane_gives_the_general_paths_output(
 def test_the_lane_takes_requests_and_responses_and_leaves_the_rest() -> None:
     conn = _connection(rules=False, max_pending=1000, negotiate=True)
     request = b'{"jsonrpc":"2.0","id":"r1","method":"session/prompt","params":{}}'
-    assert conn.handle_line(C2A, request) == json.loads(request)
+    assert conn.handle_line(C2A, request) is AS_CAME
     assert conn.pending_client_requests == 1
     response = b'{"jsonrpc":"2.0","id":"r1","result":{"messageId":"m"}}'
-    assert conn.handle_line(A2C, response) == json.loads(response)
+    assert conn.handle_line(A2C, response) is AS_CAME
     assert conn.pending_client_requests == 0
     stats = (conn.stats.client_to_agent_in, conn.stats.agent_to_client_out)
     assert stats == (2, 2)  # the initialize exchange, then these two
-    # Left to the general path (a ``Result``), each counted once: a notification (no "id"
+    # Left to the general path (its own ``Result``), each counted once: a notification (no "id"
     # bytes), an unparsable line, an id with an escape (the general path reads its bytes).
     for raw in (
         b'{"jsonrpc":"2.0","method":"session/update","params":{}}',
         b'{"jsonrpc":"2.0","id":1,',
         b'{"jsonrpc":"2.0","\\u0069d":1,"method":"m"}',
     ):
-        assert isinstance(conn.handle_line(C2A, raw), Result)
+        assert conn.handle_line(C2A, raw) is not AS_CAME
     assert conn.stats.client_to_agent_in == 2 + 3
     # A full table: the general path's refusal.
     full = _connection(rules=False, max_pending=1, negotiate=False)
-    assert not isinstance(full.handle_line(C2A, b'{"jsonrpc":"2.0","id":1,"method":"m"}'), Result)
+    assert full.handle_line(C2A, b'{"jsonrpc":"2.0","id":1,"method":"m"}') is AS_CAME
     refused = full.handle_line(C2A, b'{"jsonrpc":"2.0","id":2,"method":"m"}')
-    assert isinstance(refused, Result)
+    assert refused is not AS_CAME
     assert refused.forward == ()
     assert refused.reply[0].raw.startswith(b'{"jsonrpc":"2.0","id":2,"error":{"code":-32603,')
 
@@ -183,10 +184,10 @@ def test_the_initialize_response_negotiates_on_the_general_path(rules: bool) -> 
     conn = _connection(rules=rules, max_pending=1000, negotiate=False)
     request = b'{"jsonrpc":"2.0","id":0,"method":"initialize"}'
     # The request too: its id is kept for its response (``LinkInterest.watch``).
-    assert isinstance(conn.handle_line(C2A, request), Result)
+    assert conn.handle_line(C2A, request) is not AS_CAME
     assert conn.version is None
     response = b'{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":2}}'
-    assert isinstance(conn.handle_line(A2C, response), Result)  # the negotiation: not the lane's
+    assert conn.handle_line(A2C, response) is not AS_CAME  # the negotiation: not the lane's
     assert conn.version == 2
     assert conn.pending_client_requests == 0
 
@@ -265,18 +266,19 @@ async def test_round_trips_over_pipes_take_the_lane_and_keep_the_budget_exact(
     (``BufferBudget.keep_read``), and resumes, losing nothing, once the budget is released."""
     general = 0
 
-    def counted(name: str) -> None:
-        original = getattr(Connection, name)
+    def counted(owner: type[Any], name: str) -> None:
+        original = getattr(owner, name)
 
-        def counting(self: Connection, *args: Any, **kwargs: Any) -> Result:
+        def counting(self: object, *args: Any, **kwargs: Any) -> Result:
             nonlocal general
             general += 1
             return original(self, *args, **kwargs)  # type: ignore[no-any-return]
 
-        monkeypatch.setattr(Connection, name, counting)
+        monkeypatch.setattr(owner, name, counting)
 
-    for name in ("_agent_line", "_client_line", "handle_many"):  # the general paths
-        counted(name)
+    # The general paths: the line path's two ends, and the many-frames path.
+    for owner, name in ((Lines, "agent"), (Lines, "client"), (Connection, "handle_many")):
+        counted(owner, name)
     budget = BufferBudget(8 * MiB, 2 * MiB + READ_SIZE)
     p = _Pipes()
     session = PumpSession(Config(), p.client, p.client, p.agent, p.agent, budget=budget)

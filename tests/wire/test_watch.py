@@ -26,7 +26,7 @@ from acp_proxy.wire.chain import (
 )
 from acp_proxy.wire.coalesce.queue import OutFrame
 from acp_proxy.wire.connection.observe import passed_kind
-from acp_proxy.wire.connection.pipeline import Connection, Result
+from acp_proxy.wire.connection.pipeline import AS_CAME, Connection, Result
 from acp_proxy.wire.framing import LineSplitter
 from acp_proxy.wire.notes import FrameInfo, Observed, Passed, VersionNegotiated
 
@@ -142,7 +142,7 @@ def drive(
         line = splitter.single_line(chunk)
         if line is not None:
             got = conn.handle_line(direction, line)
-            take(got if isinstance(got, Result) else Result((OutFrame(line, got, None),)))
+            take(Result((OutFrame(line, None, None),)) if got is AS_CAME else got)
         else:
             take(conn.handle_many(direction, splitter.feed_blocks(chunk), join=True))
     for direction, splitter in splitters.items():

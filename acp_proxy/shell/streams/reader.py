@@ -33,7 +33,7 @@ from acp_proxy.shell.streams.transports import (
 )
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.pipeline import Connection, Result
+from acp_proxy.wire.connection.pipeline import AS_CAME, Connection, Result
 from acp_proxy.wire.framing import LineSplitter
 
 # What the session does with what the core returned for a read: (direction, result, the outbox
@@ -100,8 +100,8 @@ class Reader:
             if line is not None:  # the interactive case, one line a read: fewer steps
                 events = True
                 got = handle_line(direction, line)
-                if not isinstance(got, Result):  # tracked, on as it came
-                    got = Result((OutFrame(line, got, connection.version),))
+                if got is AS_CAME:  # tracked, on as it came
+                    got = Result((OutFrame(line, None, connection.version),))
                 dispatch(direction, got, forward, back)
             else:
                 events = splitter.feed_blocks(chunk)
@@ -128,7 +128,7 @@ class Reader:
                 # outbox wrote it whole), so no accounting is due, and the read this chunk
                 # reserved is kept for the next one when the budget would grant it again.
                 got = handle_line(direction, line)
-                if not isinstance(got, Result):  # a request or response, tracked: on as it came
+                if got is AS_CAME:  # a request or response, tracked: on as it came
                     written = forward.write_line(line)
                 else:
                     written = (
@@ -150,8 +150,8 @@ class Reader:
                     budget.add(-READ_SIZE)
                     budget.release_owner(splitter)
                 else:
-                    if not isinstance(got, Result):
-                        got = Result((OutFrame(line, got, connection.version),))
+                    if got is AS_CAME:
+                        got = Result((OutFrame(line, None, connection.version),))
                     dispatch(direction, got, forward, back)
                     account()
                     budget.add(-READ_SIZE)

@@ -8,7 +8,7 @@ as one array only when the sender sent an array (JSON-RPC batch reply semantics)
 whose entries are unchanged leaves as its original bytes; in a changed array only the changed
 entries are re-encoded (each spliced into its own bytes), and everything between the entries
 (separators, whitespace, the unchanged entries) keeps the original bytes. Pure, no I/O; the
-request tables are the connection's (``acp_proxy.wire.connection.host.Host``).
+request tables are the connection's (``tables.Requests``), its state ``state.ConnState``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.host import Acc, Host, NotParsedWhy
+from acp_proxy.wire.connection.connstate import Acc, ConnState, NotParsedWhy
 from acp_proxy.wire.connection.observe import frame_info
 from acp_proxy.wire.connection.rewrite import Rewriter, reply_bytes
+from acp_proxy.wire.connection.tables import Requests
 from acp_proxy.wire.connection.tracking import RequestTracker
 from acp_proxy.wire.connection.unparsed import ParseBudget
 from acp_proxy.wire.notes import Note, Result
@@ -28,12 +29,16 @@ _A2C = Direction.AGENT_TO_CLIENT
 
 
 class Batches:
-    """The batch handling of one connection (``host``), with its rewrite engine."""
+    """The batch handling of one connection (``state``, ``requests``), with its rewrite
+    engine."""
 
-    __slots__ = ("_budget", "_host", "_rw")
+    __slots__ = ("_budget", "_requests", "_rw", "_state")
 
-    def __init__(self, host: Host, rewriter: Rewriter, budget: ParseBudget) -> None:
-        self._host = host
+    def __init__(
+        self, state: ConnState, requests: Requests, rewriter: Rewriter, budget: ParseBudget
+    ) -> None:
+        self._state = state
+        self._requests = requests
         self._rw = rewriter
         self._budget = budget
 
@@ -46,27 +51,30 @@ class Batches:
         notes: tuple[Note, ...],
     ) -> Result:
         """The array frame ``raw`` (the non-empty ``entries``) travelling ``direction``."""
-        host = self._host
+        state = self._state
+        requests = self._requests
         rewriter = self._rw
         acc = Acc()
         acc.notes.extend(notes)
-        version = host.version
-        stats = host.stats
-        inspect_all = host._inspect_all
-        full = would_overflow(host._tracker, direction, entries)
-        routed = host._routed and host._chain_on and routes_any(host, direction, entries)
+        version = state.version
+        stats = state.stats
+        inspect_all = state.inspect_all
+        full = would_overflow(requests.tracker, direction, entries)
+        routed = state.routed and state.chain_on and routes_any(state, direction, entries)
         if interested is None and not full and not routed:
             for entry in entries:
                 if isinstance(entry, dict):
-                    host._track(direction, entry, acc.notes, None)
+                    requests.track(direction, entry, acc.notes, None)
                     if inspect_all:
-                        acc.notes.append(frame_info(direction, entry, len(raw), (), host._answers))
+                        acc.notes.append(
+                            frame_info(direction, entry, len(raw), (), requests.answers)
+                        )
             acc.forward.append(OutFrame(raw, None, version))
-            host._count_out(direction, 1)
+            state.count_out(direction, 1)
             return acc.result()
         if interested is None:
-            interested = tuple(False for _ in host.chain.links)
-        ctx = host._bctx_a2c if direction is _A2C else host._bctx_c2a
+            interested = tuple(False for _ in state.chain.links)
+        ctx = state.bctx_a2c if direction is _A2C else state.bctx_c2a
         try:
             # Where the array opens (after any whitespace), then one scan of its elements, which
             # also gives where it closes: the batch is walked once, not three times.
@@ -78,10 +86,10 @@ class Batches:
         # Per entry: its bytes in the array (None: dropped), then the frames that follow it.
         kept: list[bytes | None] = []
         fused = (
-            host._fused is not None
+            state.fused is not None
             and version == 2
             and not inspect_all
-            and interested == host._fused_interest
+            and interested == state.fused_interest
         )
         follow: list[OutFrame] = []
         replies: list[bytes] = []
@@ -92,9 +100,9 @@ class Batches:
                 continue
             entry_raw = raw[es:ee]
             if full and "id" in entry and "method" in entry:
-                refused = host._refuse_if_full(direction, entry_raw, entry)
+                refused = requests.refuse_if_full(direction, entry_raw, entry)
                 if refused is not None:
-                    acc.notes.append(host._full_note(direction, entry))
+                    acc.notes.append(requests.full_note(direction, entry))
                     replies.append(refused.raw)
                     stats.errors_replied += 1
                     kept.append(None)
@@ -109,20 +117,20 @@ class Batches:
                     continue
             wanted: tuple[bool, ...] | None = interested
             if routed and "id" in entry and "method" in entry:
-                wanted = host._route(direction, entry, interested)
+                wanted = state.route(direction, entry, interested)
             outcome = rewriter.chain.run(entry, ctx, wanted)
             rewriter.report(entry, outcome, acc.notes, inspect_all)
             for r in outcome.replies:
                 replies.append(reply_bytes(r, entry_raw if "id" in r else None, entry))
                 stats.errors_replied += "error" in r
-            if inspect_all or host._watching:  # (watching: who changed it)
+            if inspect_all or state.watching:  # (watching: who changed it)
                 acc.notes.append(
                     frame_info(
                         direction,
                         entry,
                         len(raw),
                         outcome.changed_by,
-                        host._answers,
+                        requests.answers,
                         marks=outcome.marks,
                     )
                 )
@@ -133,13 +141,13 @@ class Batches:
             )
             if encoded is None:  # unchanged (or unencodable: fail open)
                 kept.append(entry_raw)
-                host._track(direction, entry, acc.notes, entry_raw)
+                requests.track(direction, entry, acc.notes, entry_raw)
                 continue
             changed = True
             if not outcome.messages:
                 kept.append(None)
             for i, (out, data) in enumerate(zip(outcome.messages, encoded, strict=True)):
-                host._track(direction, out, acc.notes, None)
+                requests.track(direction, out, acc.notes, None)
                 if i == 0:
                     kept.append(data)  # takes the entry's place inside the array
                 else:
@@ -154,13 +162,13 @@ class Batches:
             # JSON-RPC: the answers to a batch are one array (ACP digest §1.2).
             stats.replies += 1
             acc.reply.append(OutFrame(b"[" + b",".join(replies) + b"]", None, version))
-        host._count_out(direction, len(acc.forward))
+        state.count_out(direction, len(acc.forward))
         return acc.result()
 
 
-def routes_any(host: Host, direction: Direction, entries: list[JsonValue]) -> bool:
+def routes_any(state: ConnState, direction: Direction, entries: list[JsonValue]) -> bool:
     """Whether a link is handed one of the requests among ``entries`` by name."""
-    names = host.chain.routes[direction]
+    names = state.chain.routes[direction]
     return any(isinstance(e, dict) and "id" in e and e.get("method") in names for e in entries)
 
 

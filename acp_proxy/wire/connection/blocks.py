@@ -17,15 +17,15 @@ from collections.abc import Iterable
 
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.divert import FRAME_STARTS
-from acp_proxy.wire.connection.host import UNSET, Acc, Host, Unset
+from acp_proxy.wire.connection.connstate import UNSET, Acc, ConnState, Unset
+from acp_proxy.wire.connection.lines import Lines
 from acp_proxy.wire.connection.observe import described, passes
 from acp_proxy.wire.connection.rewrite import Rewriter
 from acp_proxy.wire.framing import Block, Line, Oversize
 from acp_proxy.wire.notes import Note, Passed, Result
 from acp_proxy.wire.raw import block_scan
 from acp_proxy.wire.raw.block_scan import contains
-from acp_proxy.wire.raw.prefilter import ESCAPES, ID_KEY, agent_needs_parse, client_needs_parse
+from acp_proxy.wire.raw.prefilter import ESCAPES, ID_KEY, passes_unparsed
 
 _A2C = Direction.AGENT_TO_CLIENT
 _C2A = Direction.CLIENT_TO_AGENT
@@ -53,23 +53,14 @@ class _Passing:
 
 
 class Blocks:
-    """The many-frames path of one connection (``host``)."""
+    """The many-frames path of one connection (``state``), over its line path (``lines``)."""
 
-    __slots__ = ("_escapes", "_host", "_link_needles", "_max_parse", "_needles_by_state", "_rw")
+    __slots__ = ("_lines", "_needles_by_state", "_rw", "_state")
 
-    def __init__(
-        self,
-        host: Host,
-        rewriter: Rewriter,
-        link_needles: tuple[tuple[bytes, ...] | None, ...],
-        escapes: tuple[bytes, ...],
-        max_parse: int,
-    ) -> None:
-        self._host = host
+    def __init__(self, state: ConnState, lines: Lines, rewriter: Rewriter) -> None:
+        self._state = state
+        self._lines = lines
         self._rw = rewriter
-        self._link_needles = link_needles
-        self._escapes = escapes
-        self._max_parse = max_parse
         # ``_block_needles`` by (direction, chain on): at most four entries.
         self._needles_by_state: dict[tuple[Direction, bool], tuple[bytes, ...] | None] = {}
 
@@ -95,9 +86,9 @@ class Blocks:
         notes: list[Note] = []
         run: list[bytes] = []  # consecutive untouched, unparsed frames
         a2c = direction is _A2C
-        host = self._host
-        fast = not host._inspect_all
-        own = passing is None and host._watching
+        state = self._state
+        fast = not state.inspect_all
+        own = passing is None and state.watching
         if own:
             passing = _Passing()
         for item in events:
@@ -119,16 +110,8 @@ class Blocks:
             interested: tuple[bool, ...] | Unset | None = UNSET
             if fast and type(event) is Line:
                 raw = event.raw
-                interested = host._interested(raw) if host._chain_on else None
-                if a2c:
-                    if (
-                        interested is None
-                        and raw[:2] in FRAME_STARTS
-                        and not agent_needs_parse(raw)
-                    ):
-                        run.append(raw)
-                        continue
-                elif interested is None and not client_needs_parse(raw):
+                interested = state.interested(raw) if state.chain_on else None
+                if interested is None and passes_unparsed(a2c, raw):
                     run.append(raw)
                     continue
             if run:
@@ -138,9 +121,9 @@ class Blocks:
             if not isinstance(interested, Unset) and type(event) is Line:
                 # The prefilter's answer is known: do not compute it twice (hot path).
                 if a2c:
-                    res = host._agent_line(event.raw, interested)
+                    res = self._lines.agent(event.raw, interested)
                 else:
-                    res = host._client_line(event.raw, interested)
+                    res = self._lines.client(event.raw, interested)
                 if passing is not None:  # watching (``handle`` reports for itself)
                     if passes(event, event.raw, res):
                         forward.append(res.forward[0])
@@ -148,7 +131,7 @@ class Blocks:
                         continue
                     res = described(direction, event, event.raw, res)
             else:
-                res = host.handle(direction, event)
+                res = self._lines.event(direction, event)
             if passing is not None:
                 passing.report(direction, notes)
             forward.extend(res.forward)
@@ -172,8 +155,8 @@ class Blocks:
         passing: _Passing | None,
     ) -> None:
         n = len(run)
-        self._host._count_passed(direction, n)
-        version = self._host.version
+        self._state.count_passed(direction, n)
+        version = self._state.version
         if join:
             joined = b"\n".join(run) if n > 1 else run[0]
             forward.append(OutFrame(joined, None, version, n))
@@ -203,12 +186,12 @@ class Blocks:
         split or parsed, after one check that each starts like a JSON frame (non-JSON agent
         output must still be diverted).
         """
-        host = self._host
+        state = self._state
         raw = block.raw
         # Until the version is known the chain is off, and the initialize response inside this
         # block may turn it on halfway: take such blocks line by line (once per connection).
-        waiting = host._has_links and not host._chain_on
-        needles = None if host._inspect_all or waiting else self._block_needles(direction)
+        waiting = state.has_links and not state.chain_on
+        needles = None if state.inspect_all or waiting else self._block_needles(direction)
         if needles is None:
             acc.extend(self.many(direction, block.lines(), join, passing))
             return
@@ -221,11 +204,11 @@ class Blocks:
         # The fused lane: a v2 notification that the one fusable middleware answers goes
         # straight from here to ``Rewriter.fused_bytes``, skipping the per-line path's steps
         # that cannot change its outcome there (see ``Rewriter.lane``).
-        lane = host._fused is not None and host.version == 2 and host._chain_on
+        lane = state.fused is not None and state.version == 2 and state.chain_on
         # A line another link may want is not the lane's (``Connection._lane_blockers``).
-        blockers = host._lane_blockers
+        blockers = state.lane_blockers
         # The read lane: a notification only links that read it (the policy) want.
-        reading = host._link_interest.reading and host._chain_on
+        reading = state.links.reading and state.chain_on
         if specials and self._pass_as_is(direction, raw, specials, lane):
             # Every line the scan picked passes untouched too (a batch of notifications in a
             # stream of them): the block is one run, forwarded without cutting runs out of it
@@ -252,7 +235,7 @@ class Blocks:
                 and not contains(line, ID_KEY)
                 and not (blockers and any(contains(line, b) for b in blockers))
             ):
-                out = self._rw.lane(direction, line, self._max_parse)
+                out = self._rw.lane(direction, line, state.max_parse)
                 if out is not None:
                     if special:
                         acc.extend(self.many(direction, special, join, passing))
@@ -265,7 +248,7 @@ class Blocks:
                 if special:
                     acc.extend(self.many(direction, special, join, passing))
                     special = []
-                read = self._rw.read_lane(direction, line, self._max_parse)
+                read = self._rw.read_lane(direction, line, state.max_parse)
                 if read is not None:
                     if passing is not None:  # watching: reported as the per-line path does
                         event = Line(line)
@@ -287,7 +270,7 @@ class Blocks:
     def _block_needles(self, direction: Direction) -> tuple[bytes, ...] | None:
         """What makes a line of a block need the per-line path; None: every line does. Built
         once per direction and state of the chain (it turns on once, with the version)."""
-        key = (direction, self._host._chain_on)
+        key = (direction, self._state.chain_on)
         cached = self._needles_by_state.get(key, UNSET)
         if not isinstance(cached, Unset):
             return cached
@@ -299,12 +282,12 @@ class Blocks:
         needles: list[bytes] = [b'"id"']  # requests and responses, for the tracker
         if direction is _C2A:
             needles.extend(ESCAPES)  # ``client_needs_parse`` parses escaped client frames too
-        if self._host._chain_on:
-            for link_needles in self._link_needles:
+        if self._state.chain_on:
+            for link_needles in self._state.links.link_needles:
                 if link_needles is None:
                     return None
                 needles.extend(link_needles)
-            needles.extend(self._escapes)
+            needles.extend(self._state.links.escapes)
         return tuple(needles)
 
     def _pass_as_is(
@@ -317,23 +300,20 @@ class Blocks:
         """Whether each of the ``specials`` lines of ``raw`` passes untouched and unparsed: what
         ``many`` decides for a line (no link interested, a frame start, no ``"id"``, for a
         client's line no escape either), and no blank line (dropped) nor a fused-lane line."""
-        host = self._host
-        if host._inspect_all:
+        state = self._state
+        if state.inspect_all:
             return False
         a2c = direction is _A2C
-        chain_on = host._chain_on
+        chain_on = state.chain_on
         for _, start, stop in specials:
             line = raw[start:stop]
             if not line or line.isspace():
                 return False
             if lane and line[:2] == b'{"' and not contains(line, ID_KEY):
                 return False
-            if chain_on and host._interested(line) is not None:
+            if chain_on and state.interested(line) is not None:
                 return False
-            if a2c:
-                if line[:2] not in FRAME_STARTS or agent_needs_parse(line):
-                    return False
-            elif client_needs_parse(line):
+            if not passes_unparsed(a2c, line):
                 return False
         return True
 
@@ -348,10 +328,10 @@ class Blocks:
         passing: _Passing | None,
     ) -> None:
         """``n`` lines that start like ``{"`` and that no middleware and no tracker needs."""
-        host = self._host
+        state = self._state
         if join:
-            host._count_passed(direction, n)
-            acc.forward.append(OutFrame(run, None, host.version, n))
+            state.count_passed(direction, n)
+            acc.forward.append(OutFrame(run, None, state.version, n))
             if passing is not None:
                 passing.add(run, n)
         else:

@@ -1,20 +1,21 @@
 """Non-JSON agent output: what an agent line that cannot be a frame becomes.
 
-Contract: owns the first-bytes test of what can be a frame, and the fate of agent stdout lines
-that cannot: diverted to the log (a ``NonJson`` note, ``first_of_kind`` so the shell warns once
-per kind and then counts) or forwarded as they are, per ``NonJsonPolicy``. A line that is
-terminal escape sequences followed by a JSON message is split: the escape prefix is diverted and
-the message goes on. Client frames are never diverted (the agent answers a malformed one with
--32700, ACP digest §1.2). Pure, no I/O.
+Contract: owns the fate of agent stdout lines that cannot be a frame (``prefilter.FRAME_STARTS``,
+``rawjson.could_be_frame``): diverted to the log (a ``NonJson`` note, ``first_of_kind`` so the
+shell warns once per kind and then counts) or forwarded as they are, per ``NonJsonPolicy``. A
+line that is terminal escape sequences followed by a JSON message is split: the escape prefix
+is diverted and the message goes on (to the line path's ``parsed``). Client frames are never
+diverted (the agent answers a malformed one with -32700, ACP digest §1.2). Pure, no I/O.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.host import Host
+from acp_proxy.wire.connection.connstate import ConnState
 from acp_proxy.wire.connection.unparsed import ParseBudget
 from acp_proxy.wire.core_settings import NonJsonPolicy
 from acp_proxy.wire.notes import NonJson, Note, Result
@@ -27,12 +28,6 @@ SAMPLE_BYTES = 200
 KIND_ANSI = "ansi-escape"  # contains a terminal escape sequence (ESC, 0x1b)
 KIND_TEXT = "text"  # anything else that cannot be a frame: a banner, a log line, a scalar
 
-# The first two bytes of a line that can be a frame with nothing before its opener: diversion
-# that matches what a JSON reader accepts (``rawjson.could_be_frame`` is the general check, for
-# the rest).
-FRAME_STARTS = frozenset(
-    [b"{" + bytes([c]) for c in b' \t\r"}'] + [b"[" + bytes([c]) for c in b" \t\r]{["]
-)
 
 # A leading run of terminal escape sequences (CSI, OSC, two-byte ESC) and whitespace.
 _ANSI_PREFIX = re.compile(
@@ -41,16 +36,32 @@ _ANSI_PREFIX = re.compile(
 _A2C = Direction.AGENT_TO_CLIENT
 
 
+class ParsedPath(Protocol):
+    """Where a parsed frame goes on (``lines.Lines.parsed``)."""
+
+    def __call__(
+        self,
+        direction: Direction,
+        raw: bytes,
+        parsed: object,
+        interested: tuple[bool, ...] | None,
+        notes: tuple[Note, ...],
+    ) -> Result: ...
+
+
 class Diversion:
     """The non-JSON policy of one connection and the kinds it has already reported."""
 
-    __slots__ = ("_budget", "_host", "_kinds_seen", "_policy", "_stats")
+    __slots__ = ("_budget", "_kinds_seen", "_parsed", "_policy", "_state", "_stats")
 
-    def __init__(self, host: Host, budget: ParseBudget, policy: NonJsonPolicy) -> None:
-        self._host = host
+    def __init__(
+        self, state: ConnState, budget: ParseBudget, policy: NonJsonPolicy, parsed: ParsedPath
+    ) -> None:
+        self._state = state
         self._budget = budget
+        self._parsed = parsed  # where a message found behind escape sequences goes on
         self._policy = policy
-        self._stats = host.stats
+        self._stats = state.stats
         self._kinds_seen: set[str] = set()
 
     def odd_line(self, raw: bytes) -> Result:
@@ -64,14 +75,14 @@ class Diversion:
                 match = _ANSI_PREFIX.match(raw)
                 rest = raw[match.end() :] if match else b""
                 if rawjson.could_be_frame(rest):
-                    host = self._host
                     parsed = self._budget.parse(rest)
                     if isinstance(parsed, (dict, list)):
                         # An escape sequence before the JSON: divert it, keep the message.
                         prefix = raw[: len(raw) - len(rest)]
                         note = self._note(KIND_ANSI, prefix, forwarded=False)
                         self._stats.diverted += 1
-                        return host._parsed(_A2C, rest, parsed, host._interested(rest), (note,))
+                        interested = self._state.interested(rest)
+                        return self._parsed(_A2C, rest, parsed, interested, (note,))
             return self._non_json(raw, KIND_ANSI, ())
         return self._non_json(raw, KIND_TEXT, ())
 
@@ -80,7 +91,7 @@ class Diversion:
         note = self._note(kind, raw, forwarded=forwarded)
         if forwarded:
             self._stats.agent_to_client_out += 1
-            return Result((OutFrame(raw, None, self._host.version),), (), (*notes, note))
+            return Result((OutFrame(raw, None, self._state.version),), (), (*notes, note))
         self._stats.diverted += 1
         return Result((), (), (*notes, note))
 

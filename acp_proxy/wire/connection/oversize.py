@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.host import Host
+from acp_proxy.wire.connection.connstate import ConnState
+from acp_proxy.wire.connection.tables import Requests
 from acp_proxy.wire.errors import INTERNAL_ERROR, INVALID_REQUEST, error_bytes, error_object
 from acp_proxy.wire.framing import (
     HEAD_BYTES,
@@ -24,9 +25,9 @@ from acp_proxy.wire.notes import OversizeFrame, Result
 _A2C = Direction.AGENT_TO_CLIENT
 
 
-def oversize(host: Host, direction: Direction, event: Oversize) -> Result:
+def oversize(state: ConnState, requests: Requests, direction: Direction, event: Oversize) -> Result:
     """The result of an oversize frame read from the side ``direction`` starts at."""
-    stats = host.stats
+    stats = state.stats
     stats.oversize += 1
     if direction is _A2C:
         stats.agent_to_client_in += 1
@@ -44,18 +45,18 @@ def oversize(host: Host, direction: Direction, event: Oversize) -> Result:
         stats.replies += 1
         stats.errors_replied += 1
         note = OversizeFrame(event.size, rid, replied=True, limit=event.limit)
-        return Result((), (OutFrame(data, response, host.version),), (note,))
+        return Result((), (OutFrame(data, response, state.version),), (note,))
     is_response, rid = read_response_id(head)
     # The sender of a response is the receiver of its request: the request's sender is on the
     # other side, and it only gets an error if we know it is waiting for this id.
-    entry = host._answered(direction, rid) if is_response else None
+    entry = requests.answered(direction, rid) if is_response else None
     if entry is not None:
         id_bytes = entry[1]
         text = f"acp-proxy: the response was {event.size} bytes, over {limit}; dropped"
         response = error_object(rid, INTERNAL_ERROR, text)
         stats.errors_replied += 1
-        host._count_out(direction, 1)
+        state.count_out(direction, 1)
         note = OversizeFrame(event.size, rid, answered=True, limit=event.limit)
-        frame = OutFrame(error_bytes(id_bytes, INTERNAL_ERROR, text), response, host.version)
+        frame = OutFrame(error_bytes(id_bytes, INTERNAL_ERROR, text), response, state.version)
         return Result((frame,), (), (note,))
     return Result((), (), (OversizeFrame(event.size, None, limit=event.limit),))

@@ -5,11 +5,13 @@ fused v2 annotation path (one fusable middleware answers a v2 update without bui
 message), and encoding the outcome losslessly (only the members that changed are encoded; the
 rest keeps the frame's bytes, ``rawsplice.splice``). Never re-encodes bytes nothing changed, never
 does I/O; request tracking and counters of frames in and out stay with the connection that
-calls it (``acp_proxy.wire.connection.host.Host``).
+calls it: the engine reads the connection's ``state.ConnState`` and updates its request tables
+(``tables.Requests``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,8 +23,9 @@ from acp_proxy.wire.chain import (
     Outcome,
 )
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.host import Acc, Host
+from acp_proxy.wire.connection.connstate import Acc, ConnState
 from acp_proxy.wire.connection.observe import frame_info, method_of, update_kind
+from acp_proxy.wire.connection.tables import Requests
 from acp_proxy.wire.errors import INTERNAL_ERROR, error_object
 from acp_proxy.wire.notes import (
     Dropped,
@@ -54,19 +57,30 @@ def encode(value: JsonValue) -> bytes | None:
         return None
 
 
+def _no_fused(message: JsonObject, direction: Direction) -> None:
+    """No middleware answers v2 upserts on the fused path: the general path runs."""
+    return None
+
+
 class Rewriter:
-    """The chain and the fused path of one connection (``host``), applied to parsed messages."""
+    """The chain and the fused path of one connection (``state``, ``requests``), applied to
+    parsed messages."""
 
-    __slots__ = ("_fused", "_host", "chain", "stats")
+    __slots__ = ("_fused", "_requests", "_state", "chain", "stats")
 
-    def __init__(self, host: Host, fused: Any) -> None:
-        self._host = host
-        self.chain = host.chain
-        self.stats = host.stats
+    def __init__(self, state: ConnState, requests: Requests) -> None:
+        self._state = state
+        self._requests = requests
+        self.chain = state.chain
+        self.stats = state.stats
         # One middleware that can answer v2 upserts without building a message (the rules
         # middleware's ``fused_v2``, when its rules allow it): the annotation hot path. Whether
-        # to take it is the host's decision (``host._fused is not None``).
-        self._fused = fused
+        # to take it is the caller's decision (``state.fused is not None``); without one,
+        # ``fused_bytes`` answers "take the general path".
+        fused = state.fused
+        self._fused: Callable[[JsonObject, Direction], Any] = (
+            fused if fused is not None else _no_fused
+        )
 
     def single(
         self,
@@ -77,12 +91,13 @@ class Rewriter:
         notes: tuple[Note, ...],
     ) -> Result:
         """A message on its own (not in a batch) that some link may act on; its request, if it
-        is one, has room in its table (the host checked)."""
-        host = self._host
-        version = host.version
-        inspect_all = host._inspect_all
-        if host._fused is not None and version == 2 and "id" not in message and not inspect_all:
-            if interested == host._fused_interest:
+        is one, has room in its table (the caller checked)."""
+        state = self._state
+        requests = self._requests
+        version = state.version
+        inspect_all = state.inspect_all
+        if state.fused is not None and version == 2 and "id" not in message and not inspect_all:
+            if interested == state.fused_interest:
                 fused = self.fused_frame(direction, raw, message, notes)
                 if fused is not None:
                     return fused
@@ -90,7 +105,7 @@ class Rewriter:
                 beside = self.beside_fused(direction, raw, message, interested, notes)
                 if beside is not None:
                     return beside
-        ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
+        ctx = state.ctx_a2c if direction is _A2C else state.ctx_c2a
         outcome = self.chain.run(message, ctx, interested)
         if (
             outcome.changed
@@ -107,15 +122,15 @@ class Rewriter:
                 data = None
             if data is not None:
                 self.stats.rewritten += 1
-                host._count_out(direction, 1)
+                state.count_out(direction, 1)
                 if "id" in out:
                     acc_notes = list(notes)
-                    host._track(direction, out, acc_notes, raw if out is message else None)
+                    requests.track(direction, out, acc_notes, raw if out is message else None)
                     notes = tuple(acc_notes)
                 # (No ``Rewritten`` note: only debug logging shows it, and debug means
                 # ``inspect_all``, which takes the general path below. Watching, who changed
                 # the frame is said.)
-                if host._watching:
+                if state.watching:
                     info = self.info(direction, raw, message, outcome)
                     notes = (*notes, info)
                 return Result((OutFrame(data, out, version),), (), notes)
@@ -125,29 +140,28 @@ class Rewriter:
         encoded = self.encode_outcome(raw, message, outcome, acc.notes) if outcome.changed else None
         if encoded is None:  # unchanged (or unencodable: fail open)
             acc.forward.append(OutFrame(raw, message, version))
-            host._track(direction, message, acc.notes, raw)
+            requests.track(direction, message, acc.notes, raw)
         else:
             for out, data in zip(outcome.messages, encoded, strict=True):
                 acc.forward.append(OutFrame(data, out, version))
-                host._track(direction, out, acc.notes, None)
-        if inspect_all or host._watching:
+                requests.track(direction, out, acc.notes, None)
+        if inspect_all or state.watching:
             acc.notes.append(self.info(direction, raw, message, outcome))
         for reply in outcome.replies:
             # A response keeps the request's id bytes; a notification is encoded on its own.
             acc.reply.append(
                 self.reply_frame(reply, raw, message) if "id" in reply else self.reply_frame(reply)
             )
-        host._count_out(direction, len(acc.forward))
+        state.count_out(direction, len(acc.forward))
         return acc.result()
 
     def info(
         self, direction: Direction, raw: bytes, message: JsonObject, outcome: Outcome
     ) -> FrameInfo:
         """What observers are told of a message the chain ran on (``FrameInfo``)."""
-        host = self._host
         changed_by = outcome.changed_by
         return frame_info(
-            direction, message, len(raw), changed_by, host._answers, marks=outcome.marks
+            direction, message, len(raw), changed_by, self._requests.answers, marks=outcome.marks
         )
 
     # --- the fused v2 path --------------------------------------------------------------------
@@ -168,11 +182,11 @@ class Rewriter:
         the annotation rule marks). A failure of theirs is reported and the message goes on,
         as in the chain (fail-open). ``None``: one of them changed it after all (or dropped it,
         failing closed): the general path starts over."""
-        host = self._host
-        fused_interest = host._fused_interest
+        state = self._state
+        fused_interest = state.fused_interest
         if side is None:  # ``interested`` without the fused path's link
             side = tuple(a and not f for a, f in zip(interested, fused_interest, strict=True))
-        ctx = host._ctx_a2c if direction is _A2C else host._ctx_c2a
+        ctx = state.ctx_a2c if direction is _A2C else state.ctx_c2a
         before = self.chain.run(message, ctx, side)
         if before.changed:
             return None
@@ -180,7 +194,7 @@ class Rewriter:
             acc = list(notes)
             self.report(message, before, acc, False)
             notes = tuple(acc)
-        if host._watching:  # (as the per-line path says what the chain ran on; no fused path)
+        if state.watching:  # (as the per-line path says what the chain ran on; no fused path)
             notes = (*notes, self.info(direction, raw, message, before))
         replies = tuple(self.reply_frame(r) for r in before.replies)
         data = None
@@ -189,8 +203,8 @@ class Rewriter:
             if data is None:  # the fused path declines: the chain, that link alone
                 after = self.single(direction, raw, message, fused_interest, notes)
                 return Result(after.forward, (*after.reply, *replies), after.notes)
-        host._count_out(direction, 1)
-        frame = OutFrame(raw if data is None else data, message, host.version)
+        state.count_out(direction, 1)
+        frame = OutFrame(raw if data is None else data, message, state.version)
         return Result((frame,), replies, notes)
 
     def read_lane(self, direction: Direction, raw: bytes, max_parse: int) -> Result | None:
@@ -209,10 +223,10 @@ class Rewriter:
             return None
         if type(message) is not dict or "id" in message:
             return None
-        host = self._host
-        interested = host._interested(raw)
-        links = host._link_interest
-        lane = links.read_v2 if host._fused is not None and host.version == 2 else links.read_v1
+        state = self._state
+        interested = state.interested(raw)
+        links = state.links
+        lane = links.read_v2 if state.fused is not None and state.version == 2 else links.read_v1
         side = None if interested is None else lane.get(interested)
         if interested is None or side is None:  # nobody after all, or a link that may change it
             return None
@@ -249,14 +263,14 @@ class Rewriter:
         data = self.fused_bytes(direction, raw, message)
         if data is None:
             return None
-        stats = self.stats  # ``_count_passed(direction, 1)``, inline: once per annotated frame
+        stats = self.stats  # ``ConnState.count_passed(direction, 1)`` inline: once per frame
         if direction is _A2C:
             stats.agent_to_client_in += 1
             stats.agent_to_client_out += 1
         else:
             stats.client_to_agent_in += 1
             stats.client_to_agent_out += 1
-        return OutFrame(data, message, self._host.version)
+        return OutFrame(data, message, self._state.version)
 
     def fused_frame(
         self, direction: Direction, raw: bytes, message: JsonObject, notes: tuple[Note, ...]
@@ -266,9 +280,9 @@ class Rewriter:
         data = self.fused_bytes(direction, raw, message)
         if data is None:
             return None
-        host = self._host
-        host._count_out(direction, 1)
-        return Result((OutFrame(data, message, host.version),), (), notes)
+        state = self._state
+        state.count_out(direction, 1)
+        return Result((OutFrame(data, message, state.version),), (), notes)
 
     def fused_bytes(self, direction: Direction, raw: bytes, message: JsonObject) -> bytes | None:
         """The annotation hot path: a v2 `session/update` notification and a middleware with
@@ -375,7 +389,7 @@ class Rewriter:
         self.stats.replies += 1
         if "error" in message:
             self.stats.errors_replied += 1
-        return OutFrame(encoded, message, self._host.version)
+        return OutFrame(encoded, message, self._state.version)
 
 
 def reply_bytes(message: JsonObject, raw: bytes | None, request: JsonObject | None) -> bytes:

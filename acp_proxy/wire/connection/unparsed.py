@@ -13,7 +13,8 @@ from __future__ import annotations
 from acp_proxy.base.jsontypes import JsonValue
 from acp_proxy.wire.chain import Direction
 from acp_proxy.wire.coalesce.queue import OutFrame
-from acp_proxy.wire.connection.host import Host, NotParsedWhy
+from acp_proxy.wire.connection.connstate import ConnState, NotParsedWhy
+from acp_proxy.wire.connection.tables import Requests
 from acp_proxy.wire.connection.tracking import is_id
 from acp_proxy.wire.framing import HEAD_BYTES, read_response_id, scan_head
 from acp_proxy.wire.notes import NotParsed, Result
@@ -22,12 +23,13 @@ from acp_proxy.wire.raw.prefilter import parse_cost
 
 
 class ParseBudget:
-    """The parse budget of one connection (``host``) and its unparsed frames."""
+    """The parse budget of one connection (``state``, ``requests``) and its unparsed frames."""
 
-    __slots__ = ("_host", "_seen", "max_parse")
+    __slots__ = ("_requests", "_seen", "_state", "max_parse")
 
-    def __init__(self, host: Host, max_parse: int) -> None:
-        self._host = host
+    def __init__(self, state: ConnState, requests: Requests, max_parse: int) -> None:
+        self._state = state
+        self._requests = requests
         self.max_parse = max_parse
         self._seen = False  # a frame was left unparsed already (only the first note says so)
 
@@ -43,8 +45,9 @@ class ParseBudget:
 
     def forward(self, direction: Direction, raw: bytes, why: NotParsedWhy) -> Result:
         """Forward a frame that could not be parsed as it came, its request tracked."""
-        host = self._host
-        host.stats.not_parsed += 1
+        state = self._state
+        requests = self._requests
+        state.stats.not_parsed += 1
         note = NotParsed(direction, len(raw), why.reason, not self._seen)
         self._seen = True
         head = raw[:HEAD_BYTES]
@@ -53,13 +56,13 @@ class ParseBudget:
             if "method" in info.keys:
                 if why.budget and info.has_id and is_id(info.id):
                     method = info.method if info.method is not None else "?"
-                    refused = host._admit(direction, info.id, method, info.id_bytes)
+                    refused = requests.admit(direction, info.id, method, info.id_bytes)
                     if refused is not None:
-                        full = host._full_note(direction, method)
+                        full = requests.full_note(direction, method)
                         return Result((), (refused,), (note, full))
             else:
                 is_response, rid = read_response_id(head)
                 if is_response:
-                    host._answered(direction, rid)
-        host._count_out(direction, 1)
-        return Result((OutFrame(raw, None, host.version),), (), (note,))
+                    requests.answered(direction, rid)
+        state.count_out(direction, 1)
+        return Result((OutFrame(raw, None, state.version),), (), (note,))

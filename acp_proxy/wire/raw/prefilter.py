@@ -1,10 +1,11 @@
 """Which frames must be parsed: the byte tests that let most frames pass unparsed.
 
 Contract: pure functions of a frame's bytes, no state. A frame is parsed when a middleware may
-act on it (the chain's needle prefilter, ``Connection._interested``, which also passes every
-frame with a JSON escape), when the request tables need it (``agent_needs_parse`` /
-``client_needs_parse``), or when everything is inspected; everything else is forwarded
-unparsed, and so unvalidated, exactly as a transparent relay would. ``parse_cost`` bounds the
+act on it (the chain's needle prefilter, ``LinkInterest``, which also passes every frame with a
+JSON escape), when the request tables need it (``agent_needs_parse`` / ``client_needs_parse``),
+or when everything is inspected; everything else is forwarded unparsed, and so unvalidated,
+exactly as a transparent relay would. ``passes_unparsed`` is that decision, the one every path
+of the connection asks. ``parse_cost`` bounds the
 memory a parse may take (the parse budget, docs/bounds.md).
 """
 
@@ -21,6 +22,13 @@ _NESTING_SLACK = 1024  # values not after a comma: at most one per nesting level
 
 # The escapes ``Chain.interested`` treats as hiding a needle.
 ESCAPES = (b"\\u", b"\\/")
+
+# The first two bytes of a line that can be a frame with nothing before its opener: diversion
+# that matches what a JSON reader accepts (``rawjson.could_be_frame`` is the general check, for
+# the rest).
+FRAME_STARTS = frozenset(
+    [b"{" + bytes([c]) for c in b' \t\r"}'] + [b"[" + bytes([c]) for c in b" \t\r]{["]
+)
 
 
 def parse_cost(raw: bytes, budget: int) -> int:
@@ -48,9 +56,8 @@ def agent_needs_parse(raw: bytes) -> bool:
     nested ``id`` costs a parse, never a wrong answer). Not caught: an ``id`` key written with a
     ``\\u`` escape; missing one only leaves an entry in ``pending_agent_requests`` or (for a
     response) an extra -32603 answer from ``abort_pending``, which a client ignores. The block
-    fast path (``acp_proxy.wire.connection.blocks``) uses the same test, so both paths agree frame
-    for
-    frame.
+    fast path (``acp_proxy.wire.connection.blocks``) uses the same test (``passes_unparsed``), so
+    both paths agree frame for frame.
     """
     return contains(raw, ID_KEY)
 
@@ -61,6 +68,20 @@ def client_needs_parse(raw: bytes) -> bool:
     Client traffic is small, so this one is exact: a full scan, and escaped frames are parsed.
     """
     return contains(raw, ID_KEY) or has_escape(raw)
+
+
+def passes_unparsed(a2c: bool, raw: bytes) -> bool:
+    """Whether a line that no middleware may act on passes as it came, unparsed: the one test
+    every path of the connection asks (the line path, a read's lines, a block's picked lines).
+
+    From the agent: it starts like a frame with nothing before its opener (``FRAME_STARTS``;
+    anything else is diverted or parsed by the line path) and the request tables do not need it
+    (``agent_needs_parse``). From the client: the tables do not need it (``client_needs_parse``).
+    The caller has checked that no middleware may act on it and that not every frame is
+    inspected (``ConnState.inspect_all``)."""
+    if a2c:
+        return raw[:2] in FRAME_STARTS and not contains(raw, ID_KEY)
+    return not (contains(raw, ID_KEY) or has_escape(raw))
 
 
 def has_any(raw: bytes, escapes: tuple[bytes, ...]) -> bool:
