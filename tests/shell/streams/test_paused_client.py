@@ -92,9 +92,17 @@ def run_paused_client(
     try:
         proc.stdin.write(orjson.dumps(init) + b"\n")
         proc.stdin.flush()
-        first = proc.stdout.readline()
-        assert orjson.loads(first)["result"]["protocolVersion"] == 2
+        # The answer to ``initialize`` read from the descriptor itself, as everything after it:
+        # a buffered ``readline`` may take the first updates with it into a buffer that the
+        # reads below never see (the stream would then start in the middle of a line).
         fd = proc.stdout.fileno()
+        while b"\n" not in received:
+            chunk = os.read(fd, 4096)
+            assert chunk, "the proxy closed its output before answering initialize"
+            received += chunk
+        first, _, rest = bytes(received).partition(b"\n")
+        received[:] = rest
+        assert orjson.loads(first)["result"]["protocolVersion"] == 2
         deadline = time.monotonic() + RUN_BOUND_S
         for pause, amount in [*_pattern(seed), (0.0, -1)]:
             time.sleep(pause)
