@@ -109,11 +109,11 @@ def export_ref(ref: str) -> Path:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     compileall.compile_dir(str(dest / "acp_proxy"), quiet=1)
-    _build_accelerator(dest)
+    build_accelerator(dest)
     return dest
 
 
-def _build_accelerator(tree: Path) -> None:
+def build_accelerator(tree: Path) -> None:
     """Compile the tree's optional C module in place, as ``pip install`` does for the current
     tree: without it an older tree would run its pure-Python fallbacks and look slower than it
     was. Best effort: a tree without ``_scan.c``, or no compiler, runs as it is (said on

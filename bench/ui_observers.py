@@ -30,7 +30,6 @@ import argparse
 import os
 import re
 import selectors
-import shutil
 import socket
 import statistics
 import subprocess
@@ -40,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 from typing import IO
+
+from startup import build_accelerator
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "acp_proxy" / "data" / "default.yaml"
@@ -219,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 [*git, "worktree", "add", "-q", "--detach", str(base), args.baseline_ref],
                 check=True,
             )
-            # The built C scanner (not in git) too, so that only the revisions differ.
-            for built in (REPO / "acp_proxy" / "wire").glob("_scan*.so"):
-                shutil.copy2(built, base / "acp_proxy" / "wire" / built.name)
+            # The C scanner built in the base tree too (where that tree keeps it), so that only the
+            # revisions differ.
+            build_accelerator(base)
             try:
                 return measure(args, base)
             finally:
