@@ -105,7 +105,6 @@ class Connection:
         "_general",
         "_lines",
         "_max_parse",
-        "_requests",
         "_state",
         "_stats",
         "_tracker",
@@ -139,7 +138,6 @@ class Connection:
         # The request tables, and the engines, each given the state and the tables (never this
         # object: ``state`` says what they see).
         requests = Requests(state, max_pending)
-        self._requests = requests
         budget = ParseBudget(state, requests, max_parse_bytes)
         rewriter = Rewriter(state, requests)
         self._lines = Lines(state, requests, rewriter, budget, non_json)
