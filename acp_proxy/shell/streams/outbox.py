@@ -427,12 +427,18 @@ async def write_all(
             wait = outbox.gate(now)
             # Merging (or encoding ahead) fills time the peer needs anyway to read down its
             # buffer; a paused peer, once nothing is left to do, gets its buffer filled.
-            if wait is not None and (queue.look(now, wait) or not outbox.paused(now)):
-                # What the look merged may have made room: the reader reads on meanwhile
-                # (a wait with its condition lifted and no wake-up is the watchdog's bug).
-                outbox.wake_reader()
-                await outbox.wait_ready(now + wait)
-                continue
+            if wait is not None:
+                looked = queue.look(now, wait)
+                if looked or not outbox.paused(now):
+                    if looked:
+                        # What the look merged may have made room: the reader reads on
+                        # meanwhile (a wait with its condition lifted and no wake-up is the
+                        # watchdog's bug). A look that did nothing changed nothing the reader
+                        # waits for: waking it then only made it wake the writer again at
+                        # once, a loop that burnt the CPU until the peer was judged paused.
+                        outbox.wake_reader()
+                    await outbox.wait_ready(now + wait)
+                    continue
             written = queue.stats.written
             # (A paused peer's buffer is filled: what the reader read while it pauses still
             # counts against what it may read before the peer reads again.)

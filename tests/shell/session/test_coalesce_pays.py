@@ -635,3 +635,57 @@ async def test_the_reader_is_woken_once_a_paused_peer_s_queue_is_drained(
             outbox.close()
             tg.cancel_scope.cancel()
         assert woke.is_set()
+
+
+@pytest.mark.anyio
+async def test_a_paused_peer_s_reader_and_writer_do_not_wake_each_other_in_a_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a paused peer is not yet judged paused (``GATE_PAUSED_S``) and nothing is left to
+    merge or encode ahead, the writer looks again only after its wait: it wakes the reader
+    (waiting for room) only when a look did something, and the reader's wake-up of the writer
+    is not answered by another wake-up of the reader. The bug this guards against: each woke
+    the other at once, thousands of times in the 100 ms before the pause was judged (about
+    70 ms of the proxy's CPU at every pause of a client)."""
+    monkeypatch.setattr(outbox_module, "GATE_PAUSED_S", 10.0)  # never judged paused here
+    watched_s = 0.25
+    with _piped_outbox() as (_r, w, outbox):
+        queue = OutboundQueue(CoalesceConfig(max_queue_messages=50), coalesce=True)
+        outbox.queue = queue
+        # The peer read nothing of what it was given, far above what the gate keeps unread.
+        os.write(w, b"x" * (2 * GATE_UNREAD))
+        outbox.stats.bytes += 2 * GATE_UNREAD
+        for i in range(100):  # two tool calls: the reader reached the paused-input cap
+            queue.push(OutFrame(tcu(f"t{i % 2}", status=str(i)), None, 2), time.monotonic())
+        assert not queue.has_room()
+        looks = [0]
+        look = OutboundQueue.look
+
+        def counted(self: OutboundQueue, now: float, seconds: float) -> bool:
+            looks[0] += 1
+            return look(self, now, seconds)
+
+        monkeypatch.setattr(OutboundQueue, "look", counted)
+        woken = [0]
+        wait_space = Outbox._wait_space
+
+        async def counted_wait(self: Outbox) -> None:
+            woken[0] += 1
+            await wait_space(self)
+
+        monkeypatch.setattr(Outbox, "_wait_space", counted_wait)
+
+        async def reader() -> None:
+            await outbox.wait_room()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write_all, outbox, lambda: None, lambda: None)
+            tg.start_soon(reader)
+            await anyio.sleep(watched_s)
+            outbox.close()
+            tg.cancel_scope.cancel()
+    # At most one look per wait once the waits reached ``GATE_IDLE_MAX_S`` (a few shorter
+    # ones before), however fast the machine; the loop made thousands.
+    most = int(watched_s / GATE_IDLE_MAX_S) + 16
+    assert 1 <= looks[0] <= most, looks
+    assert 1 <= woken[0] <= most, woken
