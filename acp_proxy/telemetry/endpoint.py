@@ -14,8 +14,6 @@ rewrites the text, the socket layer parses and checks the result
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
-
 from acp_proxy.base.values import value
 
 
@@ -62,6 +60,9 @@ def parse_head(head: bytes) -> Request | None:
         if not colon or not name or name != name.strip():
             return None
         headers[name.lower()] = rest.strip()
+    # (Imported on the first request: ``--ui`` and ``--metrics`` start without it.)
+    from urllib.parse import parse_qs, urlsplit
+
     split = urlsplit(target)
     query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
     return Request(method, split.path, query, headers)

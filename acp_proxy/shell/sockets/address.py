@@ -130,6 +130,15 @@ def parse_endpoint(url: str, *, browser: bool) -> Address:
     return address
 
 
+def is_ip_literal(host: str) -> bool:
+    """True when ``host`` is an IPv4 or IPv6 address as written (no name to look up)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def is_loopback_ip(text: str) -> bool:
     """True for 127.0.0.0/8, ::1 and their IPv4-mapped forms; False for anything else."""
     try:

@@ -28,6 +28,7 @@ from acp_proxy.shell.sockets.address import (
     AddressError,
     parse_address,
 )
+from acp_proxy.shell.sockets.listening import resolve_tcp
 from acp_proxy.shell.sockets.streams import SocketStream
 
 
@@ -95,7 +96,7 @@ async def _connect(address: Address) -> SocketStream:
     if address.scheme == "unix":
         targets: list[tuple[int, Any]] = [(socket.AF_UNIX, address.path)]
     else:
-        infos = await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+        infos = await resolve_tcp(address)
         targets = [(family, sockaddr) for family, *_, sockaddr in infos]
     error: OSError = OSError(errno.EHOSTUNREACH, "no address to connect to")
     for family, sockaddr in targets:

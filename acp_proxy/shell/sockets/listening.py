@@ -1,9 +1,10 @@
 """Listening sockets: bind an ``Address``, and give a Unix socket file back when done.
 
-Contract: owns binding and listening (every address a TCP host resolves to; the loopback rule
-unless remote clients are allowed), Unix socket files (created 0600 with no wider window, a stale
-file replaced, a live one or a non-socket never), and removing only the file it created. It
-never accepts a connection (``server`` does) and never reads one.
+Contract: owns resolving a TCP address (``resolve_tcp``: an IP literal at once, a name by the
+resolver in a worker thread), binding and listening (every address a TCP host resolves to; the
+loopback rule unless remote clients are allowed), Unix socket files (created 0600 with no wider
+window, a stale file replaced, a live one or a non-socket never), and removing only the file it
+created. It never accepts a connection (``server`` does) and never reads one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import Any
 
 import anyio
 
-from acp_proxy.shell.sockets.address import EXIT_FAILURE, EXIT_USAGE, Address, is_loopback_ip
+from acp_proxy.shell.sockets.address import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    Address,
+    is_ip_literal,
+    is_loopback_ip,
+)
 
 LISTEN_BACKLOG = 128
 
@@ -81,13 +88,28 @@ async def open_listener(
     )
 
 
+async def resolve_tcp(address: Address, *, passive: bool = False) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` of a TCP ``address`` (stream sockets; ``passive``: to bind). An IP literal
+    is converted here (``AI_NUMERICHOST``: no lookup, nothing that can block); only a name goes
+    to the resolver, which runs in a worker thread. A thread for ``127.0.0.1`` cost every
+    ``--ui``, ``--metrics`` and ``--listen`` a second thread with its own malloc arena (some
+    2,400 page faults) and a third to stop it at exit."""
+    flags = socket.AI_PASSIVE if passive else 0
+    if is_ip_literal(address.host):
+        return socket.getaddrinfo(
+            address.host.encode("ascii"),  # (as bytes: a str is IDNA-encoded, ``unicodedata``)
+            address.port,
+            type=socket.SOCK_STREAM,
+            flags=flags | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+        )
+    return await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM, flags=flags)
+
+
 async def _listen_tcp(
     address: Address, *, allow_remote: bool, log: Any, exposure: tuple[str, str], note: str
 ) -> Listener:
     try:
-        infos = await anyio.getaddrinfo(
-            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
+        infos = await resolve_tcp(address, passive=True)
     except OSError as exc:
         raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
     ips = list(dict.fromkeys((family, str(sockaddr[0])) for family, *_, sockaddr in infos))

@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from proxy_harness import (
 )
 
 from acp_proxy.shell.sockets.address import Address, AddressError, is_loopback_ip, parse_address
+from acp_proxy.shell.sockets.listening import resolve_tcp
 
 # -- pure: addresses ----------------------------------------------------------------------------
 
@@ -685,3 +687,18 @@ async def test_listen_records_one_file_per_connection(tmp_path: Path, pattern: b
         for conn, entries in by_conn.items()
     }
     assert who == {1: ["a", "a"], 2: ["b"]}
+
+
+@pytest.mark.anyio
+async def test_an_ip_literal_is_resolved_without_a_thread_and_a_name_by_the_resolver() -> None:
+    """Binding ``127.0.0.1`` (``--ui``, ``--metrics``, ``--listen``) or connecting to ``::1``
+    needs no lookup: no worker thread is started for it (a thread cost every ``--ui`` its own
+    malloc arena, and another to stop it at exit). A name still goes to the resolver."""
+    before = {thread.ident for thread in threading.enumerate()}
+    v4 = await resolve_tcp(parse_address("tcp://127.0.0.1:0", listen=True), passive=True)
+    v6 = await resolve_tcp(parse_address("tcp://[::1]:8080", listen=False))
+    assert {thread.ident for thread in threading.enumerate()} == before
+    assert [(info[0], info[4]) for info in v4] == [(socket.AF_INET, ("127.0.0.1", 0))]
+    assert [(info[0], info[4][:2]) for info in v6] == [(socket.AF_INET6, ("::1", 8080))]
+    named = await resolve_tcp(parse_address("tcp://localhost:8080", listen=False))
+    assert ("127.0.0.1", 8080) in [info[4][:2] for info in named]
