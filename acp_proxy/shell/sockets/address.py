@@ -10,8 +10,9 @@ a name.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
 from typing import Literal
+
+from acp_proxy.base.values import value
 
 EXIT_FAILURE = 1  # cannot listen / cannot connect / agent connection lost
 EXIT_USAGE = 2  # bad address, non-loopback without --allow-remote
@@ -26,7 +27,7 @@ class AddressError(ValueError):
     """A ``--listen`` / ``--connect`` URL that is not valid; the message says what would be."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Address:
     """A parsed socket URL: ``tcp`` with ``host``/``port``, ``unix`` with ``path``, or ``ws`` /
     ``wss`` with ``host``/``port`` and the HTTP ``path`` (``/`` when the URL has none)."""

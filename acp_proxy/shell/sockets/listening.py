@@ -14,11 +14,11 @@ import errno
 import os
 import socket
 import stat
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from acp_proxy.base.values import value
 from acp_proxy.shell.sockets.address import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -38,7 +38,7 @@ class ListenError(Exception):
         self.exit_code = exit_code
 
 
-@dataclass(slots=True)
+@value(frozen=False)
 class Listener:
     """Bound, listening sockets for one address, and the Unix socket file they own."""
 

@@ -20,12 +20,12 @@ import errno
 import socket
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 
+from acp_proxy.base.values import value
 from acp_proxy.shell.log.logsetup import say_fatal
 from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
@@ -41,7 +41,7 @@ LINE_ENDS: Final = (b"\n",)
 Start = Callable[[socket.socket], Callable[[], Coroutine[Any, Any, None]] | None]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Endpoint:
     """An HTTP endpoint of the proxy: its option (``metrics``: ``--metrics URL``), what it
     serves (for "cannot serve WHAT"), whether its address is a browser's (TCP only), and what a
