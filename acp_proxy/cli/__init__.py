@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from acp_proxy.cli.launch import (
     COLLECT,
     UNCONFIGURED_AGENT,
+    bind_endpoints_early,
     collecting,
     missing_record_directory,
     starts_early,
@@ -167,6 +168,12 @@ def _main(argv: Sequence[str] | None) -> int:
     # No orphans: from here on, descendants that leave the agent's session are
     # adopted, killed and reaped by the proxy; as PID 1 it reaps every orphan it inherits.
     enable_supervision()
+    if not started_early():
+        # ``--metrics`` and ``--ui`` on an address that needs no lookup are bound here, so
+        # that the agent starts early with them too (a refusal still spawns nothing).
+        refusal = bind_endpoints_early(config)
+        if refusal is not None:
+            return refusal
     if not started_early() and starts_early(config):
         # Start-up as users feel it: the agent starts now, and boots while the
         # proxy imports its event loop and runtime (``spawn.start_early``).

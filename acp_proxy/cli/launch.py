@@ -50,17 +50,54 @@ def starts_early(config: Config) -> bool:
     else can still refuse. With ``--record``, only when the record file can be opened now (one
     that cannot refuses the session before the agent runs; the runtime opens it again, and
     should that fail after all, the agent it never took is killed with the proxy's other
-    leftovers). Not with ``--metrics`` or ``--ui`` (their address is bound first) or tracing
-    (its exporter is set up first), nor on sockets (``--listen`` starts an agent per client,
-    ``--connect`` none)."""
+    leftovers). With ``--metrics`` or ``--ui`` only when their address was bound already
+    (``bind_endpoints_early``: the address needs no lookup); not with tracing (its exporter is
+    set up first), nor on sockets (``--listen`` starts an agent per client, ``--connect``
+    none)."""
+    if not _stdio_early(config):
+        return False
+    if config.metrics is None and config.ui.address is None:
+        return True  # (the socket layer is not loaded for nothing)
+    from acp_proxy.shell.sockets.early import LIVE_VIEW, METRICS, bound_early
+
+    return (config.metrics is None or bound_early(METRICS, config.metrics)) and (
+        config.ui.address is None or bound_early(LIVE_VIEW, config.ui.address)
+    )
+
+
+def _stdio_early(config: Config) -> bool:
+    """A stdio session nothing but its HTTP endpoints can still refuse (``starts_early``)."""
     return (
         config.listen is None
         and config.connect is None
         and (config.record.path is None or can_record(config.record.path))
-        and config.metrics is None
-        and config.ui.address is None
         and not config.tracing.enabled
     )
+
+
+def bind_endpoints_early(config: Config) -> int | None:
+    """Before the agent's early start: bind ``--metrics`` and ``--ui`` now when their address
+    needs no lookup (an IP literal, a Unix path), so that the agent can start before the event
+    loop as it does without them, and a refusal still comes before anything is spawned. The
+    exit code of a refusal (said as the event loop would have said it), else None."""
+    if not _stdio_early(config) or (config.metrics is None and config.ui.address is None):
+        return None
+    from acp_proxy.shell.log.logsetup import get_logger
+    from acp_proxy.shell.sockets.early import LIVE_VIEW, METRICS, bind_early
+
+    log = get_logger()
+    # The order of the event loop's binding: the metrics endpoint wraps the live view.
+    if config.metrics is not None:
+        code = bind_early(
+            config.metrics, METRICS, allow_remote=config.metrics_allow_remote, log=log
+        )
+        if code is not None:
+            return code
+    if config.ui.address is not None:
+        return bind_early(
+            config.ui.address, LIVE_VIEW, allow_remote=config.ui.allow_remote, log=log
+        )
+    return None
 
 
 def can_record(path: str) -> bool:

@@ -10,6 +10,8 @@ parsed, loads nothing else). The rooms, from pure to I/O:
 * ``streams``: a connected socket as an ``FdStream``, the opening line put back in front of it,
   closing with a last message without a reset;
 * ``listening``: bound listening sockets (Unix socket files: mode, stale/live detection, removal);
+* ``early``: the HTTP endpoints (``--metrics``, ``--ui``) and their binding, before the event
+  loop when the address needs no lookup, so that the agent starts early with them too;
 * ``serving``: the one accept loop (``--listen``, ``/metrics``, the live view) and reading an HTTP
   request head, bounded in size and time;
 * ``connect``: connecting to an agent, and ``--connect`` with the client on stdio;

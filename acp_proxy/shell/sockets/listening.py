@@ -2,9 +2,10 @@
 
 Contract: owns resolving a TCP address (``resolve_tcp``: an IP literal at once, a name by the
 resolver in a worker thread), binding and listening (every address a TCP host resolves to; the
-loopback rule unless remote clients are allowed), Unix socket files (created 0600 with no wider
-window, a stale file replaced, a live one or a non-socket never), and removing only the file it
-created. It never accepts a connection (``server`` does) and never reads one.
+loopback rule unless remote clients are allowed; ``listen_now`` without an event loop when no
+lookup is needed: anyio is imported only for a lookup), Unix socket files (created 0600 with no
+wider window, a stale file replaced, a live one or a non-socket never), and removing only the
+file it created. It never accepts a connection (``server`` does) and never reads one.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import os
 import socket
 import stat
 from typing import Any
-
-import anyio
 
 from acp_proxy.base.values import value
 from acp_proxy.shell.sockets.address import (
@@ -81,10 +80,48 @@ async def open_listener(
     """Bind and listen on ``address``. Raises ``ListenError`` with a one-line reason.
     ``exposure``: what a remote peer could do there, and the consent to pass (refusal);
     ``remote_note``: the warning's word on what guards a non-loopback one."""
+    listener = listen_now(
+        address, allow_remote=allow_remote, log=log, exposure=exposure, remote_note=remote_note
+    )
+    if listener is not None:
+        return listener
+    try:
+        infos = await resolve_tcp(address, passive=True)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    return _bind_tcp(
+        address, infos, allow_remote=allow_remote, log=log, exposure=exposure, note=remote_note
+    )
+
+
+def listen_now(
+    address: Address,
+    *,
+    allow_remote: bool,
+    log: Any,
+    exposure: tuple[str, str] = ACP_EXPOSURE,
+    remote_note: str = "traffic is unauthenticated and unencrypted",
+) -> Listener | None:
+    """``open_listener`` without waiting (no event loop needed): ``address`` bound now, or
+    None when its host is a name, whose lookup may block (``open_listener`` does it)."""
     if address.scheme == "unix":
-        return await _listen_unix(address, log)
-    return await _listen_tcp(
-        address, allow_remote=allow_remote, log=log, exposure=exposure, note=remote_note
+        return _listen_unix(address, log)
+    if not is_ip_literal(address.host):
+        return None
+    infos = _numeric(address, socket.AI_PASSIVE)
+    return _bind_tcp(
+        address, infos, allow_remote=allow_remote, log=log, exposure=exposure, note=remote_note
+    )
+
+
+def _numeric(address: Address, flags: int) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` of an IP literal: a conversion, no lookup (the host as bytes: a ``str``
+    would be IDNA-encoded, which imports ``unicodedata``)."""
+    return socket.getaddrinfo(
+        address.host.encode("ascii"),
+        address.port,
+        type=socket.SOCK_STREAM,
+        flags=flags | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
     )
 
 
@@ -96,22 +133,22 @@ async def resolve_tcp(address: Address, *, passive: bool = False) -> list[tuple[
     2,400 page faults) and a third to stop it at exit."""
     flags = socket.AI_PASSIVE if passive else 0
     if is_ip_literal(address.host):
-        return socket.getaddrinfo(
-            address.host.encode("ascii"),  # (as bytes: a str is IDNA-encoded, ``unicodedata``)
-            address.port,
-            type=socket.SOCK_STREAM,
-            flags=flags | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
-        )
+        return _numeric(address, flags)
+    import anyio  # (not at import: the agent may start before anyio is imported)
+
     return await anyio.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM, flags=flags)
 
 
-async def _listen_tcp(
-    address: Address, *, allow_remote: bool, log: Any, exposure: tuple[str, str], note: str
+def _bind_tcp(
+    address: Address,
+    infos: list[tuple[Any, ...]],
+    *,
+    allow_remote: bool,
+    log: Any,
+    exposure: tuple[str, str],
+    note: str,
 ) -> Listener:
-    try:
-        infos = await resolve_tcp(address, passive=True)
-    except OSError as exc:
-        raise ListenError(f"cannot listen on {address}: {exc.strerror or exc}") from exc
+    """Listen on every address of ``infos`` (what ``address``'s host resolved to)."""
     ips = list(dict.fromkeys((family, str(sockaddr[0])) for family, *_, sockaddr in infos))
     remote = [ip for _, ip in ips if not is_loopback_ip(ip)]
     if remote and not allow_remote:
@@ -166,7 +203,7 @@ def _unix_is_live(path: str) -> bool:
     return True
 
 
-async def _listen_unix(address: Address, log: Any) -> Listener:
+def _listen_unix(address: Address, log: Any) -> Listener:
     path = address.path
     try:
         st = os.lstat(path)

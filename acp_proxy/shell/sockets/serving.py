@@ -1,6 +1,7 @@
 """Serving on a listening socket: the one accept loop, and reading an HTTP request head.
 
-Contract: owns binding an HTTP endpoint's listener (``open_endpoint``: ``--metrics``, ``--ui``),
+Contract: owns binding an HTTP endpoint's listener in the event loop (``open_endpoint``:
+``--metrics``, ``--ui``; or taking the one bound at start-up, ``acp_proxy.shell.sockets.early``),
 taking connections off a listening socket (``accept``; ``serve`` runs a task per connection)
 and reading what a client sent of its HTTP request head, bounded in size and time
 (``read_head``). The servers decide the rest: ``--listen`` (``server``) its connection limit,
@@ -18,16 +19,13 @@ from __future__ import annotations
 
 import errno
 import socket
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import anyio
 import anyio.abc
 
-from acp_proxy.base.values import value
-from acp_proxy.shell.log.logsetup import say_fatal
-from acp_proxy.shell.sockets.address import AddressError, parse_endpoint
+from acp_proxy.shell.sockets.early import Endpoint, endpoint_address, refused, take_early
 from acp_proxy.shell.sockets.listening import Listener, ListenError, open_listener
 from acp_proxy.shell.streams.transports import STREAM_ERRORS
 
@@ -41,36 +39,25 @@ LINE_ENDS: Final = (b"\n",)
 Start = Callable[[socket.socket], Callable[[], Coroutine[Any, Any, None]] | None]
 
 
-@value
-class Endpoint:
-    """An HTTP endpoint of the proxy: its option (``metrics``: ``--metrics URL``), what it
-    serves (for "cannot serve WHAT"), whether its address is a browser's (TCP only), and what a
-    non-loopback address exposes, with its own consent."""
-
-    option: str
-    what: str
-    browser: bool
-    exposure: tuple[str, str]
-
-
 async def open_endpoint(
     url: str, endpoint: Endpoint, *, allow_remote: bool, log: Any
 ) -> Listener | int:
-    """The bound listener of ``endpoint`` at ``url``, or the exit code of a refusal: 2 for an
-    address that is not one (said on stderr), the listener's own code when it cannot be bound
-    (said as the fatal "cannot serve WHAT")."""
-    option = endpoint.option
+    """The bound listener of ``endpoint`` at ``url`` (the one bound at start-up, if it was:
+    ``early.take_early``), or the exit code of a refusal: 2 for an address that is not one
+    (said on stderr), the listener's own code when it cannot be bound (said as the fatal
+    "cannot serve WHAT")."""
+    bound = take_early(endpoint, url)
+    if bound is not None:
+        return bound
+    address = endpoint_address(url, endpoint)
+    if isinstance(address, int):
+        return address
     try:
-        address = parse_endpoint(url, browser=endpoint.browser)
         return await open_listener(
             address, allow_remote=allow_remote, log=log, exposure=endpoint.exposure
         )
-    except AddressError as exc:
-        print(f"acp-proxy: --{option}: {exc}", file=sys.stderr)
-        return 2
     except ListenError as exc:
-        say_fatal(log, f"cannot serve {endpoint.what}", f"--{option}: {exc}")
-        return exc.exit_code
+        return refused(endpoint, exc, log)
 
 
 async def accept(sock: socket.socket, log: Any = None) -> tuple[socket.socket, Any]:
@@ -137,7 +124,6 @@ def _past_end(head: bytes, ends: tuple[bytes, ...]) -> int:
 
 __all__ = [
     "ACCEPT_BACKOFF_S",
-    "Endpoint",
     "Start",
     "accept",
     "open_endpoint",

@@ -31,6 +31,7 @@ from acp_proxy import __version__
 from acp_proxy.shell.log.logsetup import get_logger
 from acp_proxy.shell.session import hooks
 from acp_proxy.shell.sockets import serving
+from acp_proxy.shell.sockets.early import METRICS
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.telemetry.endpoint import parse_head
 from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
@@ -38,12 +39,6 @@ from acp_proxy.telemetry.metrics import Metrics, SessionMetrics
 MAX_HEAD = 8 * 1024  # a scraper's request head is a few hundred bytes
 HEAD_TIMEOUT_S = 5.0  # a connection's whole request head must arrive within this
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
-# What a non-loopback metrics port exposes, and its own consent (not --allow-remote's).
-METRICS_EXPOSURE = (
-    "anyone who can reach it can read the metrics and the health of the proxy",
-    "pass --metrics-allow-remote (metrics_allow_remote: true in the config) to serve it there",
-)
-METRICS = serving.Endpoint("metrics", "metrics", browser=False, exposure=METRICS_EXPOSURE)
 # Connections open at once (each holds at most MAX_HEAD bytes); beyond it, the oldest one is
 # closed to make room: a probe or a scrape is answered as soon as its request line is in, so
 # the oldest is one that is slow to send its request or to read its answer.

@@ -43,6 +43,7 @@ from acp_proxy.record.settings import RecordConfig
 from acp_proxy.shell.log.logsetup import get_logger
 from acp_proxy.shell.session import hooks
 from acp_proxy.shell.sockets import serving
+from acp_proxy.shell.sockets.early import LIVE_VIEW, UI_EXPOSURE, Endpoint
 from acp_proxy.shell.sockets.streams import SocketStream, close_with
 from acp_proxy.shell.streams.transports import STREAM_ERRORS, gone
 from acp_proxy.shell.ui import routes
@@ -68,11 +69,6 @@ BATCH_BYTES: Final = 4 * 1024 * 1024  # an observer is given at most this much p
 CATCH_UP_S: Final = 2.0  # at exit, how long observers may take to receive the last events
 IOV_SLICE: Final = 512  # buffers per sendmsg (below IOV_MAX)
 
-# What a non-loopback live view exposes, and its own consent (refusal's advice).
-UI_EXPOSURE: Final = (
-    "anyone who has its URL (with the token) can read the session",
-    "pass --ui-allow-remote (ui.allow_remote: true in the config) to serve it there",
-)
 RECORDS_EXPOSURE: Final = (
     "anyone who has its URL (with the token) can read the records",
     "pass --allow-remote to serve them there",
@@ -355,7 +351,7 @@ async def _serving(
 ) -> tuple[Any, UiServer] | int:
     """Bind ``url`` and make the server (or the exit code of a refusal)."""
     log = get_logger()
-    endpoint = serving.Endpoint("ui", "the live view", browser=True, exposure=exposure)
+    endpoint = Endpoint(LIVE_VIEW.option, LIVE_VIEW.what, LIVE_VIEW.browser, exposure=exposure)
     listener = await serving.open_endpoint(url, endpoint, allow_remote=allow_remote, log=log)
     if isinstance(listener, int):
         return listener

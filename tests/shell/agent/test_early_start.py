@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +44,19 @@ def start_agent(*args, **kwargs):
 spawn.start_agent = start_agent
 from acp_proxy import cli
 sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# An agent that scrapes the proxy's metrics socket (which is served by then: the agent is
+# started after the bind), says what it got on stderr, and exits.
+SCRAPE = """
+import socket, sys, time
+for _ in range(200):
+    try:
+        s = socket.socket(socket.AF_UNIX); s.connect(%r); break
+    except OSError:
+        time.sleep(0.05)
+s.sendall(b"GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+print("SCRAPED", s.recv(100).split(b"\\r\\n")[0].decode(), file=sys.stderr)
 """
 
 READ_TO_EOF = [sys.executable, "-c", "import sys; sys.stdin.buffer.read()"]
@@ -107,9 +121,62 @@ def test_an_option_that_can_still_refuse_the_session_waits_for_the_config() -> N
 
 
 def test_a_session_something_can_still_refuse_starts_the_agent_in_the_runtime() -> None:
-    done = _run("--metrics", "tcp://127.0.0.1:0", agent=["true"])
+    """An endpoint whose address is a name needs a lookup, done in the event loop: the
+    agent starts there, once the address is bound."""
+    done = _run("--metrics", "tcp://localhost:0", agent=["true"])
     assert done.returncode == 0, done.stderr
     assert _starts(done.stderr) == ["START anyio=True runtime=True config=True"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--metrics", "tcp://127.0.0.1:0"],
+        ["--ui", "tcp://127.0.0.1:0"],
+        ["--metrics", "tcp://127.0.0.1:0", "--ui", "tcp://[::1]:0"],
+    ],
+)
+def test_endpoints_on_an_ip_are_bound_first_and_the_agent_starts_early(
+    options: list[str],
+) -> None:
+    """``--metrics`` and ``--ui`` on an IP literal are bound before the event loop (no lookup
+    to wait for), so the agent starts early with them too; they are then served as before."""
+    done = _run(*options, agent=["true"])
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=True"]
+    if "--ui" in options:
+        host = "[::1]" if "tcp://[::1]:0" in options else "127.0.0.1"
+        assert f"acp-proxy: live view at http://{host}:" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--ui"])
+def test_an_endpoint_that_cannot_be_bound_refuses_the_session_with_no_agent(option: str) -> None:
+    """Bound first, before the early start: a port in use refuses the session with exit 1
+    and the usual words, and no agent was started."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run(option, f"tcp://127.0.0.1:{port}", agent=["true"])
+    assert done.returncode == 1, done.stderr
+    assert _starts(done.stderr) == []
+    said = [line for line in done.stderr.splitlines() if line.startswith("acp-proxy: ")]
+    assert said == [
+        f"acp-proxy: {option}: cannot listen on tcp://127.0.0.1:{port}: port {port} is already "
+        "in use (another process is listening on it)"
+    ], done.stderr
+
+
+def test_a_metrics_socket_bound_first_is_served_and_removed_at_exit(tmp_path: Path) -> None:
+    """``--metrics unix://PATH`` needs no lookup either: bound before the agent starts,
+    served by the event loop (a scrape answers), its socket file removed when the proxy ends."""
+    path = tmp_path / "metrics.sock"
+    agent = [sys.executable, "-c", SCRAPE % str(path)]
+    done = _run("--metrics", f"unix://{path}", agent=agent)
+    assert done.returncode == 0, done.stderr
+    assert _starts(done.stderr) == ["START anyio=False runtime=False config=True"]
+    assert "SCRAPED HTTP/1.1 200" in done.stderr, done.stderr
+    assert not path.exists()
 
 
 @pytest.mark.parametrize("target", ["rec.jsonl", "records/"])
