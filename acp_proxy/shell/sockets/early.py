@@ -48,7 +48,8 @@ UI_EXPOSURE: Final = (
 )
 LIVE_VIEW: Final = Endpoint("ui", "the live view", browser=True, exposure=UI_EXPOSURE)
 
-# Listeners bound at start-up, by (option, URL), until their server takes them.
+# Listeners bound at start-up, by (option, URL), until their server takes them: at most one per
+# endpoint (two), each closed at exit if never taken.
 _EARLY: dict[tuple[str, str], Listener] = {}
 
 
